@@ -1,0 +1,1 @@
+"""The speculator side: algorithms (one file each), the shared loop, verification, the governor."""

@@ -1,0 +1,162 @@
+"""The three layers of speculative decoding, as small explicit protocols.
+
+    target (trunk model)   !=   speculator (algorithm)   !=   draft weights (adapter)
+    SpecTarget                  Speculator                    DraftHead
+
+The shared loop (``tsspec.spec.loop``) talks to a ``SpecTarget`` and a ``Speculator`` and
+nothing else; it never asks which model or which algorithm it drives.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+# ----------------------------------------------------------------------------- layer 1: target
+
+
+@dataclass
+class ForwardOutput:
+    """What one trunk forward returns."""
+
+    logits: torch.Tensor  # [rows, vocab] float32; rows = all new tokens, or only the last
+    hidden: torch.Tensor | None = None  # [rows, feature_size] float32 when taps were asked for
+
+
+@runtime_checkable
+class SpecTarget(Protocol):
+    """What the loop needs from the trunk, and nothing about drafting.
+
+    ``forward`` appends ``tokens`` to the cache at ``cache_len`` and returns per-row logits.
+    ``taps`` names layers whose *entering* residual is returned per row, concatenated in the
+    order given; tap ``n_layers`` is the residual after the last layer (before the final norm).
+    A row's logits never depend on how many rows share the forward (batch invariance): that is
+    what makes speculative output identical to plain output.
+    """
+
+    vocab_size: int
+    n_layers: int
+    hidden_size: int
+
+    @property
+    def max_context(self) -> int: ...
+
+    @property
+    def cache_len(self) -> int: ...
+
+    @property
+    def verify_persists_kv(self) -> bool:
+        """True when a verify leaves usable state for every accepted row, so rollback is a rewind."""
+        ...
+
+    def forward(
+        self, tokens: Sequence[int], *, all_logits: bool = False, taps: Sequence[int] | None = None
+    ) -> ForwardOutput: ...
+
+    def ensure_capacity(self, n: int) -> None: ...
+
+    def rewind(self, length: int) -> None:
+        """Forget everything at positions >= length (KV: arithmetic; recurrent state: see snapshot)."""
+        ...
+
+    def snapshot(self) -> None:
+        """Remember the recurrent state (free for attention-only trunks)."""
+        ...
+
+    def restore(self) -> None:
+        """Return the recurrent state to the last snapshot (no-op for attention-only trunks)."""
+        ...
+
+    def reset(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------- layer 2: speculator
+
+
+@dataclass
+class DraftContext:
+    """Everything a speculator may read when proposing; one value so new signals are new fields."""
+
+    last_token: int  # sampled but not yet in the trunk's KV
+    position: int  # committed cache length == position last_token will take
+    max_tokens: int  # bounded by the window, the token budget and the context headroom
+    history: Sequence[int]  # prompt + emitted tokens, last_token included
+    hidden: torch.Tensor | None = None  # [feature] trunk hidden row that produced last_token
+    # replays the caller's sampler (temperature, penalties, top-k/p) on a drafter's logits:
+    # (logits [vocab], history) -> probabilities [vocab]
+    sampler_probs: Callable[[torch.Tensor, Sequence[int]], torch.Tensor] | None = None
+
+
+@dataclass
+class Draft:
+    """A proposal: tokens, and optionally the drafter's distribution each was drawn from."""
+
+    tokens: list[int] = field(default_factory=list)
+    # [len(tokens), vocab] probabilities after the sampler's transforms, for the residual rule
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@runtime_checkable
+class Speculator(Protocol):
+    name: str
+    max_draft_tokens: int
+    min_draft_prob: float
+    default_min_draft_prob: float
+    needs_hidden_state: bool  # wants trunk hidden rows (taps) with every verify
+    handles_own_prefill: bool
+    can_arm_after_prefix_reuse: bool
+    default_accept_rule: str  # "match" or "residual"
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        """Trunk layers whose entering residuals this speculator reads (empty: none)."""
+        ...
+
+    def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
+        """A new sequence: the prompt went through the trunk (``hidden``: its tap rows, if asked)."""
+        ...
+
+    def propose(self, ctx: DraftContext) -> Draft: ...
+
+    def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
+        """Tokens that actually landed in the trunk at ``start_pos``.., with their exact tap rows."""
+        ...
+
+    def reset(self) -> None: ...
+
+
+# ----------------------------------------------------------------------------- layer 3: draft weights
+
+
+class DraftHeadKind(enum.Enum):
+    NONE = "none"
+    PER_TOKEN = "per-token"
+    BLOCK = "block"
+
+
+class DraftHead(Protocol):
+    """A model-specific adapter over a trained drafter (NextN/MTP, EAGLE, DFlash)."""
+
+    kind: DraftHeadKind
+    block_size: int
+
+    def draft_step(
+        self, token: int, hidden: torch.Tensor, position: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token: (logits [vocab], hidden_out [feature]) for the next position."""
+        ...
+
+    def draft_block(
+        self, last_token: int, hidden: torch.Tensor, position: int
+    ) -> tuple[list[int], torch.Tensor]:
+        """A whole block: (draft tokens, per-token confidence)."""
+        ...
+
+    def catch_up(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int) -> None: ...
