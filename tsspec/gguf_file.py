@@ -1,0 +1,127 @@
+"""Reading GGUF files: memory-mapped metadata and tensors, with clear errors on bad files.
+
+Dequantization is gguf-py's (``gguf.quants.dequantize``); nothing here re-implements a quant type.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ModelFileError
+
+GGUF_MAGIC = b"GGUF"
+
+
+def _field_value(field: Any) -> Any:
+    """A GGUF metadata field as a plain Python value (str, int, float, bool, or a list of them)."""
+    return field.contents()
+
+
+def open_reader(path: str | os.PathLike):
+    """Open a GGUF file memory-mapped, turning every way a file can be bad into one clear error."""
+    import gguf
+
+    p = Path(path)
+    if not p.exists():
+        raise ModelFileError(f"model file not found: {p}")
+    if p.is_dir():
+        raise ModelFileError(f"model path is a directory, not a GGUF file: {p}")
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file (bad magic {magic!r}): {p}")
+    try:
+        reader = gguf.GGUFReader(str(p), "r")
+    except Exception as e:  # gguf-py raises ValueError/IndexError/struct errors on damage
+        raise ModelFileError(f"corrupt or truncated GGUF file {p}: {e}") from None
+    # A truncated file can still parse its header; the last tensor's bytes must be in the file.
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size:
+            raise ModelFileError(
+                f"truncated GGUF file {p}: tensor {t.name} ends at byte {end}, file has {size}"
+            )
+    return reader
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """All metadata key/values of a GGUF file as plain Python values."""
+    return GGUFFile(path).metadata
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # numpy order: (rows, cols) for a matrix, i.e. reversed GGUF dims
+    type_name: str
+    n_bytes: int
+
+
+class GGUFFile:
+    """A GGUF file: ``metadata`` (dict), ``arch`` and lazily dequantized tensors."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.reader = open_reader(self.path)
+        try:
+            self.metadata: dict[str, Any] = {
+                k: _field_value(f) for k, f in self.reader.fields.items() if not k.startswith("GGUF.")
+            }
+        except Exception as e:
+            raise ModelFileError(f"corrupt GGUF metadata in {self.path}: {e}") from None
+        self._tensors = {t.name: t for t in self.reader.tensors}
+
+    @property
+    def arch(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise ModelFileError(f"{self.path}: missing general.architecture")
+        return arch
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def require(self, key: str) -> Any:
+        if key not in self.metadata:
+            raise ModelFileError(f"{self.path.name}: missing metadata key {key!r}")
+        return self.metadata[key]
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._tensors
+
+    def tensor_names(self) -> list[str]:
+        return list(self._tensors)
+
+    def tensor_info(self, name: str) -> TensorInfo:
+        t = self._tensors[name]
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        return TensorInfo(name, shape, t.tensor_type.name, int(t.n_bytes))
+
+    def tensor(self, name: str) -> np.ndarray:
+        """Dequantized float32 array in numpy order (a GGUF [cols, rows] matrix is [rows, cols])."""
+        from gguf.quants import dequantize
+
+        if name not in self._tensors:
+            raise ModelFileError(f"{self.path.name}: missing tensor {name!r}")
+        t = self._tensors[name]
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        try:
+            arr = dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise ModelFileError(
+                f"{self.path.name}: tensor {name} has type {t.tensor_type.name}, which cannot be dequantized"
+            ) from None
+        return np.asarray(arr, dtype=np.float32).reshape(shape)
+
+    def quant_types(self) -> dict[str, int]:
+        """Tensor type name -> count of tensors of that type."""
+        out: dict[str, int] = {}
+        for t in self.reader.tensors:
+            out[t.tensor_type.name] = out.get(t.tensor_type.name, 0) + 1
+        return out
