@@ -1,0 +1,43 @@
+"""The target side: one module per architecture, picked by GGUF ``general.architecture``.
+
+Each module exposes ``config(GGUFFile) -> ArchConfig`` and ``load(GGUFFile, fmt, n_ctx)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from ..errors import ModelFileError
+from ..gguf_file import GGUFFile
+
+ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3": "gemma3",
+}
+# Files whose architecture is a drafter, not a language model on its own.
+DRAFTER_ARCHITECTURES = {"dflash"}
+
+
+def arch_module(arch: str):
+    mod = ARCHITECTURES.get(arch)
+    if mod is None:
+        known = ", ".join(sorted(ARCHITECTURES))
+        raise ModelFileError(f"unknown architecture {arch!r} (supported: {known})")
+    return importlib.import_module(f"{__name__}.{mod}")
+
+
+def load_model(path: str | Path | GGUFFile, *, fmt: str | None = None, n_ctx: int | None = None):
+    """Load a GGUF language model as a ``SpecTarget``."""
+    g = path if isinstance(path, GGUFFile) else GGUFFile(path)
+    if g.arch in DRAFTER_ARCHITECTURES:
+        raise ModelFileError(f"{g.path.name} is a {g.arch} drafter, not a language model; attach it with --draft-model")
+    mod = arch_module(g.arch)
+    try:
+        return mod.load(g, fmt=fmt, n_ctx=n_ctx)
+    except ModelFileError:
+        raise
+    except (KeyError, ValueError) as e:
+        raise ModelFileError(f"{g.path.name}: inconsistent {g.arch} model: {e}") from None

@@ -1,0 +1,421 @@
+"""The target side: a decoder-only transformer trunk with a preallocated KV cache.
+
+Architectures (one file each in this package) turn GGUF metadata into an ``ArchConfig`` and name
+their tensors; the compute below is shared. The model implements ``tsspec.spec.protocols.SpecTarget``:
+
+* ``forward(tokens, all_logits=, taps=)`` appends rows to the cache and returns per-row logits and,
+  on request, the residual entering each tapped layer;
+* the KV cache is preallocated; ``rewind(n)`` is arithmetic (the length counter moves back);
+* attention-only trunks have no recurrent state, so ``snapshot``/``restore`` are free no-ops and a
+  verify always persists the accepted rows' KV (``verify_persists_kv``).
+
+Batch invariance is the contract that makes speculative output equal plain output: a row's
+logits do not depend on how many rows share the forward. Linear layers get it from ``Linear``;
+attention gets it by computing each row against a key range that depends only on the row's own
+position (``attention_span``) with a matrix product whose row count is padded to a size that stays
+on one GEMM route (``ATTN_MIN_ROWS``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import BadInput, ModelFileError
+from ..gguf_file import GGUFFile
+from ..spec.protocols import ForwardOutput
+from ..weights import Linear, pad_rows, to_tensor
+
+# Keys are attended in spans rounded up to this many positions, so a row's attention shape is a
+# function of its own position only (the same in a 1-row decode and a 9-row verify).
+SPAN_BLOCK = 64
+# fp32 batched GEMM takes a different route below 4 rows; pad to stay on the invariant one.
+ATTN_MIN_ROWS = 4
+DEFAULT_CTX = 4096
+
+
+def attention_span(position: int, capacity: int) -> int:
+    """Number of cache positions a query at ``position`` attends over (masked beyond it)."""
+    return min(capacity, (position // SPAN_BLOCK + 1) * SPAN_BLOCK)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass
+class LayerSpec:
+    rope_base: float
+    window: int | None = None  # sliding-window size, None for global attention
+
+
+@dataclass
+class ArchConfig:
+    arch: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    train_ctx: int
+    rms_eps: float
+    rope_dim: int
+    rope_neox: bool  # NEOX halves layout; False = GGML's interleaved pairs (llama-arch files)
+    layers: list[LayerSpec]
+    activation: str = "silu"  # "silu" | "gelu_tanh"
+    qk_norm: bool = False
+    post_norms: bool = False  # gemma: norms after attention and FFN outputs
+    embed_scale: float = 1.0
+    attn_scale: float | None = None  # None: 1/sqrt(head_dim)
+    final_softcap: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def common_config(g: GGUFFile, arch: str) -> dict:
+    """Hyper-parameters every llama-like GGUF stores under ``{arch}.*``."""
+
+    def req(key: str):
+        return g.require(f"{arch}.{key}")
+
+    n_heads = int(req("attention.head_count"))
+    d_model = int(req("embedding_length"))
+    kv = g.get(f"{arch}.attention.head_count_kv", n_heads)
+    if isinstance(kv, list):  # per-layer lists exist in some files; ours are uniform
+        kv = kv[0]
+    head_dim = int(g.get(f"{arch}.attention.key_length", d_model // n_heads))
+    vocab = g.get(f"{arch}.vocab_size")
+    if vocab is None:
+        toks = g.get("tokenizer.ggml.tokens")
+        if toks is None:
+            raise ModelFileError(f"{g.path.name}: no {arch}.vocab_size and no tokenizer.ggml.tokens")
+        vocab = len(toks)
+    return dict(
+        arch=arch,
+        n_layers=int(req("block_count")),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=int(kv),
+        head_dim=head_dim,
+        ffn_dim=int(req("feed_forward_length")),
+        vocab_size=int(vocab),
+        train_ctx=int(g.get(f"{arch}.context_length", DEFAULT_CTX)),
+        rms_eps=float(g.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_dim=int(g.get(f"{arch}.rope.dimension_count", head_dim)),
+    )
+
+
+# ----------------------------------------------------------------------------- pure ops
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: [..., d] float32; weights stored as the file has them (gemma's +1 already folded in)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope_tables(base: float, rot_dim: int, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
+    ang = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return ang.cos().float(), ang.sin().float()  # [n_pos, rot_dim/2] each
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
+    """Rotate the first ``2*cos.shape[-1]`` dims of x [rows, heads, head_dim]; cos/sin [rows, r/2]."""
+    half = cos.shape[-1]
+    rot, rest = x[..., : 2 * half], x[..., 2 * half :]
+    c, s = cos[:, None, :], sin[:, None, :]
+    if neox:  # pairs (i, i + half)
+        a, b = rot[..., :half], rot[..., half:]
+        out = torch.cat([a * c - b * s, b * c + a * s], dim=-1)
+    else:  # GGML "normal" mode: adjacent pairs (2i, 2i+1)
+        pairs = rot.unflatten(-1, (half, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        out = torch.stack([a * c - b * s, b * c + a * s], dim=-1).flatten(-2)
+    return out if rest.shape[-1] == 0 else torch.cat([out, rest], dim=-1)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu, "gelu_tanh": gelu_tanh}
+
+
+def attend(
+    q: torch.Tensor,  # [rows, n_heads, head_dim], roped and scaled
+    k_cache: torch.Tensor,  # [n_kv, capacity, head_dim]
+    v_cache: torch.Tensor,  # [n_kv, capacity, head_dim]
+    start: int,  # position of row 0 (its K/V are already in the cache)
+    window: int | None,
+) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention, batch invariant per row. -> [rows, heads, dim]."""
+    rows, n_heads, dim = q.shape
+    n_kv, cap, _ = k_cache.shape
+    rep = n_heads // n_kv
+    out = torch.empty_like(q)
+    i = 0
+    while i < rows:
+        span = attention_span(start + i, cap)
+        j = i + 1
+        while j < rows and attention_span(start + j, cap) == span:
+            j += 1
+        qg = pad_rows(q[i:j], ATTN_MIN_ROWS)  # [g, heads, dim]
+        g = qg.shape[0]
+        pos = torch.arange(start + i, start + i + g)
+        pos[j - i :] = start + j - 1  # pad rows repeat the last real row
+        # [n_kv, rep*g, dim]: query head h = kv*rep + r reads kv head `kv`
+        qh = qg.view(g, n_kv, rep, dim).permute(1, 2, 0, 3).reshape(n_kv, rep * g, dim)
+        scores = torch.matmul(qh, k_cache[:, :span].transpose(1, 2))  # [n_kv, rep*g, span]
+        t = torch.arange(span)
+        allowed = t[None, :] <= pos[:, None]  # [g, span]
+        if window is not None:
+            allowed &= t[None, :] > pos[:, None] - window
+        mask = allowed.repeat(rep, 1)  # [rep*g, span], row r*g + m
+        scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.matmul(probs, v_cache[:, :span])  # [n_kv, rep*g, dim]
+        o = o.view(n_kv, rep, g, dim).permute(2, 0, 1, 3).reshape(g, n_heads, dim)
+        out[i:j] = o[: j - i]
+        i = j
+    return out
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+@dataclass
+class Block:
+    attn_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    ffn_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
+
+
+class KVCache:
+    """Preallocated K/V for every layer, with a length counter; rewinding is arithmetic."""
+
+    def __init__(self, n_layers: int, n_kv: int, head_dim: int, capacity: int):
+        capacity = -(-capacity // SPAN_BLOCK) * SPAN_BLOCK
+        self.k = torch.zeros(n_layers, n_kv, capacity, head_dim)
+        self.v = torch.zeros(n_layers, n_kv, capacity, head_dim)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def rewind(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot rewind a cache of length {self.length} to {length}")
+        self.length = length
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * 4
+
+
+class TransformerModel:
+    """A llama-family trunk; architectures differ only by config and tensor names."""
+
+    def __init__(self, cfg: ArchConfig, blocks: list[Block], embed: torch.Tensor, out_norm: torch.Tensor,
+                 lm_head: Linear, n_ctx: int | None = None, path=None):
+        self.cfg = cfg
+        self.blocks = blocks
+        self.embed = embed  # [vocab, d] bf16 (or f32)
+        self.out_norm = out_norm
+        self.lm_head = lm_head
+        self.path = path
+        self.vocab_size = cfg.vocab_size
+        self.n_layers = cfg.n_layers
+        self.hidden_size = cfg.d_model
+        ctx = min(n_ctx or DEFAULT_CTX, cfg.train_ctx)
+        self._max_context = ctx
+        self.cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, min(ctx, 512))
+        self._rope: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._build_rope(self.cache.capacity)
+        self.act = ACTIVATIONS[cfg.activation]
+        scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(cfg.head_dim)
+        self.q_scale = scale
+        self.q_dim = cfg.n_heads * cfg.head_dim
+        self.kv_dim = cfg.n_kv_heads * cfg.head_dim
+
+    # -- SpecTarget surface ------------------------------------------------------------------
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def cache_len(self) -> int:
+        return self.cache.length
+
+    @property
+    def verify_persists_kv(self) -> bool:
+        return True
+
+    def snapshot(self) -> None:  # no recurrent state: free by construction
+        pass
+
+    def restore(self) -> None:
+        pass
+
+    def rewind(self, length: int) -> None:
+        self.cache.rewind(length)
+
+    def reset(self) -> None:
+        self.cache.length = 0
+
+    def ensure_capacity(self, n: int) -> None:
+        if n > self._max_context:
+            raise BadInput(f"{n} tokens do not fit the context of {self._max_context}")
+        if n <= self.cache.capacity:
+            return
+        new_cap = min(self._max_context, max(n, 2 * self.cache.capacity))
+        old = self.cache
+        self.cache = KVCache(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, new_cap)
+        self.cache.k[:, :, : old.capacity] = old.k
+        self.cache.v[:, :, : old.capacity] = old.v
+        self.cache.length = old.length
+        self._build_rope(self.cache.capacity)
+
+    def _build_rope(self, n_pos: int) -> None:
+        for base in {spec.rope_base for spec in self.cfg.layers}:
+            self._rope[base] = rope_tables(base, self.cfg.rope_dim, n_pos)
+
+    # -- compute ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], *, all_logits: bool = False,
+                taps: Sequence[int] | None = None) -> ForwardOutput:
+        cfg = self.cfg
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("forward needs at least one token")
+        start = self.cache.length
+        self.ensure_capacity(start + n)
+        ids = torch.as_tensor(list(tokens), dtype=torch.long)
+        if int(ids.max()) >= cfg.vocab_size or int(ids.min()) < 0:
+            raise BadInput(f"token id out of range for a vocabulary of {cfg.vocab_size}")
+        h = self.embed[ids].float()  # [n, d]
+        if cfg.embed_scale != 1.0:
+            h = h * cfg.embed_scale
+        want = {t: None for t in (taps or ())}
+        for li, blk in enumerate(self.blocks):
+            if li in want:
+                want[li] = h
+            h = self._block(li, blk, h, start)
+        if cfg.n_layers in want:
+            want[cfg.n_layers] = h
+        self.cache.length = start + n
+        hidden = torch.cat([want[t] for t in taps], dim=-1) if taps else None
+        x = h if all_logits else h[-1:]
+        x = rms_norm(x, self.out_norm, cfg.rms_eps)
+        logits = self.lm_head(x)
+        if cfg.final_softcap:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return ForwardOutput(logits=logits, hidden=hidden)
+
+    def _block(self, li: int, blk: Block, h: torch.Tensor, start: int) -> torch.Tensor:
+        cfg = self.cfg
+        spec = cfg.layers[li]
+        n = h.shape[0]
+        x = rms_norm(h, blk.attn_norm, cfg.rms_eps)
+        qkv = blk.qkv(x)  # [n, q_dim + 2*kv_dim]
+        q = qkv[:, : self.q_dim].view(n, cfg.n_heads, cfg.head_dim)
+        k = qkv[:, self.q_dim : self.q_dim + self.kv_dim].view(n, cfg.n_kv_heads, cfg.head_dim)
+        v = qkv[:, self.q_dim + self.kv_dim :].view(n, cfg.n_kv_heads, cfg.head_dim)
+        if blk.q_norm is not None:
+            q = rms_norm(q, blk.q_norm, cfg.rms_eps)
+            k = rms_norm(k, blk.k_norm, cfg.rms_eps)
+        cos, sin = self._rope[spec.rope_base]
+        cos, sin = cos[start : start + n], sin[start : start + n]
+        q = apply_rope(q, cos, sin, cfg.rope_neox) * self.q_scale
+        k = apply_rope(k, cos, sin, cfg.rope_neox)
+        self.cache.k[li, :, start : start + n] = k.transpose(0, 1)
+        self.cache.v[li, :, start : start + n] = v.transpose(0, 1)
+        a = attend(q, self.cache.k[li], self.cache.v[li], start, spec.window)
+        a = blk.o(a.reshape(n, self.q_dim))
+        if blk.post_attn_norm is not None:
+            a = rms_norm(a, blk.post_attn_norm, cfg.rms_eps)
+        h = h + a
+        x = rms_norm(h, blk.ffn_norm, cfg.rms_eps)
+        gu = blk.gate_up(x)
+        f = cfg.ffn_dim
+        y = blk.down(self.act(gu[:, :f]) * gu[:, f:])
+        if blk.post_ffn_norm is not None:
+            y = rms_norm(y, blk.post_ffn_norm, cfg.rms_eps)
+        return h + y
+
+    # -- reporting -----------------------------------------------------------------------------
+    def weight_bytes(self) -> int:
+        n = self.embed.numel() * self.embed.element_size()
+        for b in self.blocks:
+            n += b.qkv.nbytes() + b.o.nbytes() + b.gate_up.nbytes() + b.down.nbytes()
+        if self.lm_head.weight.data_ptr() != self.embed.data_ptr():
+            n += self.lm_head.nbytes()
+        return n
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = False) -> list[Block]:
+    """Read the standard llama-family block tensors (``blk.N.*``) into fused Linears."""
+
+    def t(name: str) -> np.ndarray:
+        return g.tensor(name)
+
+    def opt(name: str) -> np.ndarray | None:
+        return g.tensor(name) if g.has_tensor(name) else None
+
+    def vec(name: str) -> torch.Tensor:
+        return to_tensor(t(name), torch.float32)
+
+    blocks = []
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        qkv = Linear.concat(
+            [(t(p + f"attn_{x}.weight"), opt(p + f"attn_{x}.bias") if bias else None) for x in "qkv"], fmt
+        )
+        blocks.append(
+            Block(
+                attn_norm=vec(p + "attn_norm.weight"),
+                qkv=qkv,
+                o=Linear(t(p + "attn_output.weight"), None, fmt),
+                ffn_norm=vec(p + "ffn_norm.weight"),
+                gate_up=Linear.concat([(t(p + "ffn_gate.weight"), None), (t(p + "ffn_up.weight"), None)], fmt),
+                down=Linear(t(p + "ffn_down.weight"), None, fmt),
+                q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
+                k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
+                post_attn_norm=vec(p + "post_attention_norm.weight") if cfg.post_norms else None,
+                post_ffn_norm=vec(p + "post_ffw_norm.weight") if cfg.post_norms else None,
+            )
+        )
+    return blocks
+
+
+def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, *, bias: bool = False) -> TransformerModel:
+    from ..weights import default_format
+
+    fmt = fmt or default_format()
+    dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
+    blocks = load_blocks(g, cfg, fmt, bias=bias)
+    embed = to_tensor(g.tensor("token_embd.weight"), dtype)
+    if embed.shape != (cfg.vocab_size, cfg.d_model):
+        raise ModelFileError(
+            f"{g.path.name}: token_embd is {tuple(embed.shape)}, expected ({cfg.vocab_size}, {cfg.d_model})"
+        )
+    if g.has_tensor("output.weight"):
+        lm_head = Linear(g.tensor("output.weight"), None, fmt)
+    else:  # tied: share the embedding's storage
+        lm_head = Linear(embed, None, fmt)
+    out_norm = to_tensor(g.tensor("output_norm.weight"), torch.float32)
+    return TransformerModel(cfg, blocks, embed, out_norm, lm_head, n_ctx=n_ctx, path=g.path)
