@@ -1,0 +1,124 @@
+"""Text in, text out: tokenization, stop conditions and streaming around ``spec.loop.decode``.
+
+The engine knows nothing about terminals; the CLI renders what it reports.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .errors import BadInput
+from .sampling import Sampler
+from .spec.loop import decode
+from .spec.stats import SpecStats
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    stop_reason: str  # "eos" | "stop" | "length"
+    stats: SpecStats = field(default_factory=SpecStats)
+
+    def to_dict(self) -> dict:
+        s = self.stats
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": len(self.token_ids),
+            "stop_reason": self.stop_reason,
+            "prefill_ms": s.prefill_ms,
+            "decode_ms": s.decode_ms,
+            "prefill_tok_s": s.prefill_tok_s,
+            "decode_tok_s": s.decode_tok_s,
+            "spec": s.to_dict(),
+        }
+
+
+def check_fits(prompt_tokens: int, max_tokens: int, max_context: int) -> None:
+    if prompt_tokens == 0:
+        raise BadInput("the prompt is empty")
+    if prompt_tokens + max_tokens > max_context:
+        raise BadInput(
+            f"prompt ({prompt_tokens} tokens) plus --max-tokens ({max_tokens}) exceeds the context "
+            f"of {max_context} tokens; shorten the prompt, lower --max-tokens or raise --ctx-size"
+        )
+
+
+class Engine:
+    """A loaded target + tokenizer, and optionally a speculator and governor, reused across prompts."""
+
+    def __init__(self, target, tokenizer, *, speculator=None, governor=None, window: int = 8,
+                 accept_rule: str | None = None):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.speculator = speculator
+        self.governor = governor
+        self.window = window
+        self.accept_rule = accept_rule
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        sampler: Sampler,
+        max_tokens: int,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        on_text: Callable[[str], None] | None = None,
+        on_step: Callable[[SpecStats], None] | None = None,
+    ) -> GenerationResult:
+        check_fits(len(prompt_ids), max_tokens, self.target.max_context)
+        tok = self.tokenizer
+        eos = frozenset() if ignore_eos else tok.eos_ids
+        stream = tok.stream()
+        pieces: list[str] = []
+        state = {"reason": "length", "held": ""}
+        max_stop = max((len(s) for s in stop), default=0)
+
+        def on_token(t: int) -> bool:
+            if t in eos:
+                state["reason"] = "eos"
+                return True
+            new = stream.push(t)
+            if not new:
+                return False
+            if stop:
+                # hold back text that could be the start of a stop string
+                buf = state["held"] + new
+                for s in stop:
+                    i = buf.find(s)
+                    if i >= 0:
+                        emit(buf[:i])
+                        state["held"] = ""
+                        state["reason"] = "stop"
+                        return True
+                keep = max_stop - 1
+                cut = max(len(buf) - keep, 0)
+                emit(buf[:cut])
+                state["held"] = buf[cut:]
+            else:
+                emit(new)
+            return False
+
+        def emit(s: str) -> None:
+            if s:
+                pieces.append(s)
+                if on_text is not None:
+                    on_text(s)
+
+        stats = SpecStats()
+        ids = decode(
+            self.target, sampler, list(prompt_ids), max_tokens,
+            speculator=self.speculator, governor=self.governor, window=self.window,
+            accept_rule=self.accept_rule, on_token=on_token, on_step=on_step, stats=stats,
+        )
+        if state["reason"] == "eos" and ids and ids[-1] in eos:
+            ids = ids[:-1]
+        if state["reason"] != "stop":
+            emit(state["held"] + stream.flush())
+        return GenerationResult("".join(pieces), ids, len(prompt_ids), state["reason"], stats)

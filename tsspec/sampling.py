@@ -1,0 +1,133 @@
+"""Sampling: greedy by default, with temperature, top-k/p, min-p and repetition penalties.
+
+Every draw depends only on (seed, position, logits, history): the random number for position p
+comes from a counter-based hash of (seed, p, stream), not from a generator's running state. A
+speculative loop draws verify rows out of wall-clock order and throws some away; keyed draws make
+its output identical to plain sampling with the same seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .errors import BadInput
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def keyed_uniform(seed: int, position: int, stream: int = 0) -> float:
+    """A uniform number in [0, 1) that is a pure function of (seed, position, stream)."""
+    h = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ position) ^ stream)
+    return (h >> 11) * (1.0 / (1 << 53))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+    repeat_penalty: float = 1.0  # 1: off (llama.cpp style: divide positive logits, multiply negative)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_last_n: int = 64  # penalty window over the most recent tokens
+    seed: int = 0
+
+    def validate(self) -> "SamplingParams":
+        checks = [
+            (self.temperature >= 0, "--temp must be >= 0"),
+            (self.top_k >= 0, "--top-k must be >= 0"),
+            (0 < self.top_p <= 1, "--top-p must be in (0, 1]"),
+            (0 <= self.min_p < 1, "--min-p must be in [0, 1)"),
+            (self.repeat_penalty > 0, "--repeat-penalty must be > 0"),
+            (-2 <= self.presence_penalty <= 2, "--presence-penalty must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "--frequency-penalty must be in [-2, 2]"),
+            (self.repeat_last_n >= 0, "--repeat-last-n must be >= 0"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise BadInput(msg)
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+class Sampler:
+    """Turns one row of trunk logits into a token, the same way wherever the row came from."""
+
+    def __init__(self, params: SamplingParams | None = None):
+        self.params = (params or SamplingParams()).validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    def penalize(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
+        """logits [vocab] -> logits with repetition/presence/frequency penalties applied."""
+        p = self.params
+        if not p.has_penalties or p.repeat_last_n == 0 or not history:
+            return logits
+        recent = torch.as_tensor(list(history[-p.repeat_last_n :]), dtype=torch.long)
+        ids, counts = torch.unique(recent, return_counts=True)
+        out = logits.clone()
+        sel = out[ids]
+        if p.repeat_penalty != 1.0:
+            sel = torch.where(sel > 0, sel / p.repeat_penalty, sel * p.repeat_penalty)
+        sel = sel - counts.float() * p.frequency_penalty - p.presence_penalty
+        out[ids] = sel
+        return out
+
+    def probs(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
+        """The distribution a draw uses: [vocab] probabilities after every transform.
+
+        Greedy is the one-hot of the argmax, so rejection-style verification works unchanged.
+        """
+        x = self.penalize(logits.float(), history)
+        p = self.params
+        if p.greedy:
+            out = torch.zeros_like(x)
+            out[int(torch.argmax(x))] = 1.0
+            return out
+        x = x / p.temperature
+        if p.top_k and p.top_k < x.numel():
+            kth = torch.topk(x, p.top_k).values[-1]
+            x = x.masked_fill(x < kth, float("-inf"))
+        probs = torch.softmax(x, dim=-1)
+        if p.min_p > 0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        if p.top_p < 1.0:
+            sp, si = torch.sort(probs, descending=True)
+            cum = torch.cumsum(sp, 0)
+            drop = (cum - sp) > p.top_p * cum[-1]  # keep the smallest prefix reaching top_p
+            sp = sp.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, si, sp)
+        return probs / probs.sum()
+
+    def draw(self, probs: torch.Tensor, position: int, stream: int = 0) -> int:
+        """Inverse-CDF draw from ``probs`` keyed by (seed, position, stream)."""
+        u = keyed_uniform(self.params.seed, position, stream)
+        cum = torch.cumsum(probs.double(), 0)
+        idx = int(torch.searchsorted(cum, torch.tensor([u * float(cum[-1])], dtype=torch.float64), right=True))
+        return min(idx, probs.numel() - 1)
+
+    def sample(self, logits: torch.Tensor, position: int, history: Sequence[int]) -> int:
+        """The token at sequence position ``position`` given the trunk row's logits [vocab]."""
+        if self.params.greedy:
+            return int(torch.argmax(self.penalize(logits, history)))
+        return self.draw(self.probs(logits, history), position)

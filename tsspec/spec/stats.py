@@ -1,0 +1,68 @@
+"""One statistics record per run: the display, the governor's report and ``bench`` all read it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+PHASES = ("draft", "verify", "accept", "rollback", "commit", "snapshot", "plain")
+
+
+@dataclass
+class SpecStats:
+    speculator: str | None = None
+    window: int = 0
+    prompt_tokens: int = 0
+    generated: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    phase_ms: dict[str, float] = field(default_factory=lambda: {p: 0.0 for p in PHASES})
+    phase_calls: dict[str, int] = field(default_factory=lambda: {p: 0 for p in PHASES})
+    drafted: int = 0  # draft tokens sent to verification
+    accepted: int = 0  # of those, accepted
+    verify_calls: int = 0
+    verify_emitted: int = 0  # tokens emitted by verify steps (accepted + corrected/bonus)
+    plain_steps: int = 0
+    accept_hist: list[int] = field(default_factory=list)  # index = accepted length of a verify
+    governor_parks: int = 0
+    governor_state: str = "off"
+
+    def add_phase(self, phase: str, ms: float) -> None:
+        self.phase_ms[phase] += ms
+        self.phase_calls[phase] += 1
+
+    def record_verify(self, drafted: int, accepted: int) -> None:
+        self.verify_calls += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.verify_emitted += accepted + 1
+        if len(self.accept_hist) <= accepted:
+            self.accept_hist.extend([0] * (accepted + 1 - len(self.accept_hist)))
+        self.accept_hist[accepted] += 1
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_verify(self) -> float | None:
+        return self.verify_emitted / self.verify_calls if self.verify_calls else None
+
+    @property
+    def decode_tok_s(self) -> float:
+        # the first token comes from the prefill forward; decode covers the rest
+        n = max(self.generated - 1, 0)
+        return n / (self.decode_ms / 1000) if self.decode_ms > 0 else 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / (self.prefill_ms / 1000) if self.prefill_ms > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            tokens_per_verify=self.tokens_per_verify,
+            decode_tok_s=self.decode_tok_s,
+            prefill_tok_s=self.prefill_tok_s,
+        )
+        return d
