@@ -1,0 +1,264 @@
+"""The cost governor on synthetic timing streams: no clocks, no model.
+
+``simulate`` plays a loop against the governor until ``n_tokens`` are emitted: a plain step costs
+``PLAIN_MS`` and emits one token, a speculative step costs and emits what ``spec_step(i)`` says.
+Totals are compared with what all-plain and all-speculative decoding would have cost.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+
+from tsspec.spec.governor import (
+    DISABLED,
+    HOLDING,
+    PARKED,
+    PROBING,
+    GovernorConfig,
+    SpeculationCostGovernor,
+    cost_ratio,
+    is_losing,
+    ms_per_token,
+    park_length,
+)
+
+PLAIN_MS = 10.0
+
+LOSER = lambda i: (20.0, 1)  # noqa: E731  2x plain per token
+LOSER_MULTI = lambda i: (60.0, 3)  # noqa: E731  2x plain per token, three tokens a step
+WINNER = lambda i: (15.0, 3)  # noqa: E731  0.5x plain per token
+
+
+@dataclass
+class Run:
+    total_ms: float = 0.0
+    tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    states: list[str] = field(default_factory=list)  # state after each step
+    park_lengths: list[int] = field(default_factory=list)  # steps_left on entering each park
+    park_steps: list[int] = field(default_factory=list)  # the step index each park began on
+
+
+def simulate(
+    gov: SpeculationCostGovernor,
+    spec_step: Callable[[int], tuple[float, int]],
+    n_tokens: int = 500,
+    plain_ms: Callable[[int], float] = lambda i: PLAIN_MS,
+) -> Run:
+    run = Run()
+    while run.tokens < n_tokens:
+        before = gov.state
+        if gov.should_draft():
+            ms, tok = spec_step(run.steps)
+            gov.record(True, ms, tok)
+            run.drafted += 1
+        else:
+            ms, tok = plain_ms(run.steps), 1
+            gov.record(False, ms, tok)
+        run.total_ms += ms
+        run.tokens += tok
+        run.steps += 1
+        if gov.state == PARKED and before != PARKED:
+            run.park_lengths.append(gov.steps_left)
+            run.park_steps.append(run.steps - 1)
+        run.states.append(gov.state)
+    return run
+
+
+def all_spec_ms(spec_step, n_tokens=500) -> float:
+    total, tokens, i = 0.0, 0, 0
+    while tokens < n_tokens:
+        ms, tok = spec_step(i)
+        total, tokens, i = total + ms, tokens + tok, i + 1
+    return total
+
+
+# ----------------------------------------------------------------------------- pure pieces
+
+
+def test_ms_per_token_is_a_ratio_of_sums():
+    assert ms_per_token([]) is None
+    assert ms_per_token([(10.0, 1), (30.0, 3)]) == 10.0
+    assert ms_per_token([(10.0, 1), (10.0, 9)]) == 2.0  # a mean of per-step ratios would say 5.56
+    assert ms_per_token([(5.0, 0)]) == float("inf")
+
+
+def test_cost_ratio_and_verdict():
+    assert cost_ratio([], [(10.0, 1)]) is None
+    assert cost_ratio([(15.0, 3)], [(10.0, 1)]) == 0.5
+    assert not is_losing(None, 0.05)
+    assert not is_losing(1.05, 0.05)
+    assert is_losing(1.06, 0.05)
+
+
+def test_park_length_doubles_and_caps():
+    assert [park_length(s, 8, 256) for s in range(8)] == [8, 16, 32, 64, 128, 256, 256, 256]
+    assert park_length(10_000, 8, 256) == 256
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        GovernorConfig(recent=20, window=16)
+    with pytest.raises(ValueError):
+        GovernorConfig(park_base=0)
+    with pytest.raises(ValueError):
+        SpeculationCostGovernor().record(True, -1.0, 1)
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def test_first_probe_interleaves_both_kinds():
+    gov = SpeculationCostGovernor()
+    assert gov.state == PROBING and gov.ratio is None
+    kinds = []
+    for _ in range(6):
+        d = gov.should_draft()
+        kinds.append(d)
+        gov.record(d, *(WINNER(0) if d else (PLAIN_MS, 1)))
+    assert kinds == [True, False, True, False, True, False]
+    assert gov.state == HOLDING and gov.ratio == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("spec_step", [LOSER, LOSER_MULTI], ids=["1tok", "3tok"])
+def test_always_losing_drafter_is_parked_and_costs_about_plain(spec_step):
+    gov = SpeculationCostGovernor()
+    run = simulate(gov, spec_step, n_tokens=500)
+    plain_total = 500 * PLAIN_MS
+    assert run.states.count(PARKED) / run.steps > 0.9
+    assert run.total_ms <= 1.05 * plain_total
+    assert run.total_ms < 0.6 * all_spec_ms(spec_step)
+
+
+def test_noisy_losing_drafter_never_measurably_slower():
+    rng = random.Random(0)
+    # a drafter 10-40 % slower per token than plain, with +-15 % jitter on every step
+    spec = lambda i: (PLAIN_MS * rng.uniform(1.1, 1.4) * rng.uniform(0.85, 1.15), 1)  # noqa: E731
+    plain = lambda i: PLAIN_MS * rng.uniform(0.85, 1.15)  # noqa: E731
+    for _ in range(5):
+        run = simulate(SpeculationCostGovernor(), spec, n_tokens=500, plain_ms=plain)
+        assert run.total_ms <= 1.05 * 500 * PLAIN_MS
+
+
+def test_always_winning_drafter_holds_and_drafts_almost_every_step():
+    gov = SpeculationCostGovernor()
+    run = simulate(gov, WINNER, n_tokens=1500)
+    assert run.drafted / run.steps > 0.9
+    assert gov.parks == 0
+    assert run.states.count(HOLDING) / run.steps > 0.9
+    assert run.total_ms < 0.55 * run.tokens * PLAIN_MS
+
+
+def test_noisy_winner_keeps_most_of_its_win():
+    rng = random.Random(1)
+
+    def spec(i):  # 60 % of steps accept a long run, the rest miss: ~0.35x plain per token overall
+        if rng.random() < 0.6:
+            return PLAIN_MS * 1.3, rng.randint(3, 8)
+        return PLAIN_MS * 1.3, 1
+
+    gov = SpeculationCostGovernor()
+    run = simulate(gov, spec, n_tokens=2000)
+    all_spec = 1.3 / (0.6 * 5.5 + 0.4)  # ms per token relative to plain: ~0.35
+    assert run.total_ms < 1.1 * all_spec * 2000 * PLAIN_MS
+    assert run.drafted / run.steps > 0.9
+    assert gov.parks <= 2
+
+
+def test_winner_that_degrades_is_parked_within_a_few_steps():
+    turn = 200
+    spec = lambda i: WINNER(i) if i < turn else LOSER(i)  # noqa: E731
+    gov = SpeculationCostGovernor()
+    run = simulate(gov, spec, n_tokens=800)
+    assert all(s != PARKED for s in run.states[:turn])
+    first_park = run.states.index(PARKED)
+    assert turn <= first_park < turn + 4
+    # and it stays cheap afterwards: the losing tail costs near plain
+    assert run.states[turn:].count(PARKED) / len(run.states[turn:]) > 0.85
+
+
+def test_backoff_doubles_per_consecutive_park_and_resets_on_a_win():
+    switch = 150
+    # loses for a while, then wins, then loses again
+    spec = lambda i: LOSER(i) if i < switch or i >= 600 else WINNER(i)  # noqa: E731
+    gov = SpeculationCostGovernor(GovernorConfig(park_cap=64, hold_steps=40))
+    run = simulate(gov, spec, n_tokens=2000)
+    lengths = run.park_lengths
+    assert lengths[:4] == [8, 16, 32, 64]  # 8 + 16 + 32 + 64 + probes reach past step 120
+    wins_at = run.states.index(HOLDING, switch)
+    parks_before_win = sum(1 for step in run.park_steps if step < wins_at)
+    # after the win the next park starts over at the base, then doubles again
+    assert run.park_steps[parks_before_win] >= 600
+    assert lengths[parks_before_win : parks_before_win + 3] == [8, 16, 32]
+
+
+def test_backoff_is_capped():
+    gov = SpeculationCostGovernor(GovernorConfig(park_cap=32))
+    run = simulate(gov, LOSER, n_tokens=600)
+    assert run.park_lengths[:3] == [8, 16, 32]
+    assert set(run.park_lengths[3:]) == {32}
+
+
+def test_reset_restarts_backoff_and_state():
+    gov = SpeculationCostGovernor()
+    simulate(gov, LOSER, n_tokens=300)
+    assert gov.parks >= 4
+    gov.reset()
+    assert gov.state == PROBING and gov.parks == 0 and gov.ratio is None
+    run = simulate(gov, LOSER, n_tokens=100)
+    assert run.park_lengths[0] == 8
+
+
+def test_disabled_always_drafts():
+    gov = SpeculationCostGovernor(enabled=False)
+    run = simulate(gov, LOSER, n_tokens=200)
+    assert run.drafted == run.steps
+    assert gov.state == DISABLED and gov.steps_left is None
+    assert gov.ratio is None  # never a plain sample to compare with
+    gov.record(False, PLAIN_MS, 1)
+    gov.record(False, PLAIN_MS, 1)
+    assert gov.ratio == pytest.approx(2.0)
+
+
+def test_plain_step_reported_while_asked_to_draft_keeps_probing_cheaply():
+    # a speculator that never finds a draft: the loop runs (and reports) plain steps
+    gov = SpeculationCostGovernor()
+    for _ in range(50):
+        assert gov.should_draft() in (True, False)
+        gov.record(False, PLAIN_MS, 1)
+    assert gov.state == PROBING and gov.should_draft()
+
+
+def test_display_fields():
+    gov = SpeculationCostGovernor()
+    assert gov.steps_left == 6  # 2 + 2 measured, plus one warmup step of each kind
+    # S P (warmup) S P (measured): losing, parked at once on the fourth step
+    run = simulate(gov, LOSER, n_tokens=5)
+    assert run.states[:4] == [PROBING, PROBING, PROBING, PARKED]
+    assert gov.state == PARKED and gov.parks == 1
+    assert gov.steps_left == 8 - 1
+    assert gov.ratio == pytest.approx(2.0)
+    assert gov.describe() == "parked (7 left), ratio 2.00, parks 1"
+
+
+def test_hold_expiry_refreshes_plain_baseline():
+    cfg = GovernorConfig(hold_steps=20)
+    gov = SpeculationCostGovernor(cfg)
+    run = simulate(gov, WINNER, n_tokens=6 + 3 * 22 * 3)
+    # after each hold of 20 drafted steps, two plain steps re-measure the baseline
+    assert run.states.count(PROBING) >= 2 * 2
+    assert gov.parks == 0
+
+
+def test_marginal_drafter_is_never_measurably_slower():
+    # n-gram on prose: almost every proposal finds nothing and costs a plain step plus its lookup
+    rng = random.Random(2)
+    spec = lambda i: (11.0, 3) if rng.random() < 0.02 else (10.4, 1)  # noqa: E731
+    for _ in range(5):
+        run = simulate(SpeculationCostGovernor(), spec, n_tokens=1000)
+        assert run.total_ms <= 1.02 * 1000 * PLAIN_MS

@@ -1,0 +1,468 @@
+"""The benchmark method, independent of any engine: interleaved, rotated, paired runs.
+
+``run_bench(configs, workloads, run_one=..., reps=5, warmup=1)`` calls the caller's
+``run_one(config, prompt) -> RunRecord`` and returns a ``BenchResult``. The method:
+
+1. **Warm-up**: ``warmup`` runs per configuration before anything is recorded (first prompts of
+   the first workload), so page-in of weights, allocator growth and kernel compilation are not
+   charged to whichever configuration happens to run first.
+2. **Slots**: the configurations (baseline first) plus one more slot, the baseline again (A').
+   A' against A is a self-pair: the same work twice, which measures the noise floor.
+3. **Interleaving with rotation**: for each repetition ``r`` and each prompt, every slot runs
+   once, in the slot order rotated left by ``r`` (A B C A', B C A' A, C A' A B, ...). Runs
+   compared with each other are seconds apart, and no configuration is always first (cold) or
+   always last (hot) in a round.
+4. **Pairs**: for each (repetition, prompt), config X's tok/s pairs with the baseline's tok/s
+   from the same round; ``tsspec.bench.stats`` turns the pairs into ratio, CI and verdict.
+5. **Exactness**: with ``check_identical`` (greedy decoding) every run's token ids must equal the
+   baseline's for the same prompt (the first recorded baseline run is the reference). Any
+   difference is a ``Mismatch``: a correctness bug, reported loudly, never a speed result.
+
+``counters`` from each ``RunRecord`` are aggregated per workload x config over recorded runs:
+integer counters (e.g. ``governor_parks``, ``drafted``, ``accepted``) are summed and float ones
+(``acceptance_rate``, ``tokens_per_verify``, ``phase_ms.*``) averaged; nested dicts recurse.
+Reports read ``acceptance_rate``, ``tokens_per_verify`` and ``governor_parks`` by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from tsspec.bench import stats
+from tsspec.bench.configs import BenchConfig, resolve_configs
+from tsspec.bench.workloads import Prompt, Workload
+from tsspec.errors import BadInput, TsspecError
+
+SELF_PAIR_SUFFIX = "'"  # the baseline's second slot is shown as e.g. "plain'"
+
+
+@dataclass
+class RunRecord:
+    """What one generation reports back; produced by the caller's ``run_one``."""
+
+    text: str
+    token_ids: list[int]
+    n_tokens: int
+    decode_s: float
+    tok_s: float
+    counters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One recorded run (text and token ids are not kept: only what the statistics need)."""
+
+    workload: str
+    prompt_id: str
+    config: str  # the config's name (the self-pair run carries the baseline's name)
+    slot: str  # config name, or baseline name + "'" for the self-pair run
+    rep: int
+    position: int  # index within the round (0 = ran first for this prompt)
+    n_tokens: int
+    decode_s: float
+    tok_s: float
+
+
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """One call of ``run_one``, in the order it happened (warm-ups included)."""
+
+    workload: str
+    prompt_id: str
+    slot: str
+    rep: int  # -1 for warm-up runs
+    warmup: bool
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A run whose tokens differ from the baseline's: a correctness bug."""
+
+    workload: str
+    prompt_id: str
+    config: str
+    rep: int
+    first_diff: int  # first token index that differs (== shorter length if one is a prefix)
+    baseline_len: int
+    config_len: int
+    baseline_excerpt: list[int]  # a few token ids from first_diff on
+    config_excerpt: list[int]
+
+
+@dataclass
+class ConfigResult:
+    """One configuration on one workload."""
+
+    config: BenchConfig
+    is_baseline: bool
+    spread: stats.Spread
+    # vs the baseline, pair by pair; for the baseline itself this is A' vs A (the self-pair)
+    comparison: stats.Comparison
+    counters: dict[str, Any]
+    checked: bool  # whether token ids were compared with the baseline's
+    mismatches: list[Mismatch]
+
+    @property
+    def identical(self) -> bool | None:
+        return (not self.mismatches) if self.checked else None
+
+    @property
+    def verdict(self) -> str:
+        return "baseline" if self.is_baseline else self.comparison.verdict
+
+
+@dataclass
+class WorkloadResult:
+    name: str
+    prompt_ids: list[str]
+    noise: stats.NoiseFloor
+    configs: list[ConfigResult]
+
+
+@dataclass
+class BenchResult:
+    baseline: str
+    reps: int
+    warmup: int
+    workloads: list[WorkloadResult]
+    measurements: list[Measurement]
+    schedule: list[ScheduleEntry]
+    metadata: dict[str, Any]
+
+    @property
+    def mismatches(self) -> list[Mismatch]:
+        return [m for w in self.workloads for c in w.configs for m in c.mismatches]
+
+    @property
+    def ok(self) -> bool:
+        """False when any run's output differed from the baseline's (a correctness failure)."""
+        return not self.mismatches
+
+
+ProgressFn = Callable[[int, int, str], None]
+RunOne = Callable[[BenchConfig, Prompt], RunRecord]
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def rotation(slots: Sequence[str], rep: int) -> list[str]:
+    """The slot order for repetition ``rep``: rotated left by ``rep`` (A B C, B C A, C A B, ...)."""
+    k = len(slots)
+    if k == 0:
+        return []
+    s = rep % k
+    return list(slots[s:]) + list(slots[:s])
+
+
+def aggregate_counters(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Combine per-run counters: ints summed (counts), floats averaged (rates, times), dicts recurse.
+
+    A key is averaged as soon as any run reports it as a float. Averages are over the runs that
+    report the key. Non-numeric values are dropped (they have no sensible aggregate).
+    """
+    keys: list[str] = []
+    for rec in records:
+        for k in rec:
+            if k not in keys:
+                keys.append(k)
+    out: dict[str, Any] = {}
+    for k in keys:
+        vals = [rec[k] for rec in records if k in rec]
+        if all(isinstance(v, Mapping) for v in vals):
+            out[k] = aggregate_counters(vals)
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            if all(isinstance(v, int) for v in vals):
+                out[k] = int(sum(vals))
+            else:
+                out[k] = float(np.mean([float(v) for v in vals]))
+        elif all(isinstance(v, bool) for v in vals):
+            out[k] = int(sum(vals))  # e.g. "parked": how many runs it happened in
+    return out
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token, or None when identical."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return None if len(a) == len(b) else n
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _version(dist: str) -> str | None:
+    # metadata only: importing torch just to print its version costs seconds
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "cpu_usable": usable,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": _version("torch"),
+        "tsspec": _version("tsspec"),
+    }
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# ----------------------------------------------------------------------------- the method
+
+
+def run_bench(
+    configs: Sequence[BenchConfig],
+    workloads: Sequence[Workload],
+    *,
+    run_one: RunOne,
+    reps: int = 5,
+    warmup: int = 1,
+    progress: ProgressFn | None = None,
+    baseline: str | BenchConfig | None = None,
+    check_identical: bool = True,
+    model_path: str | Path | None = None,
+    model_sha256: str | None = None,
+    argv: Sequence[str] | None = None,
+    extra_metadata: Mapping[str, Any] | None = None,
+    n_resamples: int = stats.DEFAULT_RESAMPLES,
+    confidence: float = stats.DEFAULT_CONFIDENCE,
+    seed: int = stats.DEFAULT_SEED,
+) -> BenchResult:
+    """Run every configuration on every workload with the method above; see the module docstring.
+
+    ``baseline``: a config, a config name or a spec; default the config named "plain", else
+    ``plain`` is added. ``check_identical``: compare token ids with the baseline (set False for
+    sampled decoding, where outputs legitimately differ). ``model_path``: recorded with its
+    sha256 (computed unless ``model_sha256`` is given). ``argv`` defaults to ``sys.argv``.
+    """
+    if reps < 1:
+        raise BadInput(f"--reps must be >= 1, got {reps}")
+    if warmup < 0:
+        raise BadInput(f"--warmup must be >= 0, got {warmup}")
+    if not workloads:
+        raise BadInput("bench: no workloads")
+    names = [w.name for w in workloads]
+    if len(set(names)) != len(names):
+        raise BadInput("bench: a workload is given twice")
+    ordered = resolve_configs(configs, baseline)
+    base = ordered[0]
+    by_name = {c.name: c for c in ordered}
+    self_slot = base.name + SELF_PAIR_SUFFIX
+    if self_slot in by_name:
+        raise BadInput(f"config name {self_slot!r} is reserved for the baseline's second run")
+    slots = [c.name for c in ordered] + [self_slot]
+
+    def config_of(slot: str) -> BenchConfig:
+        return base if slot == self_slot else by_name[slot]
+
+    started = _now()
+    t0 = time.perf_counter()
+    total = warmup * len(ordered) + sum(reps * len(w.prompts) * len(slots) for w in workloads)
+    done = 0
+    schedule: list[ScheduleEntry] = []
+    measurements: list[Measurement] = []
+
+    def tick(desc: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, desc)
+
+    # 1. warm-up: not recorded, not checked
+    first = workloads[0]
+    for i in range(warmup):
+        prompt = first.prompts[i % len(first.prompts)]
+        for c in ordered:
+            run_one(c, prompt)
+            schedule.append(ScheduleEntry(first.name, prompt.id, c.name, -1, True))
+            tick(f"warm-up {c.name}")
+
+    workload_results: list[WorkloadResult] = []
+    for w in workloads:
+        # reference token ids per prompt, and every recorded run's ids to check against them
+        tokens: dict[tuple[str, str, int], list[int]] = {}  # (prompt_id, slot, rep) -> ids
+        counters: dict[str, list[Mapping[str, Any]]] = {c.name: [] for c in ordered}
+        for rep in range(reps):
+            order = rotation(slots, rep)
+            for prompt in w.prompts:
+                for pos, slot in enumerate(order):
+                    c = config_of(slot)
+                    rec = run_one(c, prompt)
+                    _check_record(rec, c, prompt, w)
+                    schedule.append(ScheduleEntry(w.name, prompt.id, slot, rep, False))
+                    measurements.append(
+                        Measurement(
+                            workload=w.name,
+                            prompt_id=prompt.id,
+                            config=c.name,
+                            slot=slot,
+                            rep=rep,
+                            position=pos,
+                            n_tokens=int(rec.n_tokens),
+                            decode_s=float(rec.decode_s),
+                            tok_s=float(rec.tok_s),
+                        )
+                    )
+                    tokens[(prompt.id, slot, rep)] = list(rec.token_ids)
+                    if slot != self_slot:
+                        # the self-pair is a timing device only; its counters would double-count
+                        counters[c.name].append(rec.counters or {})
+                    tick(f"{w.name} rep {rep + 1}/{reps} {prompt.id} {slot}")
+        workload_results.append(
+            _summarise_workload(
+                w,
+                ordered,
+                self_slot,
+                reps,
+                measurements,
+                tokens,
+                counters,
+                check_identical=check_identical,
+                n_resamples=n_resamples,
+                confidence=confidence,
+                seed=seed,
+            )
+        )
+
+    metadata: dict[str, Any] = {
+        "machine": machine_info(),
+        "command": list(sys.argv if argv is None else argv),
+        "started_at": started,
+        "finished_at": _now(),
+        "wall_s": round(time.perf_counter() - t0, 3),
+        "model": None,
+        "check_identical": check_identical,
+        "n_resamples": n_resamples,
+        "confidence": confidence,
+        "seed": seed,
+    }
+    if model_path is not None:
+        mp = Path(model_path)
+        sha = model_sha256
+        if sha is None and mp.is_file():
+            sha = file_sha256(mp)
+        metadata["model"] = {"path": str(mp), "sha256": sha}
+    if extra_metadata:
+        metadata.update(dict(extra_metadata))
+    return BenchResult(
+        baseline=base.name,
+        reps=reps,
+        warmup=warmup,
+        workloads=workload_results,
+        measurements=measurements,
+        schedule=schedule,
+        metadata=metadata,
+    )
+
+
+def _check_record(rec: RunRecord, c: BenchConfig, prompt: Prompt, w: Workload) -> None:
+    # a zero or broken throughput cannot enter a ratio; say which run produced it
+    if not isinstance(rec, RunRecord):
+        raise TsspecError(f"bench: run_one returned {type(rec).__name__}, not RunRecord")
+    if not (np.isfinite(rec.tok_s) and rec.tok_s > 0):
+        raise TsspecError(
+            f"bench: {c.name} on {w.name}/{prompt.id} measured {rec.tok_s} tok/s "
+            f"({rec.n_tokens} tokens); nothing to compare (did it stop at once?)"
+        )
+
+
+def _summarise_workload(
+    w: Workload,
+    ordered: Sequence[BenchConfig],
+    self_slot: str,
+    reps: int,
+    measurements: Sequence[Measurement],
+    tokens: Mapping[tuple[str, str, int], list[int]],
+    counters: Mapping[str, list[Mapping[str, Any]]],
+    *,
+    check_identical: bool,
+    n_resamples: int,
+    confidence: float,
+    seed: int,
+) -> WorkloadResult:
+    base = ordered[0]
+    # tok/s keyed by (slot, rep, prompt) so pairs line up whatever order runs happened in
+    tps = {(m.slot, m.rep, m.prompt_id): m.tok_s for m in measurements if m.workload == w.name}
+    keys = [(rep, p.id) for rep in range(reps) for p in w.prompts]
+
+    def series(slot: str) -> np.ndarray:
+        return np.array([tps[(slot, rep, pid)] for rep, pid in keys])
+
+    base_tps = series(base.name)
+    again_tps = series(self_slot)
+    kw = dict(n_resamples=n_resamples, confidence=confidence, seed=seed)
+    noise = stats.noise_floor(base_tps, again_tps, **kw)
+
+    results: list[ConfigResult] = []
+    for c in ordered:
+        is_base = c.name == base.name
+        x = again_tps if is_base else series(c.name)
+        comp = stats.compare(x, base_tps, noise=noise, **kw)
+        mismatches: list[Mismatch] = []
+        if check_identical:
+            slots = [c.name, self_slot] if is_base else [c.name]
+            for rep, pid in keys:
+                ref = tokens[(pid, base.name, 0)]
+                for slot in slots:
+                    if is_base and slot == base.name and rep == 0:
+                        continue  # the reference itself
+                    got = tokens[(pid, slot, rep)]
+                    d = first_difference(ref, got)
+                    if d is not None:
+                        mismatches.append(
+                            Mismatch(
+                                workload=w.name,
+                                prompt_id=pid,
+                                config=slot,
+                                rep=rep,
+                                first_diff=d,
+                                baseline_len=len(ref),
+                                config_len=len(got),
+                                baseline_excerpt=list(ref[d : d + 8]),
+                                config_excerpt=list(got[d : d + 8]),
+                            )
+                        )
+        results.append(
+            ConfigResult(
+                config=c,
+                is_baseline=is_base,
+                spread=stats.summarize(series(c.name)),
+                comparison=comp,
+                counters=aggregate_counters(counters[c.name]),
+                checked=check_identical,
+                mismatches=mismatches,
+            )
+        )
+    return WorkloadResult(name=w.name, prompt_ids=[p.id for p in w.prompts], noise=noise, configs=results)

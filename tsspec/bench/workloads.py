@@ -1,0 +1,294 @@
+"""Prompt sets for ``tsspec bench``: the kinds of text speculation's payoff depends on.
+
+Speculation wins when the next tokens are predictable from something cheap: the prompt itself
+(n-gram lookup), a small model, a draft head. So the built-in workloads span that axis:
+
+* ``prose``     free-form writing; little to copy, the hardest case for drafting;
+* ``factual``   lists and well-known facts (primes, capitals, elements); a small model knows them;
+* ``code``      code completion; boilerplate and repeated identifiers;
+* ``grounded``  repeat / edit / summarise a passage that is *in the prompt* (150-300 words or a
+                code block), so the answer quotes it and prompt-lookup drafting shines.
+
+``load_prompts(path)`` reads user prompts: a ``.jsonl`` file (one ``{"id": ..., "text": ...}``
+object per line; ``id`` optional) or any other text file (prompts separated by blank lines).
+Errors raise ``tsspec.errors.BadInput`` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tsspec.errors import BadInput
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompts: list[Prompt] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise BadInput(f"workload {self.name!r}: no prompts")
+        ids = [p.id for p in self.prompts]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise BadInput(f"workload {self.name!r}: duplicate prompt id(s) {', '.join(dup)}")
+
+
+# ----------------------------------------------------------------------------- built-in prompts
+
+_PROSE = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle that seems to "
+    "have been written by her future self.",
+    "Describe a busy night market in a coastal city, focusing on the sounds, smells and the people "
+    "who work there.",
+    "Write a letter from a retired engineer to his granddaughter explaining why he still repairs "
+    "old radios instead of buying new ones.",
+    "Explain, in a few friendly paragraphs, why the sky turns red and orange at sunset, as if "
+    "talking to a curious ten-year-old.",
+    "Write an opinion piece arguing that small towns should invest in public libraries rather "
+    "than new parking lots.",
+]
+
+_FACTUAL = [
+    "List the first 40 prime numbers, separated by commas.",
+    "List the countries of the European Union together with their capital cities, one per line, "
+    "in the form 'Country: Capital'.",
+    "List the first 30 elements of the periodic table with their symbols and atomic numbers, one per line.",
+    "List the planets of the solar system in order from the Sun, and for each give its number of "
+    "known major moons and whether it has rings.",
+    "List the months of the year with the number of days in each, then list the days of the week "
+    "in English, French and German.",
+    "Write out the multiplication table for 7 from 7 x 1 up to 7 x 20, one line per product.",
+]
+
+_CODE = [
+    "Complete the following Python module. Implement every method.\n\n"
+    "```python\n"
+    "class LRUCache:\n"
+    '    """A fixed-capacity least-recently-used cache."""\n\n'
+    "    def __init__(self, capacity: int) -> None:\n"
+    "        ...\n\n"
+    "    def get(self, key):\n"
+    "        ...\n\n"
+    "    def put(self, key, value) -> None:\n"
+    "        ...\n\n"
+    "    def __len__(self) -> int:\n"
+    "        ...\n"
+    "```",
+    "Write a C function `int parse_csv_line(const char *line, char fields[][64], int max_fields)` "
+    "that splits a CSV line into fields, handling double-quoted fields with embedded commas. "
+    "Include a small main() that tests it.",
+    "Write a Python function that reads a log file, counts the requests per HTTP status code and "
+    "per hour, and prints both tables sorted. Include type hints and docstrings.",
+    "Complete this JavaScript:\n\n"
+    "```javascript\n"
+    "// Debounce: call fn only after `wait` ms have passed without another call.\n"
+    "function debounce(fn, wait) {\n"
+    "```\n\n"
+    "Then write a throttle function in the same style, and unit tests for both using Jest.",
+    "Write a SQL schema for a library system with tables for books, authors, members and loans, "
+    "with primary keys, foreign keys and indexes, then write five example queries.",
+]
+
+_PASSAGE_HISTORY = (
+    "The town of Marrowfield grew up around a ford on the river Kell, where drovers once brought "
+    "cattle down from the hill farms to the autumn markets. For almost two centuries the ford was "
+    "the only crossing for twenty miles, and the inns, smithies and chandlers that served the "
+    "drovers became the first streets of the town. In 1786 a stone bridge of five arches replaced "
+    "the ford. It was paid for by a toll, collected from a small octagonal house at the north end "
+    "that still stands today. The bridge brought wheeled traffic, and with it a weekly corn market, "
+    "a bank and, in 1841, the first newspaper, the Marrowfield Courier. The railway arrived in "
+    "1859, but it kept to the far side of the valley, and the station was built a mile from the "
+    "market square. A horse tram ran between the two until 1911. The mills that followed the "
+    "railway made woollen cloth and, later, carpets; at their peak in the 1890s they employed "
+    "nearly three thousand people. The last mill closed in 1978. Its buildings now hold a museum, "
+    "a brewery, artists' studios and eighty flats, and the mill race has been restored to drive a "
+    "small turbine that supplies part of the town's electricity."
+)
+
+_PASSAGE_NOTICE = (
+    "Notice to residents: water supply interruption. Between 08:00 on Tuesday 14 May and 18:00 on "
+    "Wednesday 15 May, the water supply to Alder Road, Birch Close, Cedar Avenue and the even "
+    "numbers of Station Road will be interrupted while the main under Cedar Avenue is replaced. "
+    "The work is part of a programme to replace cast-iron mains laid before 1950, which are the "
+    "cause of most bursts in the area. During the interruption a water bowser will be parked at the "
+    "junction of Alder Road and Station Road; please bring your own containers. Residents who are "
+    "registered as priority customers, for example because they use dialysis equipment at home or "
+    "care for a young baby, will receive bottled water delivered to their door on both days. If "
+    "you are not registered but need this help, call the customer line on 0800 555 0199 before "
+    "Friday 10 May. When the supply is restored the water may look cloudy or discoloured for a "
+    "short time. This is caused by air and sediment disturbed by the work and is not harmful: run "
+    "the cold kitchen tap until the water is clear. Do not run the hot taps or use washing "
+    "machines until the cold water is clear. We apologise for the inconvenience and thank you for "
+    "your patience."
+)
+
+_CODE_BLOCK = (
+    "```python\n"
+    "def load_users(path):\n"
+    "    users = []\n"
+    "    f = open(path)\n"
+    "    for line in f.readlines():\n"
+    "        parts = line.strip().split(',')\n"
+    "        if len(parts) < 3:\n"
+    "            continue\n"
+    "        user = {}\n"
+    "        user['name'] = parts[0]\n"
+    "        user['email'] = parts[1]\n"
+    "        user['age'] = int(parts[2])\n"
+    "        if user['age'] >= 18:\n"
+    "            user['adult'] = True\n"
+    "        else:\n"
+    "            user['adult'] = False\n"
+    "        users.append(user)\n"
+    "    f.close()\n"
+    "    return users\n\n\n"
+    "def average_age(users):\n"
+    "    total = 0\n"
+    "    count = 0\n"
+    "    for user in users:\n"
+    "        total = total + user['age']\n"
+    "        count = count + 1\n"
+    "    if count == 0:\n"
+    "        return 0\n"
+    "    return total / count\n\n\n"
+    "def adults(users):\n"
+    "    result = []\n"
+    "    for user in users:\n"
+    "        if user['adult'] == True:\n"
+    "            result.append(user)\n"
+    "    return result\n"
+    "```"
+)
+
+_PASSAGE_RECIPE = (
+    "Brown bread, makes one large loaf. Ingredients: 500 g wholemeal flour, 10 g salt, 7 g dried "
+    "yeast, 350 ml warm water, 1 tablespoon honey, 2 tablespoons olive oil, a handful of mixed "
+    "seeds. Method: Mix the flour, salt and yeast in a large bowl, keeping the salt and the yeast "
+    "on opposite sides of the bowl at first. Stir the honey and the oil into the warm water, pour "
+    "it into the flour and mix with one hand until a rough, sticky dough forms. Turn the dough out "
+    "onto a lightly oiled surface and knead it for ten minutes, until it is smooth and springs back "
+    "when pressed. Put it back in the bowl, cover it with a damp cloth and leave it somewhere warm "
+    "for about an hour, until it has doubled in size. Knock the air out of the dough, knead in the "
+    "seeds, shape it into an oval and put it into an oiled loaf tin. Cover it again and leave it "
+    "to rise for another forty minutes. Heat the oven to 220 degrees. Brush the top of the loaf "
+    "with water, scatter a few more seeds on it and bake for thirty to thirty-five minutes, until "
+    "it is dark brown and sounds hollow when tapped underneath. Cool it on a wire rack for at "
+    "least half an hour before slicing."
+)
+
+_GROUNDED = [
+    "Repeat the following passage exactly, word for word, then add one sentence at the end "
+    f"saying what it is about.\n\n{_PASSAGE_HISTORY}",
+    "Rewrite the following notice so that every sentence is in plain English, keeping all the "
+    "dates, times, street names and the phone number exactly as they are. Keep the same order."
+    f"\n\n{_PASSAGE_NOTICE}",
+    "Refactor the following Python code: use a with-statement to open the file, use the csv "
+    "module, add type hints and docstrings, and simplify the boolean logic. Keep the function "
+    f"names and behaviour the same and output the complete new code.\n\n{_CODE_BLOCK}",
+    "Convert the following recipe into a numbered list of steps, keeping the original wording of "
+    "each step as far as possible, preceded by a bulleted ingredient list with the same quantities."
+    f"\n\n{_PASSAGE_RECIPE}",
+    "Summarise the following passage in about 100 words, reusing its own phrases and all of its "
+    f"dates and numbers.\n\n{_PASSAGE_HISTORY}",
+]
+
+
+def _workload(name: str, texts: list[str]) -> Workload:
+    return Workload(name, [Prompt(f"{name}-{i + 1}", t) for i, t in enumerate(texts)])
+
+
+WORKLOADS: dict[str, Workload] = {
+    "prose": _workload("prose", _PROSE),
+    "factual": _workload("factual", _FACTUAL),
+    "code": _workload("code", _CODE),
+    "grounded": _workload("grounded", _GROUNDED),
+}
+
+
+def workload_names() -> list[str]:
+    return list(WORKLOADS)
+
+
+def get_workload(name: str) -> Workload:
+    """A built-in workload by name (``BadInput`` listing the known names otherwise)."""
+    key = name.strip().lower()
+    if key not in WORKLOADS:
+        raise BadInput(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
+    return WORKLOADS[key]
+
+
+# ----------------------------------------------------------------------------- user prompts
+
+
+def load_prompts(path: str | Path) -> list[Prompt]:
+    """Prompts from a JSONL file (``{"id", "text"}`` per line) or a blank-line-separated text file.
+
+    Ids default to ``<file stem>-<n>`` (1-based); they must be unique.
+    """
+    p = Path(path)
+    try:
+        content = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"prompts file {str(p)!r}: not found") from None
+    except IsADirectoryError:
+        raise BadInput(f"prompts file {str(p)!r}: is a directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"prompts file {str(p)!r}: cannot read ({exc})") from None
+    prompts = _parse_jsonl(content, p) if p.suffix.lower() == ".jsonl" else _parse_text(content, p)
+    if not prompts:
+        raise BadInput(f"prompts file {str(p)!r}: no prompts")
+    seen: set[str] = set()
+    for pr in prompts:
+        if pr.id in seen:
+            raise BadInput(f"prompts file {str(p)!r}: duplicate prompt id {pr.id!r}")
+        seen.add(pr.id)
+    return prompts
+
+
+def load_workload(path: str | Path, name: str | None = None) -> Workload:
+    """A user workload from a prompts file, named after the file stem unless ``name`` is given."""
+    p = Path(path)
+    return Workload(name or p.stem, load_prompts(p))
+
+
+def _parse_text(content: str, p: Path) -> list[Prompt]:
+    blocks: list[list[str]] = [[]]
+    for line in content.replace("\r\n", "\n").split("\n"):
+        if line.strip():
+            blocks[-1].append(line.rstrip())
+        elif blocks[-1]:
+            blocks.append([])
+    texts = ["\n".join(b) for b in blocks if b]
+    return [Prompt(f"{p.stem}-{i + 1}", t) for i, t in enumerate(texts)]
+
+
+def _parse_jsonl(content: str, p: Path) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    for lineno, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"prompts file {str(p)!r} line {lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"{where}: invalid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise BadInput(f'{where}: expected an object with "text"')
+        text = obj.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise BadInput(f'{where}: missing or empty "text"')
+        pid = obj.get("id", f"{p.stem}-{len(prompts) + 1}")
+        if not isinstance(pid, (str, int)) or isinstance(pid, bool) or not str(pid).strip():
+            raise BadInput(f'{where}: "id" must be a non-empty string or integer')
+        prompts.append(Prompt(str(pid), text))
+    return prompts

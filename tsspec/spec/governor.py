@@ -1,0 +1,287 @@
+"""The speculation cost governor: speculation must never make decoding slower.
+
+It sits beside the loop, not inside it. Per step the loop asks ``should_draft()``, runs either a
+speculative step (propose + verify + rollback + commit) or a plain step (one single-token
+forward), and reports what it actually ran with ``record(speculative, ms, tokens)``:
+
+* ``tokens`` is how many tokens the step emitted (a plain step: 1);
+* ``ms`` is the step's wall time, propose time included -- a proposer that finds nothing still
+  costs its lookup, and that is part of what the governor must weigh;
+* if the governor said "draft" but the loop ran a plain step (the speculator declined, no
+  context headroom), report it as plain: it costs what a plain step costs.
+
+Contract: the governor reads no clock and draws no random number. Its decisions are a pure
+function of the stream of ``record`` calls, so tests drive it with synthetic timings. The
+arithmetic lives in module-level pure functions (``ms_per_token``, ``cost_ratio``,
+``is_losing``, ``park_length``); the class only sequences them.
+
+Measurement. Cost is milliseconds per *emitted* token, for each kind of step, as a ratio of sums
+over a rolling window of the last ``window`` steps of that kind (a ratio of sums weights each
+step by the tokens it produced; a mean of per-step ratios would let a one-token miss count as
+much as an eight-token hit). ``ratio`` = speculative / plain; below 1 speculation wins. The first
+``warmup`` steps of each kind are not measured: they carry one-off costs (kernel compilation,
+graph capture, allocator growth) that would otherwise sit in a window for ``window`` steps.
+
+States:
+
+* ``probing`` -- gathering evidence. The first probe of a sequence interleaves speculative and
+  plain steps (S P S P ...) until both kinds have ``probe_spec`` / ``probe_plain`` measured
+  samples; plain samples are needed because the baseline is measured in the same run, on the
+  same context, not assumed. A probe ends with a verdict: ``ratio <= 1`` holds, else parks.
+  The verdict is asymmetric on purpose: a clear loss (``ratio > 1 + margin``) parks at once,
+  on the first step that shows it, while a win needs the whole probe. Being wrongly parked
+  costs only a forgone win for a few steps; being wrongly held costs real time.
+* ``holding`` -- speculation is winning: draft every step for ``hold_steps`` steps, but check
+  after every step and park AT ONCE when it turns losing (``ratio > 1 + margin``), judged on the
+  whole window and, so that a sharp turn is caught within a few steps rather than after the
+  window has rolled over, also on the newest ``recent`` speculative steps alone (against the
+  wider ``recent_margin``: four misses in a row are routine for a drafter that wins overall,
+  while a drafter that has turned 2x slower crosses it in four steps). The margin is
+  hysteresis: entering needs a win (``<= 1``), staying only needs not clearly losing. When the
+  hold runs out, a short re-probe (``probe_plain`` plain steps) refreshes the plain baseline,
+  which grows with the context, then the verdict is taken again.
+* ``parked`` -- drafting off for ``park_length`` steps: ``park_base`` doubled for every park since
+  the last win, capped at ``park_cap`` (8, 16, 32 ... 256). Its plain steps refresh the plain
+  window. Then a re-probe of ``probe_spec`` speculative steps, measured against a *cleared*
+  speculative window: the old evidence is what parked it, the question is whether it changed.
+  A win resets the backoff.
+
+An always-losing drafter thus costs one losing step per park, and parks grow geometrically:
+over 500 tokens at 2x the plain cost per token that is ~1.5 % above all-plain.
+
+``enabled=False`` (``TS_SPEC_ADAPTIVE=0``, mapped by the caller) drafts every step; the windows
+are still kept so the display can show the ratio. ``reset()`` starts a new sequence from scratch,
+backoff included.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from itertools import islice
+from typing import Iterable
+
+__all__ = [
+    "GovernorConfig",
+    "SpeculationCostGovernor",
+    "PROBING",
+    "HOLDING",
+    "PARKED",
+    "DISABLED",
+    "ms_per_token",
+    "cost_ratio",
+    "is_losing",
+    "park_length",
+]
+
+PROBING = "probing"
+HOLDING = "holding"
+PARKED = "parked"
+DISABLED = "disabled"  # enabled=False: always drafting, nothing decided
+
+Sample = tuple[float, int]  # (ms, tokens emitted) of one step
+
+
+# ----------------------------------------------------------------------------- the verdict (pure)
+
+
+def ms_per_token(samples: Iterable[Sample]) -> float | None:
+    """Sum of ms over sum of tokens; None with no samples, inf when time bought no token."""
+    ms = 0.0
+    tokens = 0
+    n = 0
+    for m, t in samples:
+        ms += m
+        tokens += t
+        n += 1
+    if n == 0:
+        return None
+    if tokens == 0:
+        return float("inf") if ms > 0 else None
+    return ms / tokens
+
+
+def cost_ratio(spec: Iterable[Sample], plain: Iterable[Sample]) -> float | None:
+    """Speculative over plain ms per token (below 1: speculation wins); None without both."""
+    s = ms_per_token(spec)
+    p = ms_per_token(plain)
+    if s is None or p is None or p == 0.0 or p == float("inf"):
+        return None
+    return s / p
+
+
+def is_losing(ratio: float | None, margin: float) -> bool:
+    """Clearly slower than plain: outside the noise margin. Unknown is not losing."""
+    return ratio is not None and ratio > 1.0 + margin
+
+
+def park_length(streak: int, base: int, cap: int) -> int:
+    """Steps to park after ``streak`` earlier parks without a win in between: base * 2**streak, capped."""
+    return min(base << min(streak, 30), cap)
+
+
+# ----------------------------------------------------------------------------- the state machine
+
+
+@dataclass(frozen=True)
+class GovernorConfig:
+    window: int = 16  # steps of each kind in the rolling cost window
+    recent: int = 4  # newest speculative steps also judged alone, to catch a turn within a few steps
+    margin: float = 0.05  # losing means ratio > 1 + margin
+    # the newest steps alone are noisy (a few misses in a row are normal for a good drafter):
+    # they park only on a sharp turn; a mild one shows in the whole window
+    recent_margin: float = 0.5
+    probe_spec: int = 2  # measured speculative steps a probe needs (first probe, and after a park)
+    probe_plain: int = 2  # measured plain steps the first probe needs, and a re-probe after a hold
+    warmup: int = 1  # first steps of each kind left unmeasured (compilation, graph capture)
+    hold_steps: int = 128  # drafting steps between plain-baseline refreshes while winning
+    park_base: int = 8  # first park; doubled per consecutive park
+    park_cap: int = 256
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or not 1 <= self.recent <= self.window:
+            raise ValueError("need window >= 1 and 1 <= recent <= window")
+        if self.probe_spec < 1 or self.probe_plain < 1 or self.warmup < 0:
+            raise ValueError("need probe_spec >= 1, probe_plain >= 1, warmup >= 0")
+        if self.margin < 0 or self.recent_margin < 0 or self.hold_steps < 1 or not 1 <= self.park_base <= self.park_cap:
+            raise ValueError("need margin >= 0, hold_steps >= 1, 1 <= park_base <= park_cap")
+
+
+class SpeculationCostGovernor:
+    """Parks drafting while it is losing; see the module docstring for the policy."""
+
+    def __init__(self, config: GovernorConfig | None = None, *, enabled: bool = True) -> None:
+        self.config = config or GovernorConfig()
+        self.enabled = enabled
+        self.reset()
+
+    # -- what the loop calls
+
+    def reset(self) -> None:
+        """A new sequence: forget everything, backoff and windows included."""
+        c = self.config
+        self._spec: deque[Sample] = deque(maxlen=c.window)
+        self._plain: deque[Sample] = deque(maxlen=c.window)
+        self._seen_spec = 0  # steps of each kind reported, for the warmup skip
+        self._seen_plain = 0
+        self._streak = 0  # parks since the last win: the backoff exponent
+        self.parks = 0  # parks this sequence, for the display
+        self.steps = 0
+        self.drafted_steps = 0
+        # first probe: warmup steps do not count as evidence, so ask for that many more
+        self._probe(c.probe_spec + c.warmup, c.probe_plain + c.warmup)
+
+    def should_draft(self) -> bool:
+        if not self.enabled or self._state == HOLDING:
+            return True
+        if self._state == PARKED:
+            return False
+        # probing: interleave, speculative first on ties, until both needs are met
+        return self._need_spec > 0 and self._need_spec >= self._need_plain
+
+    def record(self, speculative: bool, ms: float, tokens: int) -> None:
+        if ms < 0 or tokens < 0:
+            raise ValueError(f"need ms >= 0 and tokens >= 0, got {ms}, {tokens}")
+        c = self.config
+        self.steps += 1
+        if speculative:
+            self.drafted_steps += 1
+            self._seen_spec += 1
+            if self._seen_spec > c.warmup:
+                self._spec.append((float(ms), int(tokens)))
+        else:
+            self._seen_plain += 1
+            if self._seen_plain > c.warmup:
+                self._plain.append((float(ms), int(tokens)))
+        if not self.enabled:
+            return
+
+        if self._state == PROBING:
+            if speculative:
+                self._need_spec = max(0, self._need_spec - 1)
+            else:
+                self._need_plain = max(0, self._need_plain - 1)
+            if is_losing(self.ratio, c.margin):
+                self._park()  # a loss needs no more evidence than the first measured step
+            elif self._need_spec == 0 and self._need_plain == 0:
+                self._conclude_probe()
+        elif self._state == HOLDING:
+            self._steps_left -= 1
+            if self._losing_now():
+                self._park()
+            elif self._steps_left <= 0:
+                self._probe(0, c.probe_plain)  # refresh the plain baseline, keep the spec window
+        else:  # PARKED
+            self._steps_left -= 1
+            if self._steps_left <= 0:
+                self._spec.clear()  # the evidence that parked it is what is being retested
+                self._probe(c.probe_spec, 0)
+
+    # -- what the display reads
+
+    @property
+    def state(self) -> str:
+        return DISABLED if not self.enabled else self._state
+
+    @property
+    def steps_left(self) -> int | None:
+        """Steps until the state ends (probing: samples still needed); None when disabled."""
+        if not self.enabled:
+            return None
+        if self._state == PROBING:
+            return self._need_spec + self._need_plain
+        return self._steps_left
+
+    @property
+    def ratio(self) -> float | None:
+        """Speculative / plain ms per emitted token over the rolling windows (None: not measured)."""
+        return cost_ratio(self._spec, self._plain)
+
+    def describe(self) -> str:
+        r = self.ratio
+        left = self.steps_left
+        parts = [self.state if left is None else f"{self.state} ({left} left)"]
+        parts.append("ratio --" if r is None else f"ratio {r:.2f}")
+        parts.append(f"parks {self.parks}")
+        return ", ".join(parts)
+
+    # -- transitions
+
+    def _probe(self, need_spec: int, need_plain: int) -> None:
+        self._state = PROBING
+        self._need_spec = need_spec
+        self._need_plain = need_plain
+        self._steps_left = 0
+
+    def _conclude_probe(self) -> None:
+        if not self._spec or not self._plain:
+            # every sample so far was warmup or measured nothing: one more of what is missing
+            self._need_spec = 0 if self._spec else 1
+            self._need_plain = 0 if self._plain else 1
+            return
+        r = self.ratio
+        if r is not None and r <= 1.0:
+            self._hold()
+        else:
+            self._park()
+
+    def _hold(self) -> None:
+        self._state = HOLDING
+        self._steps_left = self.config.hold_steps
+        self._streak = 0  # a win resets the backoff
+
+    def _park(self) -> None:
+        c = self.config
+        self._state = PARKED
+        self._steps_left = park_length(self._streak, c.park_base, c.park_cap)
+        self._streak += 1
+        self.parks += 1
+
+    def _losing_now(self) -> bool:
+        c = self.config
+        if is_losing(self.ratio, c.margin):
+            return True
+        if len(self._spec) < c.recent:
+            return False
+        newest = islice(reversed(self._spec), c.recent)
+        return is_losing(cost_ratio(newest, self._plain), c.recent_margin)
