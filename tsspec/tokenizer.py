@@ -1,0 +1,425 @@
+"""Tokenizers built from a GGUF file's ``tokenizer.ggml.*`` metadata, behaving like llama.cpp's.
+
+Contract:
+
+* ``Tokenizer.from_metadata(meta)`` / ``Tokenizer.from_gguf(path)`` build the tokenizer the file
+  describes. The splitting and merging is done by a HuggingFace ``tokenizers.Tokenizer`` assembled
+  from the vocabulary; nothing here implements BPE by hand.
+
+  - ``tokenizer.ggml.model == "gpt2"``: byte-level BPE from ``tokens`` + ``merges``, pre-split by the
+    regexes llama.cpp uses for ``tokenizer.ggml.pre`` (applied one after another, as llama.cpp's
+    ``unicode_regex_split`` does). An unknown ``pre`` falls back to the plain GPT-2 regex with a
+    warning (llama.cpp refuses such files; we would rather run with the most common split).
+  - ``tokenizer.ggml.model == "llama"``: SentencePiece-style vocabulary with ``scores``. llama.cpp
+    tokenizes it by repeatedly merging the adjacent pair whose concatenation is the highest-scoring
+    token (leftmost on ties), then falls back to ``<0xNN>`` byte tokens for unknown characters. That
+    is BPE whose merge ranks are the scores, so the merges are derived from the vocabulary and ranked
+    by score; spaces become ``▁`` and ``add_space_prefix`` prepends one to each text fragment.
+
+* Tokens typed CONTROL (3) are special: matched whole only when ``parse_special=True``, plain text
+  otherwise. Tokens typed USER_DEFINED (4) are always matched whole, as llama.cpp does (Gemma's
+  whitespace-run tokens ``"\\n\\n"``, ``"  "`` are user-defined and must never be split).
+* ``encode`` adds BOS/EOS only when ``add_special`` is set and the file asks for them
+  (``add_bos_token``/``add_eos_token``; a SentencePiece vocabulary adds BOS unless told otherwise,
+  as llama.cpp does).
+* ``decode`` and ``StreamDecoder`` work on the bytes each token stands for, so text is exact and a
+  multibyte character split across tokens is only emitted once complete. Invalid UTF-8 becomes
+  U+FFFD in both, identically. ``skip_special`` drops CONTROL tokens (BOS, ``<|im_end|>``...) and
+  the UNKNOWN/UNUSED placeholders; user-defined tokens are text and always kept.
+* Missing or inconsistent metadata raises ``ModelFileError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from .errors import ModelFileError
+
+# llama.cpp token types (gguf TokenType).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+SPACE_MARK = "\u2581"  # SentencePiece's visible space "▁"
+
+# Pre-tokenizer regexes per ``tokenizer.ggml.pre``, as in llama.cpp's llama-vocab.cpp. Each list is
+# applied in order, every regex splitting the pieces the previous one produced ("isolated": matches
+# and the gaps between them both become pieces).
+_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_RE = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_RE = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_STARCODER_RES = [r"\p{N}", _GPT2_RE]  # digits one by one, then GPT-2
+# llama.cpp's fallback for BPE vocabularies (pre "default" or absent).
+_DEFAULT_RES = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]"]
+
+PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
+    "default": _DEFAULT_RES,
+    "llama3": [_LLAMA3_RE],
+    "llama-v3": [_LLAMA3_RE],
+    "llama-bpe": [_LLAMA3_RE],
+    "falcon3": [_LLAMA3_RE],
+    "smaug-bpe": [_LLAMA3_RE],
+    "dbrx": [_LLAMA3_RE],
+    "qwen2": [_QWEN2_RE],
+    "stablelm2": [_QWEN2_RE],
+    "deepseek-r1-qwen": [_QWEN2_RE],
+    "smollm": _STARCODER_RES,
+    "starcoder": _STARCODER_RES,
+    "refact": _STARCODER_RES,
+    "command-r": _STARCODER_RES,
+    "codeshell": _STARCODER_RES,
+    "exaone": _STARCODER_RES,
+    "minerva-7b": _STARCODER_RES,
+    "gpt-2": [_GPT2_RE],
+    "gpt2": [_GPT2_RE],
+    "mpt": [_GPT2_RE],
+    "olmo": [_GPT2_RE],
+    "jais": [_GPT2_RE],
+}
+
+# Texts of end-of-turn tokens that stop generation besides the declared EOS (llama.cpp's EOG set).
+_EOG_TEXTS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<|end_of_text|>",
+    "<EOT>",
+)
+_EOG_ID_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@lru_cache(maxsize=1)
+def _byte_level_alphabet() -> tuple[dict[int, str], dict[str, int]]:
+    """GPT-2's reversible byte <-> printable-character map (byte -> char, char -> byte)."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    to_char = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in to_char:  # control bytes, space, etc. move to 256+ so every byte is visible
+            to_char[b] = chr(256 + extra)
+            extra += 1
+    return to_char, {c: b for b, c in to_char.items()}
+
+
+def _require(meta: Mapping[str, Any], key: str) -> Any:
+    if key not in meta:
+        raise ModelFileError(f"GGUF tokenizer metadata is missing {key}")
+    return meta[key]
+
+
+def _optional_id(meta: Mapping[str, Any], key: str, n: int) -> int | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < n:
+        raise ModelFileError(f"GGUF tokenizer metadata {key}={value!r} is not a token id below {n}")
+    return value
+
+
+def _checked_list(meta: Mapping[str, Any], key: str, n: int) -> list:
+    value = meta[key]
+    if not isinstance(value, list) or len(value) != n:
+        got = len(value) if isinstance(value, list) else type(value).__name__
+        raise ModelFileError(
+            f"GGUF tokenizer metadata {key} has {got} entries, tokenizer.ggml.tokens has {n}"
+        )
+    return value
+
+
+def _token_map(tokens: Sequence[str]) -> dict[str, int]:
+    """text -> id; on a duplicated text the first id wins so the vocabulary stays a bijection."""
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    return vocab
+
+
+def _byte_level_model(meta: Mapping[str, Any], tokens: list[str]):
+    from tokenizers import Regex, models, pre_tokenizers
+
+    merges_raw = _require(meta, "tokenizer.ggml.merges")
+    if not isinstance(merges_raw, list):
+        raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.merges is not a list")
+    merges: list[tuple[str, str]] = []
+    for m in merges_raw:
+        parts = m.split(" ")
+        if len(parts) != 2:
+            raise ModelFileError(f"GGUF tokenizer metadata tokenizer.ggml.merges has a bad entry {m!r}")
+        merges.append((parts[0], parts[1]))
+    model = models.BPE(vocab=_token_map(tokens), merges=merges, ignore_merges=False)
+
+    pre = meta.get("tokenizer.ggml.pre") or "default"
+    regexes = PRE_TOKENIZER_REGEXES.get(pre)
+    if regexes is None:
+        warnings.warn(
+            f"unknown tokenizer.ggml.pre {pre!r}; splitting text with the GPT-2 regex", stacklevel=3
+        )
+        regexes = [_GPT2_RE]
+    pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    return model, pre_tokenizer
+
+
+def _spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+    """Every (left, right) split of a normal token into two normal tokens, best score first.
+
+    llama.cpp merges the adjacent pair whose concatenation scores highest; ranking each merge by
+    its result's score (then by id, for a stable order) makes HF's BPE pick the same pair.
+    """
+    normal = {t: i for i, t in enumerate(tokens) if types[i] == NORMAL}
+    found: list[tuple[float, int, str, str]] = []
+    for t, i in normal.items():
+        for k in range(1, len(t)):
+            left, right = t[:k], t[k:]
+            if left in normal and right in normal:
+                found.append((-scores[i], i, left, right))
+    found.sort()
+    return [(left, right) for _, _, left, right in found]
+
+
+def _spm_model(meta: Mapping[str, Any], tokens: list[str], types: list[int]):
+    from tokenizers import models, pre_tokenizers
+
+    _require(meta, "tokenizer.ggml.scores")
+    scores = _checked_list(meta, "tokenizer.ggml.scores", len(tokens))
+    unk_id = _optional_id(meta, "tokenizer.ggml.unknown_token_id", len(tokens))
+    has_bytes = any(types[i] == BYTE for i in range(len(tokens)))
+    model = models.BPE(
+        vocab=_token_map(tokens),
+        merges=_spm_merges(tokens, scores, types),
+        unk_token=tokens[unk_id] if unk_id is not None else None,
+        byte_fallback=has_bytes,
+        ignore_merges=False,
+    )
+    # llama.cpp escapes spaces as "▁" and, with add_space_prefix, prepends one to every text
+    # fragment (a fragment is text between special tokens). split=False: no splitting at spaces,
+    # SentencePiece merges across them.
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=SPACE_MARK, prepend_scheme="always" if prefix else "never", split=False
+    )
+    return model, pre_tokenizer, prefix
+
+
+class StreamDecoder:
+    """Incremental detokenizer: ``push`` returns only newly completed text, ``flush`` the rest.
+
+    Works on token bytes through an incremental UTF-8 decoder, so each push costs O(token length)
+    and a character split across tokens is held back until its last byte arrives.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
+        self._tok = tokenizer
+        self._skip_special = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._strip_prefix = tokenizer._strip_prefix_space
+
+    def push(self, token_id: int) -> str:
+        piece = self._tok._piece(token_id, self._skip_special)
+        if self._strip_prefix and piece:
+            if not self._tok._is_control(token_id):
+                self._strip_prefix = False
+                if piece.startswith(b" "):
+                    piece = piece[1:]
+        return self._utf8.decode(piece)
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class Tokenizer:
+    """A GGUF model's tokenizer; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        hf: Any,
+        *,
+        tokens: list[str],
+        token_types: list[int],
+        byte_level: bool,
+        bos_id: int | None,
+        eos_id: int | None,
+        eos_ids: frozenset[int],
+        add_bos: bool,
+        add_eos: bool,
+        add_space_prefix: bool,
+        chat_template: str | None,
+    ):
+        self.hf = hf
+        self._tokens = tokens
+        self._types = token_types
+        self._byte_level = byte_level
+        self.vocab_size = len(tokens)
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.eos_ids = eos_ids
+        self.add_bos = add_bos
+        self.add_eos = add_eos
+        self.chat_template = chat_template
+        # The encoder prepended a space to the first fragment; decoding the start removes it again.
+        self._strip_prefix_space = add_space_prefix
+        self._bytes_cache: dict[int, bytes] = {}
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike) -> Tokenizer:
+        from .gguf_file import read_metadata
+
+        return cls.from_metadata(read_metadata(path))
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as HFTokenizer
+
+        tokens = _require(meta, "tokenizer.ggml.tokens")
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+            raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.tokens is not a list of strings")
+        n = len(tokens)
+        if "tokenizer.ggml.token_type" in meta:
+            types = [int(t) for t in _checked_list(meta, "tokenizer.ggml.token_type", n)]
+        else:
+            types = [NORMAL] * n
+
+        kind = _require(meta, "tokenizer.ggml.model")
+        add_space_prefix = False
+        if kind == "gpt2":
+            model, pre_tokenizer = _byte_level_model(meta, tokens)
+            default_add_bos = False
+        elif kind == "llama":
+            model, pre_tokenizer, add_space_prefix = _spm_model(meta, tokens, types)
+            default_add_bos = True  # llama.cpp's default for SentencePiece vocabularies
+        else:
+            raise ModelFileError(
+                f"unsupported tokenizer.ggml.model {kind!r} (supported: 'gpt2', 'llama')"
+            )
+
+        hf = HFTokenizer(model)
+        hf.pre_tokenizer = pre_tokenizer
+        # normalized=False: matched against the raw text, before "▁" escaping or byte mapping.
+        hf.add_special_tokens(
+            [AddedToken(tokens[i], special=True, normalized=False) for i in range(n) if types[i] == CONTROL]
+        )
+        hf.add_tokens(
+            [
+                AddedToken(tokens[i], special=False, normalized=False)
+                for i in range(n)
+                if types[i] == USER_DEFINED
+            ]
+        )
+
+        bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", n)
+        eos_id = _optional_id(meta, "tokenizer.ggml.eos_token_id", n)
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos))
+        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+        for wanted, token_id, key in ((add_bos, bos_id, "bos"), (add_eos, eos_id, "eos")):
+            if wanted and token_id is None:
+                raise ModelFileError(
+                    f"GGUF tokenizer sets tokenizer.ggml.add_{key}_token "
+                    f"but has no tokenizer.ggml.{key}_token_id"
+                )
+
+        eos = {eos_id} if eos_id is not None else set()
+        eos.update(i for k in _EOG_ID_KEYS if (i := _optional_id(meta, k, n)) is not None)
+        vocab = hf.get_vocab(with_added_tokens=True)
+        for text in _EOG_TEXTS:
+            i = vocab.get(text)
+            # A normal token spelled like an end marker is ordinary text, not a stop signal.
+            if i is not None and types[i] != NORMAL:
+                eos.add(i)
+
+        template = meta.get("tokenizer.chat_template")
+        return cls(
+            hf,
+            tokens=tokens,
+            token_types=types,
+            byte_level=kind == "gpt2",
+            bos_id=bos_id,
+            eos_id=eos_id,
+            eos_ids=frozenset(eos),
+            add_bos=add_bos,
+            add_eos=add_eos,
+            add_space_prefix=add_space_prefix,
+            chat_template=template if isinstance(template, str) and template else None,
+        )
+
+    # -- encoding -----------------------------------------------------------------------------
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_special`` adds BOS/EOS as the file asks, ``parse_special``
+        lets control-token texts such as ``<|im_start|>`` become their single ids."""
+        # The flag lives on the shared HF object; set it on every call so no call sees another's.
+        self.hf.encode_special_tokens = not parse_special
+        ids = self.hf.encode(text, add_special_tokens=False).ids if text else []
+        if add_special and self.add_bos:
+            ids.insert(0, self.bos_id)
+        if add_special and self.add_eos:
+            ids.append(self.eos_id)
+        return ids
+
+    # -- decoding -----------------------------------------------------------------------------
+
+    def _is_control(self, token_id: int) -> bool:
+        return self._types[token_id] in (CONTROL, UNKNOWN, UNUSED)
+
+    def _token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for, as llama.cpp's token_to_piece renders it."""
+        cached = self._bytes_cache.get(token_id)
+        if cached is not None:
+            return cached
+        text = self._tokens[token_id]
+        kind = self._types[token_id]
+        if kind == BYTE and (m := _BYTE_TOKEN.fullmatch(text)):
+            out = bytes([int(m.group(1), 16)])
+        elif kind != NORMAL:
+            out = text.encode("utf-8")  # control / user-defined tokens are their literal text
+        elif self._byte_level:
+            to_byte = _byte_level_alphabet()[1]
+            try:
+                out = bytes(to_byte[c] for c in text)
+            except KeyError:  # a normal token outside the byte alphabet: take it literally
+                out = text.encode("utf-8")
+        else:
+            out = text.replace(SPACE_MARK, " ").encode("utf-8")
+        self._bytes_cache[token_id] = out
+        return out
+
+    def _piece(self, token_id: int, skip_special: bool) -> bytes:
+        if not 0 <= token_id < self.vocab_size:
+            raise IndexError(f"token id {token_id} out of range (vocab size {self.vocab_size})")
+        if skip_special and self._is_control(token_id):
+            return b""
+        return self._token_bytes(token_id)
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        stream = self.stream(skip_special=skip_special)
+        return "".join(stream.push(i) for i in ids) + stream.flush()
+
+    def token_text(self, token_id: int) -> str:
+        """The token's own text, with invalid UTF-8 (a lone byte token) shown as U+FFFD."""
+        return self._piece(token_id, False).decode("utf-8", errors="replace")
+
+    def stream(self, skip_special: bool = False) -> StreamDecoder:
+        return StreamDecoder(self, skip_special)
