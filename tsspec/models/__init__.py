@@ -16,6 +16,8 @@ ARCHITECTURES = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gemma3": "gemma3",
+    "qwen35": "qwen35",
+    "qwen3next": "qwen3next",
 }
 # Files whose architecture is a drafter, not a language model on its own.
 DRAFTER_ARCHITECTURES = {"dflash"}

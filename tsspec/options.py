@@ -1,0 +1,179 @@
+"""The operator surface for speculation: flags, legacy spellings and environment variables.
+
+Every setting has a flag and an environment variable published under two families, ``TS_SPEC_*``
+and ``TS_MTP_*`` (the second is a cross-language contract, not only a legacy alias). Resolution is a
+pure function: a flag beats the environment; if the two families disagree, ``TS_SPEC_*`` wins and
+a warning says so. The resolved values are published back under both names for child processes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, MutableMapping
+
+from .errors import BadInput
+
+SPEC_TYPES_BUILTIN = ("auto", "draft-head", "block", "ngram", "draft-model")
+ACCEPT_RULES = ("auto", "match", "residual")
+DRAFT_MIN, DRAFT_MAX, DRAFT_DEFAULT = 1, 64, 8
+FAMILIES = ("TS_SPEC_", "TS_MTP_")
+
+# setting -> (environment suffix, flag name used in messages)
+SETTINGS = {
+    "enabled": ("SPEC", "--spec"),
+    "type": ("TYPE", "--spec-type"),
+    "draft": ("DRAFT", "--spec-draft"),
+    "pmin": ("PMIN", "--spec-pmin"),
+    "draft_model": ("DRAFT_MODEL", "--spec-draft-model"),
+    "accept": ("ACCEPT", "--spec-accept"),
+    "adaptive": ("ADAPTIVE", "--spec-adaptive"),
+}
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    enabled: bool = False
+    type: str = "auto"
+    draft: int = DRAFT_DEFAULT
+    draft_explicit: bool = False  # the user chose the window (a model's preference yields to it)
+    pmin: float | None = None  # None: the algorithm's own default
+    draft_model: str | None = None  # a drafter file or known model name
+    accept: str = "auto"
+    adaptive: bool = True  # the cost governor
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise BadInput(f"{name}={raw!r}: expected 0/1, true/false, yes/no or on/off")
+
+
+def _parse(setting: str, name: str, raw: Any) -> Any:
+    """Validate one value (from a flag or the environment); errors name where it came from."""
+    if setting in ("enabled", "adaptive"):
+        return raw if isinstance(raw, bool) else _parse_bool(name, str(raw))
+    if setting == "draft":
+        try:
+            n = int(str(raw).strip())
+        except ValueError:
+            raise BadInput(f"{name}={raw!r}: expected an integer in [{DRAFT_MIN}, {DRAFT_MAX}]") from None
+        if not DRAFT_MIN <= n <= DRAFT_MAX:
+            raise BadInput(f"{name}={n}: out of range [{DRAFT_MIN}, {DRAFT_MAX}]")
+        return n
+    if setting == "pmin":
+        try:
+            f = float(str(raw).strip())
+        except ValueError:
+            raise BadInput(f"{name}={raw!r}: expected a number in [0, 1]") from None
+        if not 0.0 <= f <= 1.0:
+            raise BadInput(f"{name}={f}: out of range [0, 1]")
+        return f
+    if setting == "type":
+        v = str(raw).strip()
+        from .spec.registry import REGISTRY
+
+        known = ["auto", *REGISTRY.names()]
+        if v not in known:
+            raise BadInput(f"{name}={v!r}: unknown speculator (choose from {', '.join(known)})")
+        return v
+    if setting == "accept":
+        v = str(raw).strip()
+        if v not in ACCEPT_RULES:
+            raise BadInput(f"{name}={v!r}: expected one of {', '.join(ACCEPT_RULES)}")
+        return v
+    if setting == "draft_model":
+        v = str(raw).strip()
+        if not v:
+            raise BadInput(f"{name}: empty path")
+        return v
+    raise AssertionError(setting)
+
+
+def read_env(env: Mapping[str, str], warnings: list[str]) -> dict[str, Any]:
+    """Settings found in the environment, validated; TS_SPEC_* wins over a disagreeing TS_MTP_*."""
+    out: dict[str, Any] = {}
+    for setting, (suffix, _flag) in SETTINGS.items():
+        vals = {fam + suffix: env[fam + suffix] for fam in FAMILIES if env.get(fam + suffix, "") != ""}
+        if not vals:
+            continue
+        parsed = {k: _parse(setting, k, v) for k, v in vals.items()}
+        spec_key, mtp_key = FAMILIES[0] + suffix, FAMILIES[1] + suffix
+        if len(parsed) == 2 and parsed[spec_key] != parsed[mtp_key]:
+            warnings.append(
+                f"{spec_key}={vals[spec_key]} and {mtp_key}={vals[mtp_key]} disagree; using {spec_key}"
+            )
+        out[setting] = parsed.get(spec_key, parsed.get(mtp_key))
+    return out
+
+
+def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> tuple[SpecOptions, list[str]]:
+    """Flags (None = not given) over environment over defaults. -> (options, warnings).
+
+    ``flags`` keys: enabled, type, draft, pmin, draft_model, accept, adaptive, and
+    ``block_drafter`` (``--draft-model``, which implies ``--spec`` unless ``--no-spec``).
+    """
+    warnings: list[str] = []
+    envv = read_env(env, warnings)
+    vals: dict[str, Any] = {}
+    for setting, (_suffix, flag) in SETTINGS.items():
+        f = flags.get(setting)
+        if f is not None:
+            vals[setting] = _parse(setting, flag, f)
+        elif setting in envv:
+            vals[setting] = envv[setting]
+    block = flags.get("block_drafter")
+    if block is not None:
+        block = _parse("draft_model", "--draft-model", block)
+        if vals.get("draft_model") and vals["draft_model"] != block and flags.get("draft_model") is not None:
+            raise BadInput("--draft-model and --spec-draft-model name different files; give one")
+        vals["draft_model"] = block
+        if flags.get("enabled") is None:
+            vals["enabled"] = True  # --draft-model implies --spec unless --no-spec
+    opts = SpecOptions(
+        enabled=vals.get("enabled", False),
+        type=vals.get("type", "auto"),
+        draft=vals.get("draft", DRAFT_DEFAULT),
+        draft_explicit="draft" in vals,
+        pmin=vals.get("pmin"),
+        draft_model=vals.get("draft_model"),
+        accept=vals.get("accept", "auto"),
+        adaptive=vals.get("adaptive", True),
+    )
+    if not opts.enabled:
+        tuned = [SETTINGS[s][1] for s in ("type", "draft", "pmin", "draft_model", "accept", "adaptive")
+                 if flags.get(s) is not None]
+        if block is not None:
+            tuned.append("--draft-model")
+        if tuned:
+            warnings.append(f"{', '.join(tuned)} {'is' if len(tuned) == 1 else 'are'} inert with speculation off (--no-spec)")
+    return opts, warnings
+
+
+def publish(opts: SpecOptions, env: MutableMapping[str, str] | None = None) -> None:
+    """Write the resolved settings under both families, for child processes (and native loaders)."""
+    env = os.environ if env is None else env
+    values = {
+        "SPEC": "1" if opts.enabled else "0",
+        "TYPE": opts.type,
+        "DRAFT": str(opts.draft),
+        "ACCEPT": opts.accept,
+        "ADAPTIVE": "1" if opts.adaptive else "0",
+    }
+    if opts.pmin is not None:
+        values["PMIN"] = repr(opts.pmin)
+    if opts.draft_model:
+        values["DRAFT_MODEL"] = opts.draft_model
+    for fam in FAMILIES:
+        for suffix, v in values.items():
+            env[fam + suffix] = v
+
+
+def with_window(opts: SpecOptions, preferred: int | None) -> SpecOptions:
+    """A model's preferred window applies unless the user chose one."""
+    if preferred is None or opts.draft_explicit:
+        return opts
+    return replace(opts, draft=min(opts.draft, preferred))
