@@ -146,42 +146,64 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu, "gelu_tanh": gelu_tanh}
 
 
+@dataclass
+class SpanGroup:
+    """Consecutive rows that share an attention span, with their masks precomputed."""
+
+    i: int  # first row
+    j: int  # one past the last row
+    span: int
+    masks: dict  # window (None = global) -> bool mask [rep*g, span]
+
+
+def plan_attention(start: int, rows: int, capacity: int, rep: int, windows: set) -> list[SpanGroup]:
+    """Group the rows of one forward by attention span; masks are shared by every layer."""
+    groups = []
+    i = 0
+    while i < rows:
+        span = attention_span(start + i, capacity)
+        j = i + 1
+        while j < rows and attention_span(start + j, capacity) == span:
+            j += 1
+        g = max(j - i, ATTN_MIN_ROWS)
+        pos = torch.arange(start + i, start + i + g)
+        pos[j - i :] = start + j - 1  # pad rows repeat the last real row
+        t = torch.arange(span)
+        causal = t[None, :] <= pos[:, None]  # [g, span]
+        masks = {}
+        for w in windows:
+            allowed = causal if w is None else causal & (t[None, :] > pos[:, None] - w)
+            masks[w] = allowed.repeat(rep, 1)  # [rep*g, span], row r*g + m
+        groups.append(SpanGroup(i, j, span, masks))
+        i = j
+    return groups
+
+
 def attend(
     q: torch.Tensor,  # [rows, n_heads, head_dim], roped and scaled
     k_cache: torch.Tensor,  # [n_kv, capacity, head_dim]
     v_cache: torch.Tensor,  # [n_kv, capacity, head_dim]
-    start: int,  # position of row 0 (its K/V are already in the cache)
+    groups: list[SpanGroup],
     window: int | None,
 ) -> torch.Tensor:
     """Causal (optionally sliding-window) attention, batch invariant per row. -> [rows, heads, dim]."""
     rows, n_heads, dim = q.shape
-    n_kv, cap, _ = k_cache.shape
+    n_kv = k_cache.shape[0]
     rep = n_heads // n_kv
-    out = torch.empty_like(q)
-    i = 0
-    while i < rows:
-        span = attention_span(start + i, cap)
-        j = i + 1
-        while j < rows and attention_span(start + j, cap) == span:
-            j += 1
-        qg = pad_rows(q[i:j], ATTN_MIN_ROWS)  # [g, heads, dim]
+    out = q.new_empty(q.shape) if len(groups) > 1 else None
+    for grp in groups:
+        qg = pad_rows(q[grp.i : grp.j], ATTN_MIN_ROWS)  # [g, heads, dim]
         g = qg.shape[0]
-        pos = torch.arange(start + i, start + i + g)
-        pos[j - i :] = start + j - 1  # pad rows repeat the last real row
         # [n_kv, rep*g, dim]: query head h = kv*rep + r reads kv head `kv`
         qh = qg.view(g, n_kv, rep, dim).permute(1, 2, 0, 3).reshape(n_kv, rep * g, dim)
-        scores = torch.matmul(qh, k_cache[:, :span].transpose(1, 2))  # [n_kv, rep*g, span]
-        t = torch.arange(span)
-        allowed = t[None, :] <= pos[:, None]  # [g, span]
-        if window is not None:
-            allowed &= t[None, :] > pos[:, None] - window
-        mask = allowed.repeat(rep, 1)  # [rep*g, span], row r*g + m
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = torch.matmul(qh, k_cache[:, : grp.span].transpose(1, 2))  # [n_kv, rep*g, span]
+        scores.masked_fill_(~grp.masks[window], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
-        o = torch.matmul(probs, v_cache[:, :span])  # [n_kv, rep*g, dim]
+        o = torch.matmul(probs, v_cache[:, : grp.span])  # [n_kv, rep*g, dim]
         o = o.view(n_kv, rep, g, dim).permute(2, 0, 1, 3).reshape(g, n_heads, dim)
-        out[i:j] = o[: j - i]
-        i = j
+        if out is None:
+            return o[: grp.j - grp.i]
+        out[grp.i : grp.j] = o[: grp.j - grp.i]
     return out
 
 
@@ -248,6 +270,7 @@ class TransformerModel:
         self.q_scale = scale
         self.q_dim = cfg.n_heads * cfg.head_dim
         self.kv_dim = cfg.n_kv_heads * cfg.head_dim
+        self._windows = {spec.window for spec in cfg.layers}
 
     # -- SpecTarget surface ------------------------------------------------------------------
     @property
@@ -308,10 +331,11 @@ class TransformerModel:
         if cfg.embed_scale != 1.0:
             h = h * cfg.embed_scale
         want = {t: None for t in (taps or ())}
+        groups = plan_attention(start, n, self.cache.capacity, cfg.n_heads // cfg.n_kv_heads, self._windows)
         for li, blk in enumerate(self.blocks):
             if li in want:
                 want[li] = h
-            h = self._block(li, blk, h, start)
+            h = self._block(li, blk, h, start, groups)
         if cfg.n_layers in want:
             want[cfg.n_layers] = h
         self.cache.length = start + n
@@ -323,7 +347,7 @@ class TransformerModel:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         return ForwardOutput(logits=logits, hidden=hidden)
 
-    def _block(self, li: int, blk: Block, h: torch.Tensor, start: int) -> torch.Tensor:
+    def _block(self, li: int, blk: Block, h: torch.Tensor, start: int, groups: list[SpanGroup]) -> torch.Tensor:
         cfg = self.cfg
         spec = cfg.layers[li]
         n = h.shape[0]
@@ -341,7 +365,7 @@ class TransformerModel:
         k = apply_rope(k, cos, sin, cfg.rope_neox)
         self.cache.k[li, :, start : start + n] = k.transpose(0, 1)
         self.cache.v[li, :, start : start + n] = v.transpose(0, 1)
-        a = attend(q, self.cache.k[li], self.cache.v[li], start, spec.window)
+        a = attend(q, self.cache.k[li], self.cache.v[li], groups, spec.window)
         a = blk.o(a.reshape(n, self.q_dim))
         if blk.post_attn_norm is not None:
             a = rms_norm(a, blk.post_attn_norm, cfg.rms_eps)

@@ -1,0 +1,348 @@
+"""The command line: parsing, option resolution and display. No model or loop logic lives here."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import typer
+from rich.console import Console
+
+from .errors import BadInput, TsspecError
+
+app = typer.Typer(
+    name="tsspec",
+    help="Speculative decoding for GGUF language models: exact output, measured speed.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+err = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn a TsspecError into one line on stderr and a non-zero exit; never a traceback."""
+    try:
+        yield
+    except TsspecError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]")
+        raise typer.Exit(130) from None
+
+
+def warn(msg: str) -> None:
+    err.print(f"[yellow]warning:[/] {msg}", highlight=False)
+
+
+def set_threads(threads: int | None) -> None:
+    import torch
+
+    if threads is not None:
+        if threads < 1:
+            raise BadInput("--threads must be >= 1")
+        torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_session(model: str | None, *, weights: str | None, ctx_size: int | None, progress: bool = True):
+    """-> (GGUFFile, target, tokenizer) for a model path or known name (default pulled on first use)."""
+    from .gguf_file import GGUFFile
+    from .hub import resolve_model
+    from .models import load_model
+    from .tokenizer import Tokenizer
+
+    if weights is not None and weights not in ("bf16", "f32"):
+        raise BadInput(f"--weights {weights!r}: expected bf16 or f32")
+    if ctx_size is not None and ctx_size < 16:
+        raise BadInput("--ctx-size must be >= 16")
+    path = resolve_model(model, progress=progress, console=err)
+    with err.status(f"loading {path.name}", spinner="dots") if progress else contextlib.nullcontext():
+        g = GGUFFile(path)
+        target = load_model(g, fmt=weights, n_ctx=ctx_size)
+        tokenizer = Tokenizer.from_metadata(g.metadata)
+    return g, target, tokenizer
+
+
+def build_speculation(opts, target):
+    """-> (speculator, governor, window, accept_rule, notes) for resolved SpecOptions."""
+    from .options import with_window
+    from .spec.governor import SpeculationCostGovernor
+    from .spec.registry import REGISTRY
+
+    if not opts.enabled:
+        return None, None, 0, None, []
+    notes: list[str] = []
+    drafter = None
+    if opts.draft_model:
+        from .drafters import load_drafter
+        from .hub import KNOWN_MODELS, resolve_model
+
+        path = opts.draft_model
+        if not Path(path).exists() and path in KNOWN_MODELS:
+            path = str(resolve_model(path, console=err))
+        drafter = load_drafter(path, target, opts)
+        notes += list(getattr(drafter, "notes", []))
+        for w in getattr(drafter, "warnings", []):
+            warn(w)
+    speculator = REGISTRY.create(opts.type, target, opts, drafter)
+    opts = with_window(opts, getattr(target, "preferred_window", None))
+    window = min(opts.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else opts.draft
+    governor = SpeculationCostGovernor(enabled=opts.adaptive)
+    accept = None if opts.accept == "auto" else opts.accept
+    return speculator, governor, window, accept, notes
+
+
+def read_prompt(prompt: str | None, file: Path | None) -> str:
+    if prompt is not None and file is not None:
+        raise BadInput("give the prompt with -p or -f, not both")
+    if prompt is not None:
+        return prompt
+    if file is not None:
+        try:
+            return file.read_text(encoding="utf-8")
+        except OSError as e:
+            raise BadInput(f"cannot read prompt file {file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise BadInput(f"prompt file {file} is not UTF-8 text") from None
+    if sys.stdin is not None and not sys.stdin.isatty():
+        text = sys.stdin.read()
+        if text:
+            return text
+    raise BadInput("no prompt: give -p TEXT, -f FILE, --prompts FILE.jsonl, or pipe text on stdin")
+
+
+def read_prompt_set(path: Path) -> list[tuple[str, str]]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise BadInput(f"cannot read --prompts file {path}: {e.strerror}") from None
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{path}:{i}: not JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise BadInput(f'{path}:{i}: expected an object with a "text" string')
+        out.append((str(obj.get("id", i)), obj["text"]))
+    if not out:
+        raise BadInput(f"{path}: no prompts")
+    return out
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+@app.command()
+def generate(
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="GGUF path or known model name (see `tsspec models`). Default: smollm2-135m, pulled on first use."),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="Prompt text."),
+    file: Optional[Path] = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help='JSONL file, one {"id", "text"} per line: many prompts, model loaded once.'),
+    max_tokens: int = typer.Option(128, "-n", "--max-tokens", help="Tokens to generate at most."),
+    temp: float = typer.Option(0.0, "--temp", help="Temperature; 0 is greedy."),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens; 0 is off."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass; 1 is off."),
+    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability; 0 is off."),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens; 1 is off."),
+    repeat_last_n: int = typer.Option(64, "--repeat-last-n", help="How many recent tokens the penalties look at."),
+    presence_penalty: float = typer.Option(0.0, "--presence-penalty", help="Subtracted once from any recent token's logit."),
+    frequency_penalty: float = typer.Option(0.0, "--frequency-penalty", help="Subtracted per occurrence of a recent token."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed; each position's draw depends only on (seed, position, logits)."),
+    stop: List[str] = typer.Option([], "--stop", help="Stop when this text appears (repeatable)."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep going past end-of-sequence tokens."),
+    chat: bool = typer.Option(False, "--chat", help="Render the prompt with the model's chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
+    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object passed to the chat template, e.g. \'{"enable_thinking": false}\'.'),
+    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's)."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="In-memory weight format: bf16 (fast, batch invariant; default) or f32 (plain reference). Env: TSSPEC_WEIGHTS."),
+    spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC)."),
+    mtp_spec: Optional[bool] = typer.Option(None, "--mtp-spec/--no-mtp-spec", help="Legacy spelling of --spec/--no-spec."),
+    spec_type: Optional[str] = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE."),
+    spec_draft: Optional[int] = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64 (default 8; a model may prefer fewer). Env TS_SPEC_DRAFT / TS_MTP_DRAFT."),
+    spec_pmin: Optional[float] = typer.Option(None, "--spec-pmin", "--mtp-pmin", help="Confidence gate in [0,1] (default per algorithm: 0.75 draft head, 0.35 block, 0 n-gram). Env TS_SPEC_PMIN."),
+    spec_draft_model: Optional[str] = typer.Option(None, "--spec-draft-model", "--mtp-draft-model", help="Separate drafter GGUF (draft head or language model). Env TS_SPEC_DRAFT_MODEL."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Drafter GGUF or known model name (a language model, or a dflash block drafter); implies --spec."),
+    spec_accept: Optional[str] = typer.Option(None, "--spec-accept", help="Verification rule: auto (speculator's default) | match (identical to plain) | residual (lossless in distribution). Env TS_SPEC_ACCEPT."),
+    spec_adaptive: Optional[bool] = typer.Option(None, "--spec-adaptive/--no-spec-adaptive", help="Cost governor that parks drafting while it loses (default on; env TS_SPEC_ADAPTIVE=0 turns it off)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, ids, counters, timings) at the end instead of streaming."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Plain text only: no live panel, no summary."),
+):
+    """Generate text from a prompt, optionally with speculative decoding."""
+    from .chat import build_messages, encode_chat, parse_template_kwargs, render_chat
+    from .display import LiveSink, TextSink, summary_line
+    from .generate import Engine
+    from .options import publish, resolve
+    from .sampling import Sampler, SamplingParams
+
+    with user_errors():
+        if max_tokens < 1:
+            raise BadInput("--max-tokens must be >= 1")
+        if spec is not None and mtp_spec is not None and spec != mtp_spec:
+            raise BadInput("--spec and --mtp-spec disagree")
+        sampler = Sampler(SamplingParams(
+            temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+            repeat_last_n=repeat_last_n, seed=seed,
+        ))
+        flags = dict(
+            enabled=spec if spec is not None else mtp_spec, type=spec_type, draft=spec_draft, pmin=spec_pmin,
+            draft_model=spec_draft_model, accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model,
+        )
+        opts, warnings = resolve(flags, os.environ)
+        for w in warnings:
+            warn(w)
+        publish(opts)
+        kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
+        if (system or kwargs) and not chat:
+            warn("--system and --chat-template-kwargs only apply with --chat")
+        items = read_prompt_set(prompts) if prompts is not None else [(None, read_prompt(prompt, file))]
+        set_threads(threads)
+        g, target, tok = load_session(model, weights=weights, ctx_size=ctx_size, progress=not (json_out or quiet))
+        speculator, governor, window, accept, notes = build_speculation(opts, target)
+        for n in notes:
+            err.print(f"[dim]note: {n}[/]")
+        engine = Engine(target, tok, speculator=speculator, governor=governor, window=window, accept_rule=accept)
+
+        def encode(text: str) -> list[int]:
+            if not chat:
+                return tok.encode(text)
+            if not tok.chat_template:
+                raise BadInput(f"{g.path.name} has no chat template (tokenizer.chat_template); drop --chat")
+            bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+            eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+            rendered = render_chat(tok.chat_template, build_messages(text, system), bos_token=bos, eos_token=eos, **kwargs)
+            return encode_chat(tok, rendered)
+
+        interactive = sys.stdout.isatty() and not quiet and not json_out
+        for pid, text in items:
+            ids = encode(text)
+            if json_out:
+                result = engine.generate(ids, sampler=sampler, max_tokens=max_tokens, stop=stop, ignore_eos=ignore_eos)
+                obj = result.to_dict()
+                if pid is not None:
+                    obj = {"id": pid, **obj}
+                print(json.dumps(obj), flush=True)
+                continue
+            if pid is not None and not quiet:
+                print(f"### {pid}", flush=True)
+            sink = LiveSink(Console(), governor, title=speculator.name if speculator else "plain") if interactive else TextSink()
+            with sink:
+                result = engine.generate(ids, sampler=sampler, max_tokens=max_tokens, stop=stop,
+                                         ignore_eos=ignore_eos, on_text=sink.text, on_step=sink.step)
+                sink.finish()
+            if not quiet:
+                err.print(summary_line(result), highlight=False)
+
+
+@app.command()
+def info(
+    model: Optional[str] = typer.Argument(None, help="GGUF path or known model name (default smollm2-135m)."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Also show what an attached drafter enables."),
+    load: bool = typer.Option(True, "--load/--no-load", help="Load the weights to report what each speculator would do."),
+):
+    """Describe a model: architecture, sizes, quant types, vocabulary, context, chat template, speculators."""
+    from rich.table import Table
+
+    from .gguf_file import GGUFFile
+    from .hub import resolve_model
+    from .models import arch_module
+    from .options import SpecOptions
+    from .tokenizer import Tokenizer
+
+    out = Console()
+    with user_errors():
+        path = resolve_model(model, console=err)
+        g = GGUFFile(path)
+        cfg = arch_module(g.arch).config(g)
+        tok = Tokenizer.from_metadata(g.metadata)
+        t = Table(title=f"{path.name}", show_header=False)
+        t.add_column(style="bold cyan")
+        t.add_column()
+        t.add_row("file", f"{path}  ({path.stat().st_size / 1e6:.1f} MB)")
+        t.add_row("name", str(g.get("general.name", "-")))
+        t.add_row("architecture", g.arch)
+        t.add_row("layers", str(cfg.n_layers))
+        t.add_row("hidden size", str(cfg.d_model))
+        t.add_row("heads (q / kv)", f"{cfg.n_heads} / {cfg.n_kv_heads}, head dim {cfg.head_dim}")
+        t.add_row("feed-forward", str(cfg.ffn_dim))
+        t.add_row("vocabulary", f"{cfg.vocab_size} ({g.get('tokenizer.ggml.model')}, pre={g.get('tokenizer.ggml.pre', '-')})")
+        t.add_row("context (trained)", str(cfg.train_ctx))
+        t.add_row("quant types", ", ".join(f"{k} x{v}" for k, v in sorted(g.quant_types().items())))
+        t.add_row("special tokens", f"bos={tok.bos_id} eos={sorted(tok.eos_ids)} add_bos={tok.add_bos}")
+        t.add_row("chat template", "yes" if tok.chat_template else "no")
+        out.print(t)
+        if load:
+            from .models import load_model
+            from .spec.registry import REGISTRY
+
+            with err.status("loading weights", spinner="dots"):
+                target = load_model(g)
+            drafter = None
+            opts = SpecOptions(enabled=True, draft_model=draft_model)
+            if draft_model:
+                from .drafters import load_drafter
+
+                drafter = load_drafter(resolve_model(draft_model, console=err), target, opts)
+            s = Table(title="speculators", show_header=True)
+            s.add_column("name")
+            s.add_column("serves")
+            s.add_column("why")
+            for name, ok, why in REGISTRY.explain(target, opts, drafter):
+                s.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", why)
+            out.print(s)
+            out.print(f"auto would use: {' -> '.join(REGISTRY.auto_order(drafter))} (first that serves)")
+
+
+@app.command()
+def pull(
+    names: List[str] = typer.Argument(None, help="Known model names (see `tsspec models`)."),
+    all_: bool = typer.Option(False, "--all", help="Pull every known model."),
+    force: bool = typer.Option(False, "--force", help="Download again even if cached."),
+):
+    """Fetch known real GGUF models into the cache (~/.cache/tsspec/models, or $TSSPEC_CACHE)."""
+    from .hub import KNOWN_MODELS, pull as do_pull
+
+    with user_errors():
+        todo = list(KNOWN_MODELS) if all_ else list(names or [])
+        if not todo:
+            raise BadInput("name a model to pull (see `tsspec models`) or pass --all")
+        for n in todo:
+            p = do_pull(n, force=force, console=err)
+            err.print(f"{n}: {p}")
+
+
+@app.command()
+def models():
+    """List the known real models and whether each is cached."""
+    from rich.table import Table
+
+    from .hub import KNOWN_MODELS, is_cached
+
+    t = Table(title="known models")
+    for col in ("name", "model", "size", "cached"):
+        t.add_column(col)
+    for name, m in KNOWN_MODELS.items():
+        t.add_row(name, m.description, f"{m.size / 1e6:.0f} MB", "yes" if is_cached(name) else "no")
+    Console().print(t)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""What a person sees: streamed text, a live speculation panel in a terminal, a summary line.
+
+Plain text only when stdout is not a terminal or with --quiet; --json prints one object at the end.
+The display reads ``SpecStats`` and the governor; it decides nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from .spec.stats import SpecStats
+
+LIVE_LINES = 24  # text lines kept on screen while the panel is live
+
+
+def summary_line(result) -> str:
+    s: SpecStats = result.stats
+    parts = [
+        f"prompt {result.prompt_tokens} tok",
+        f"generated {len(result.token_ids)} tok",
+        f"prefill {s.prefill_tok_s:.1f} tok/s",
+        f"decode {s.decode_tok_s:.1f} tok/s",
+    ]
+    if s.speculator:
+        acc = s.acceptance_rate
+        tpv = s.tokens_per_verify
+        parts.append(
+            f"spec {s.speculator}: window {s.window}, accept "
+            + (f"{acc:.0%}" if acc is not None else "-")
+            + ", "
+            + (f"{tpv:.2f} tok/verify" if tpv is not None else "no verifies")
+            + f", governor {s.governor_state} (parks {s.governor_parks})"
+        )
+    return " | ".join(parts)
+
+
+def stats_table(s: SpecStats, governor=None) -> Table:
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold cyan")
+    t.add_column()
+    t.add_row("tokens/s", f"{s.decode_tok_s:.1f}  ({s.generated} tokens)")
+    if s.speculator:
+        acc = s.acceptance_rate
+        tpv = s.tokens_per_verify
+        t.add_row("speculator", f"{s.speculator}, window {s.window}")
+        t.add_row("acceptance", f"{acc:.0%}" if acc is not None else "-")
+        t.add_row("tokens/verify", f"{tpv:.2f}" if tpv is not None else "-")
+        if governor is not None:
+            left = governor.steps_left
+            state = governor.state + (f" ({left} steps left)" if left is not None else "")
+            t.add_row("governor", f"{state}, parks {governor.parks}")
+        phases = ", ".join(f"{k} {v:.0f}ms" for k, v in s.phase_ms.items() if v > 0)
+        t.add_row("phases", phases or "-")
+    return t
+
+
+class TextSink:
+    """Streams text to stdout as it arrives (no live panel)."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stdout
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.out.flush()
+        return False
+
+    def text(self, s: str) -> None:
+        self.out.write(s)
+        self.out.flush()
+
+    def step(self, stats: SpecStats) -> None:
+        pass
+
+    def finish(self) -> None:
+        self.out.write("\n")
+        self.out.flush()
+
+
+class LiveSink:
+    """A Rich live panel: the text as it streams and the speculation counters, ~8 refreshes/s."""
+
+    def __init__(self, console: Console, governor=None, title: str = "tsspec"):
+        self.console = console
+        self.governor = governor
+        self.title = title
+        self.buf: list[str] = []
+        self.stats = SpecStats()
+        self.live = Live(console=console, auto_refresh=False, transient=True, vertical_overflow="crop")
+        self._last = 0.0
+
+    def __enter__(self):
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.live.__exit__(*exc)
+        return False
+
+    def _render(self):
+        text = "".join(self.buf)
+        lines = text.splitlines()[-LIVE_LINES:]
+        body = Text("\n".join(lines))
+        return Group(body, Panel(stats_table(self.stats, self.governor), title=self.title, expand=False))
+
+    def _refresh(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if force or now - self._last > 0.12:
+            self.live.update(self._render(), refresh=True)
+            self._last = now
+
+    def text(self, s: str) -> None:
+        self.buf.append(s)
+        self._refresh()
+
+    def step(self, stats: SpecStats) -> None:
+        self.stats = stats
+        self._refresh()
+
+    def finish(self) -> None:
+        self._refresh(force=True)
+        self.live.__exit__(None, None, None)
+        self.console.print("".join(self.buf), markup=False, highlight=False, soft_wrap=True)
+        self.live = _NullLive()
+
+
+class _NullLive:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, *a, **k):
+        pass
