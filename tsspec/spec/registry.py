@@ -109,7 +109,11 @@ def _draft_head(target, options, drafter):
     if head is None:
         return ("the model carries no draft head (no NextN/MTP tensors) and no draft-head GGUF "
                 "was attached with --spec-draft-model")
-    from .draft_head import DraftHeadSpeculator  # registered by the draft-head module
+    from .protocols import DraftHeadKind
+
+    if getattr(head, "kind", None) is not DraftHeadKind.PER_TOKEN:
+        return "the attached drafter is a block drafter, not a per-token head (use --spec-type block)"
+    from .draft_head import DraftHeadSpeculator
 
     return DraftHeadSpeculator.build(target, head, options)
 

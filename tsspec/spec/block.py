@@ -1,0 +1,142 @@
+"""Block speculation: a drafter that proposes a whole window in ONE forward pass (DFlash, DFlash2).
+
+Contract:
+
+* The speculator drives a block draft head (``DraftHead`` of kind ``BLOCK``): ``walk_block(anchor,
+  position, pick)`` returns ``block_size - 1`` draft tokens and the drafter's confidence in each;
+  ``catch_up(tokens, tap_rows, start_pos)`` feeds it the exact tap rows of tokens that landed in
+  the trunk. It reads the trunk's residuals at ``taps`` (the drafter's target layers), so
+  ``needs_hidden_state`` is True.
+* The window is clamped to ``block_size - 1``: one pass drafts at most that many tokens.
+* ``--spec-pmin`` (``min_draft_prob``, default 0.35) gates the CUMULATIVE prefix probability: the
+  draft keeps token i while ``conf[0] * ... * conf[i] >= min_draft_prob``. The same number is far
+  stricter than a per-token threshold. 0 keeps the whole block; a cut to zero tokens makes the loop
+  take a plain step.
+* Drafts are the drafter's argmax by default (``match`` acceptance, exact output). With
+  ``sample_drafts`` (what ``--spec-accept residual`` selects) each draft is DRAWN from the drafter's
+  distribution after the caller's sampler transforms (``ctx.sampler_probs``), with a keyed random
+  number, and ``Draft.probs`` carries those distributions, as the residual rule requires: it is
+  only exact when drafts are drawn from the q it is given.
+* It may arm after a reused KV prefix: the drafter's ring refills from each forwarded suffix and
+  every commit, so a gap costs a shorter drafting context, never a wrong token.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..sampling import keyed_uniform
+from .protocols import Draft, DraftContext
+
+__all__ = ["BlockSpeculator", "gate_cumulative"]
+
+DEFAULT_MIN_DRAFT_PROB = 0.35
+# keyed draws of draft tokens: a salt and stream of their own, independent of the verify's draws
+_DRAFT_SALT = 0x5DF1A5
+_STREAM_DRAFT = 3
+
+
+def gate_cumulative(conf: Sequence[float], min_prob: float) -> int:
+    """How many leading drafts keep their cumulative prefix probability >= ``min_prob``."""
+    cum = 1.0
+    for i, c in enumerate(conf):
+        cum *= float(c)
+        if cum < min_prob:
+            return i
+    return len(conf)
+
+
+def _draw(probs: torch.Tensor, position: int) -> int:
+    """Inverse-CDF draw from ``probs`` [vocab], keyed by the draft position."""
+    u = keyed_uniform(_DRAFT_SALT, position, _STREAM_DRAFT)
+    cum = torch.cumsum(probs.double(), 0)
+    idx = int(torch.searchsorted(cum, torch.tensor([u * float(cum[-1])], dtype=torch.float64), right=True))
+    last = int(torch.nonzero(probs > 0).flatten()[-1])  # rounding must not land past the support
+    return min(idx, last)
+
+
+class BlockSpeculator:
+    name = "block"
+    default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
+    needs_hidden_state = True
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = True  # the drafter's ring refills from the forwarded suffix
+    default_accept_rule = "match"
+
+    def __init__(self, head, taps: Sequence[int], max_draft_tokens: int = 8,
+                 min_draft_prob: float | None = None, *, sample_drafts: bool = False) -> None:
+        if max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        self.head = head
+        self._taps = tuple(int(t) for t in taps)
+        self.max_draft_tokens = min(max_draft_tokens, head.block_size - 1)
+        self.min_draft_prob = self.default_min_draft_prob if min_draft_prob is None else min_draft_prob
+        self.sample_drafts = sample_drafts
+        # counters one report line can print
+        self.proposals = 0  # propose() calls
+        self.drafted = 0  # tokens proposed after the gate
+        self.gated = 0  # tokens the gate cut
+        self.last_conf: list[float] = []  # confidences of the last block, for a live display
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return self._taps
+
+    @property
+    def min_draft_prob(self) -> float:
+        return self._min_draft_prob
+
+    @min_draft_prob.setter
+    def min_draft_prob(self, value: float) -> None:
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"--spec-pmin for block must be in [0, 1], got {value}")
+        self._min_draft_prob = float(value)
+
+    def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
+        self.head.reset()
+        if hidden is not None and hidden.shape[0]:
+            # tap rows may cover only a forwarded suffix (an adopted prefix): they end at the prompt's end
+            start = len(prompt) - hidden.shape[0]
+            self.head.catch_up(prompt[start:], hidden, start)
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        self.proposals += 1
+        k = min(ctx.max_tokens, self.max_draft_tokens)
+        if k <= 0:
+            return Draft()
+        rows: list[torch.Tensor] = []
+        pick = None
+        if self.sample_drafts and ctx.sampler_probs is not None:
+            hist = list(ctx.history)
+
+            def pick(e: int, row: torch.Tensor) -> int:
+                # q: the drafter's distribution at position + 1 + e, after the caller's transforms
+                q = ctx.sampler_probs(row, hist)
+                tok = _draw(q, ctx.position + 1 + e)
+                rows.append(q)
+                hist.append(tok)
+                return tok
+
+        walk = getattr(self.head, "walk_block", None)
+        if walk is not None:
+            tokens, conf = walk(ctx.last_token, ctx.position, pick)
+        else:  # a block head with only the protocol's greedy draft_block: no sampled drafts
+            tokens, conf = self.head.draft_block(ctx.last_token, ctx.hidden, ctx.position)
+            conf, rows = [float(c) for c in conf], []
+        self.last_conf = [float(c) for c in conf]
+        n = gate_cumulative(conf[:k], self.min_draft_prob)
+        self.gated += min(k, len(tokens)) - n
+        self.drafted += n
+        if n == 0:
+            return Draft()
+        probs = torch.stack(rows[:n]) if rows else None
+        return Draft(tokens=list(tokens[:n]), probs=probs)
+
+    def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
+        if hidden is not None and len(tokens):
+            self.head.catch_up(tokens, hidden[: len(tokens)], start_pos)
+
+    def reset(self) -> None:
+        self.head.reset()
