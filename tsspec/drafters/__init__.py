@@ -32,12 +32,15 @@ def load_drafter(path: str | Path, target, options):
 
     g = GGUFFile(path)
     arch = g.arch
+    names = g.tensor_names()
+    # llama.cpp writes MTP-only files under the trunk's architecture name: tensors decide
+    head_only = any(n.endswith(".nextn.eh_proj.weight") for n in names) and "blk.0.attn_norm.weight" not in names
     if arch in ADAPTERS:
         module = ADAPTERS[arch]
+    elif head_only:
+        module = ADAPTERS["nextn"]
     elif arch in ARCHITECTURES:
         module = LANGUAGE_MODEL_ADAPTER
-    elif any(n.endswith(".nextn.eh_proj.weight") for n in g.tensor_names()):
-        module = ADAPTERS["nextn"]
     else:
         raise ModelFileError(
             f"{g.path.name}: architecture {arch!r} is not a drafter this tool can use "

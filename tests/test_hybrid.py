@@ -1,0 +1,258 @@
+"""The hybrid (GatedDeltaNet + gated attention) trunks: qwen35 and qwen3next.
+
+What is shown, on tiny random weights (``tiny_hybrid``):
+
+* logits match transformers' ``Qwen3_5ForCausalLM`` / ``Qwen3NextForCausalLM`` built from the same
+  weights (f32 weights; max |diff| <= 2e-3 on logits of std ~4);
+* the chunked delta rule equals the one-step recurrence to 1e-5; the row form is bit-exact whatever
+  the row count; a long (chunked) prefill equals token-by-token to 1e-3 on logits;
+* a row's logits are bit-for-bit independent of how many rows share the forward (bf16 weights);
+* speculative decoding (n-gram; a scripted speculator forcing accept none / some / all) emits
+  exactly the plain output, greedy and seeded, with the fast rollback and with
+  ``TS_Q35_VERIFY_SNAPSHOTS=0``;
+* after a partial accept the recurrent state is bit-for-bit the state of plain-decoding only the
+  kept tokens, on both paths; the fast path never re-forwards and its snapshot copies nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tiny_hybrid import VOCAB, write_hybrid
+from tsspec.errors import ModelFileError
+from tsspec.models import load_model
+from tsspec.models.gated_delta import delta_rule_chunked, delta_rule_rows, delta_rule_step, l2norm
+from tsspec.sampling import Sampler, SamplingParams
+from tsspec.spec.loop import decode
+from tsspec.spec.ngram import NGramSpeculator
+from tsspec.spec.protocols import Draft, DraftContext
+from tsspec.spec.stats import SpecStats
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hybrid")
+    out = {}
+    for arch in ("qwen35", "qwen3next"):
+        out[arch] = write_hybrid(d / f"{arch}.gguf", arch)
+    return out
+
+
+def _prompt(n=24, seed=0):
+    rng = np.random.default_rng(seed)
+    base = [int(x) for x in rng.integers(0, 256, 8)]
+    return (base * 4)[:n]  # repetitive, so n-gram drafting finds matches
+
+
+# ----------------------------------------------------------------------------- numerics
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_logits_match_transformers(files, arch):
+    path, hf = files[arch]
+    m = load_model(path, fmt="f32")
+    ids = [int(x) for x in np.random.default_rng(1).integers(0, VOCAB, 90)]
+    got = m.forward(ids, all_logits=True).logits
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+    assert float((got - ref).abs().max()) <= 2e-3, float((got - ref).abs().max())
+    # the same rows token by token (row form throughout)
+    m.reset()
+    rows = torch.stack([m.forward([t]).logits[0] for t in ids])
+    assert float((rows - ref).abs().max()) <= 2e-3
+
+
+def test_delta_rule_forms_agree():
+    g = torch.Generator().manual_seed(0)
+    n, H, dk, dv = 150, 4, 16, 32
+    q = l2norm(torch.randn(n, H, dk, generator=g)) / dk**0.5
+    k = l2norm(torch.randn(n, H, dk, generator=g))
+    v = torch.randn(n, H, dv, generator=g)
+    gate = -torch.rand(n, H, generator=g) * 2
+    beta = torch.rand(n, H, generator=g)
+    s0 = torch.randn(H, dk, dv, generator=g) * 0.1
+    s_rows = s0.clone()
+    o_rows = delta_rule_rows(s_rows, q, k, v, gate, beta)
+    s_chunk = s0.clone()
+    o_chunk = delta_rule_chunked(s_chunk, q, k, v, gate, beta, chunk=64)
+    assert torch.allclose(o_chunk, o_rows, atol=1e-5) and torch.allclose(s_chunk, s_rows, atol=1e-5)
+    # the row form: per-row slots, untouched initial state, bit-exact against single steps
+    slots = torch.empty(n, H, dk, dv)
+    s_keep = s0.clone()
+    o_slots = delta_rule_rows(s_keep, q, k, v, gate, beta, slots)
+    assert torch.equal(o_slots, o_rows) and torch.equal(slots[-1], s_rows) and torch.equal(s_keep, s0)
+    s = s0.clone()
+    for t in range(7):
+        o = delta_rule_step(s, q[t], k[t], v[t], gate[t], beta[t], s)
+        assert torch.equal(o, o_rows[t]) and torch.equal(s, slots[t])
+
+
+def test_long_prefill_chunked_matches_token_by_token(files):
+    path, _ = files["qwen35"]
+    m = load_model(path, fmt="f32")
+    ids = [int(x) for x in np.random.default_rng(2).integers(0, VOCAB, 150)]
+    long = m.forward(ids).logits[-1]  # > ROW_FORM_MAX rows: chunked delta rule
+    m.reset()
+    for t in ids:
+        one = m.forward([t]).logits[-1]
+    assert float((long - one).abs().max()) <= 1e-3
+    # prefill in row-form chunks (<= 65 rows) is bit-exact against token by token
+    m.reset()
+    for i in range(0, 60, 20):
+        chunked = m.forward(ids[i : i + 20]).logits[-1]
+    m.reset()
+    for t in ids[:60]:
+        one = m.forward([t]).logits[-1]
+    assert torch.equal(chunked, one)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_rows_are_batch_invariant(files, arch):
+    m = load_model(files[arch][0])  # default bf16 weights
+    prompt = _prompt()
+    m.forward(prompt)
+    n0 = m.cache_len
+    verify = [5, 17, 200, 3, 99, 42, 7, 1, 250]
+    m.snapshot()
+    many = m.forward(verify, all_logits=True).logits
+    m.restore()
+    m.rewind(n0)
+    for i, t in enumerate(verify):
+        one = m.forward([t]).logits[0]
+        assert torch.equal(one, many[i]), f"row {i} differs"
+
+
+# ----------------------------------------------------------------------------- speculation
+
+
+class Scripted:
+    """Proposes the reference continuation, corrupted from draft index ``keep`` on."""
+
+    name = "scripted"
+    default_min_draft_prob = 0.0
+    min_draft_prob = 0.0
+    needs_hidden_state = False
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = True
+    default_accept_rule = "match"
+    taps = ()
+
+    def __init__(self, reference, prompt_len, keep, k=4):
+        self.ref, self.n0, self.keep, self.max_draft_tokens = reference, prompt_len, keep, k
+
+    def begin(self, prompt, hidden):
+        pass
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        i = len(ctx.history) - self.n0  # index of the next reference token
+        k = min(ctx.max_tokens, self.max_draft_tokens)
+        toks = [int(t) for t in self.ref[i : i + k]]
+        keep = self.keep if self.keep >= 0 else (i % (k + 1))
+        toks = [t if j < keep else (t + 1) % VOCAB for j, t in enumerate(toks)]
+        return Draft(toks)
+
+    def commit(self, tokens, hidden, start_pos):
+        pass
+
+    def reset(self):
+        pass
+
+
+SAMPLERS = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.9, top_k=40, seed=1234)}
+
+
+def _run(model, params, spec=None, n=40, window=4):
+    stats = SpecStats()
+    out = decode(model, Sampler(params), _prompt(), n, speculator=spec, window=window, stats=stats)
+    return out, stats
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-rollback", "snapshots-off"])
+@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
+@pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
+def test_speculation_equals_plain(files, monkeypatch, arch, sampling, fast):
+    monkeypatch.setenv("TS_Q35_VERIFY_SNAPSHOTS", "1" if fast else "0")
+    m = load_model(files[arch][0])
+    assert m.snapshots is fast
+    params = SAMPLERS[sampling]
+    plain, _ = _run(m, params)
+    forwards = []
+    real_forward = m.forward
+    m.forward = lambda toks, **kw: (forwards.append(len(toks)), real_forward(toks, **kw))[1]
+    for keep in (0, 2, 4, -1):  # none / some / all / varying per step
+        forwards.clear()
+        out, st = _run(m, params, Scripted(plain, len(_prompt()), keep))
+        assert out == plain, f"keep={keep}"
+        assert st.verify_calls > 0
+        if keep == 4:
+            assert st.accepted == st.drafted
+        if keep == 0:
+            assert st.accepted == 0
+        # fast rollback never re-forwards: one forward per step (+ prefill)
+        n_steps = st.verify_calls + st.plain_steps
+        if fast:
+            assert len(forwards) == n_steps + 1
+        elif keep != 4:
+            assert len(forwards) > n_steps + 1
+    out, st = _run(m, params, NGramSpeculator(max_draft_tokens=4))
+    assert out == plain
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-rollback", "snapshots-off"])
+def test_state_after_partial_accept_is_plain_state(files, monkeypatch, fast):
+    monkeypatch.setenv("TS_Q35_VERIFY_SNAPSHOTS", "1" if fast else "0")
+    a = load_model(files["qwen35"][0])
+    b = load_model(files["qwen35"][0])
+    prompt = _prompt()
+    a.forward(prompt)
+    b.forward(prompt)
+    pos = a.cache_len
+    verify = [11, 22, 33, 44, 55]
+    kept = verify[:3]
+    live_before = [s.ssm.data_ptr() for s in a.recurrent_states()]
+    a.snapshot()
+    if fast:  # the snapshot copied nothing and the verify left the live state alone
+        assert a._snap is None
+    a.forward(verify, all_logits=True)
+    if fast:
+        assert [s.ssm.data_ptr() for s in a.states] == live_before
+        assert a.verify_persists_kv
+        a.rewind(pos + len(kept))
+    else:
+        assert not a.verify_persists_kv
+        a.restore()
+        a.rewind(pos)
+        a.forward(kept)
+    for t in kept:
+        b.forward([t])
+    assert a.cache_len == b.cache_len == pos + 3
+    for sa, sb in zip(a.recurrent_states(), b.recurrent_states()):
+        assert torch.equal(sa.ssm, sb.ssm) and torch.equal(sa.conv, sb.conv)
+    assert torch.equal(a.forward([77]).logits, b.forward([77]).logits)
+
+
+def test_rollback_memory_and_window(files):
+    m = load_model(files["qwen35"][0])
+    hy = m.hy
+    per_row = 3 * hy.n_v_heads * hy.head_k_dim * hy.head_v_dim * 4  # 3 GatedDeltaNet layers of 4
+    assert m.per_row_state_bytes() == per_row
+    assert m.rollback_state_bytes(3) >= 2 * 4 * per_row
+    assert m.rollback_state_bytes(8) > m.rollback_state_bytes(3)
+    assert m.preferred_window == 3
+
+
+def test_qwen3next_moe_is_declined(tmp_path):
+    import gguf
+
+    from tiny_hybrid import _write, gguf_tensors, hf_model
+
+    hf = hf_model("qwen3next")
+    t = gguf_tensors(hf, "qwen3next")
+    t["blk.0.ffn_gate_inp.weight"] = np.zeros((4, 64), np.float32)
+    path = _write(tmp_path / "moe.gguf", "qwen3next", hf.config, t, 4, 0)
+    with pytest.raises(ModelFileError, match="mixture-of-experts"):
+        load_model(path)

@@ -1,0 +1,169 @@
+"""NextN/MTP draft heads (Qwen3.5/3.6): one extra decoder block stored after the main stack.
+
+Tensors ``blk.N.nextn.*`` with N = the trunk's layer count: ``eh_proj`` [d, 2d], ``enorm``,
+``hnorm``, a full gated-attention decoder block at ``blk.N.*`` (as ``qwen35``'s attention layers),
+and optionally ``shared_head_norm``/``shared_head_head`` and ``embed_tokens`` (else the trunk's
+output norm, LM head and embedding are borrowed).
+
+One head step, for the token t at sequence position p and the trunk row h of position p - 1:
+
+    x  = eh_proj([enorm(embed(t)), hnorm(h)])        # e first, as llama.cpp concatenates
+    x += attn(attn_norm(x))  at head-cache row p - 1 (rope position p - 1)
+    x += ffn(post_norm(x))
+    h' = head_norm(x);  logits = lm_head(h')          # h' chains into the next step
+
+Hidden space. The head reads the trunk's *final-normed* hidden (llama.cpp's ``h_nextn``) and
+chains its own normed output, so ``draft_step``/``catch_up`` take rows in that space;
+``from_trunk`` maps trunk tap rows (tap ``n_layers``: the residual before the final norm) into it.
+
+The head keeps its own small KV cache (row r holds the pair (h_r, t_{r+1})); rows written while
+chaining drafts are provisional and are rewritten from the trunk's exact rows by the next catch-up.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..errors import ModelFileError
+from ..gguf_file import GGUFFile
+from ..spec.protocols import DraftHeadKind
+from ..weights import Linear, default_format, to_tensor
+from ..models.base import KVCache, rms_norm
+from ..models.qwen35 import AttnLayer, ffn, gated_attention, load_attn_layer
+
+
+def nextn_layer_index(g: GGUFFile) -> int | None:
+    for name in g.tensor_names():
+        if name.endswith(".nextn.eh_proj.weight"):
+            return int(name.split(".")[1])
+    return None
+
+
+class NextNHead:
+    """DraftHead (PER_TOKEN) over a NextN/MTP block bound to one trunk."""
+
+    kind = DraftHeadKind.PER_TOKEN
+    block_size = 1
+
+    def __init__(self, target, eh_proj: Linear, enorm: torch.Tensor, hnorm: torch.Tensor, block: AttnLayer,
+                 head_norm: torch.Tensor, lm_head: Linear, embed: torch.Tensor):
+        self.target = target
+        self.cfg = target.cfg
+        self.eh_proj, self.enorm, self.hnorm = eh_proj, enorm, hnorm
+        self.block, self.head_norm, self.lm_head, self.embed = block, head_norm, lm_head, embed
+        self.cache = KVCache(1, self.cfg.n_kv_heads, self.cfg.head_dim, 256)
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, target, *, layer: int | None = None, fmt: str | None = None) -> "NextNHead":
+        fmt = fmt or default_format()
+        layer = nextn_layer_index(g) if layer is None else layer
+        if layer is None:
+            raise ModelFileError(f"{g.path.name}: no NextN/MTP block (blk.N.nextn.eh_proj.weight)")
+        cfg = getattr(target, "cfg", None)
+        if cfg is None or not hasattr(target, "out_norm"):
+            raise ModelFileError(f"{g.path.name}: a NextN head needs a transformer trunk to bind to")
+        p = f"blk.{layer}."
+        eh = g.tensor(p + "nextn.eh_proj.weight")
+        want_q = 2 * cfg.n_heads * cfg.head_dim
+        if eh.shape != (cfg.d_model, 2 * cfg.d_model) or g.tensor_info(p + "attn_q.weight").shape[0] != want_q:
+            raise ModelFileError(
+                f"{g.path.name}: NextN block shapes (eh_proj {eh.shape}) do not fit this trunk "
+                f"(d_model {cfg.d_model}, gated q of {want_q} rows)"
+            )
+
+        def vec(name: str) -> torch.Tensor:
+            return to_tensor(g.tensor(name), torch.float32)
+
+        dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
+        embed = (to_tensor(g.tensor(p + "nextn.embed_tokens.weight"), dtype)
+                 if g.has_tensor(p + "nextn.embed_tokens.weight") else target.embed)
+        head = (Linear(g.tensor(p + "nextn.shared_head_head.weight"), None, fmt)
+                if g.has_tensor(p + "nextn.shared_head_head.weight") else target.lm_head)
+        norm = vec(p + "nextn.shared_head_norm.weight") if g.has_tensor(p + "nextn.shared_head_norm.weight") \
+            else target.out_norm
+        return cls(target, Linear(eh, None, fmt), vec(p + "nextn.enorm.weight"), vec(p + "nextn.hnorm.weight"),
+                   load_attn_layer(g, p, fmt), norm, head, embed)
+
+    # -- hidden space ---------------------------------------------------------------------------
+    def from_trunk(self, rows: torch.Tensor) -> torch.Tensor:
+        """Trunk tap rows [n, d] (residual after the last layer) -> the head's input space."""
+        return rms_norm(rows.float(), self.target.out_norm, self.cfg.rms_eps)
+
+    # -- compute --------------------------------------------------------------------------------
+    def _ensure(self, rows: int) -> None:
+        if rows <= self.cache.capacity:
+            return
+        old = self.cache
+        self.cache = KVCache(1, self.cfg.n_kv_heads, self.cfg.head_dim, max(rows, 2 * old.capacity))
+        self.cache.k[:, :, : old.capacity] = old.k
+        self.cache.v[:, :, : old.capacity] = old.v
+        self.target.ensure_capacity(min(self.target.max_context, rows))
+
+    @torch.inference_mode()
+    def forward_rows(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens at positions start_pos.., hidden [n, d] of positions start_pos-1.. -> (logits, h') per row."""
+        cfg = self.cfg
+        n = len(tokens)
+        r0 = start_pos - 1
+        if r0 < 0:
+            raise ValueError("a NextN step needs the hidden row of the previous position")
+        self._ensure(r0 + n)
+        ids = torch.as_tensor(list(tokens), dtype=torch.long)
+        e = rms_norm(self.embed[ids].float(), self.enorm, cfg.rms_eps)
+        h = rms_norm(hidden.float().reshape(n, -1), self.hnorm, cfg.rms_eps)
+        x = self.eh_proj(torch.cat([e, h], dim=-1))
+        cos, sin = self.target._rope[cfg.layers[0].rope_base]
+        blk = self.block
+        x = x + gated_attention(cfg, blk, rms_norm(x, blk.attn_norm, cfg.rms_eps), self.cache.k[0],
+                                self.cache.v[0], r0, cos[r0 : r0 + n], sin[r0 : r0 + n])
+        x = x + ffn(blk, rms_norm(x, blk.post_norm, cfg.rms_eps))
+        self.cache.length = r0 + n
+        h_out = rms_norm(x, self.head_norm, cfg.rms_eps)
+        return self.lm_head(h_out), h_out
+
+    # -- DraftHead ------------------------------------------------------------------------------
+    def draft_step(self, token: int, hidden: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, h = self.forward_rows([token], hidden.reshape(1, -1), position)
+        return logits[0], h[0]
+
+    def catch_up(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int) -> None:
+        if tokens:
+            self.forward_rows(tokens, hidden, start_pos)
+
+    def catch_up_and_step(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The catch-up over committed rows folded with the first draft step: one forward, last row out."""
+        logits, h = self.forward_rows(tokens, hidden, start_pos)
+        return logits[-1], h[-1]
+
+    def draft_block(self, last_token, hidden, position):
+        raise NotImplementedError("a NextN head drafts one token per pass")
+
+    def reset(self) -> None:
+        self.cache.length = 0
+
+
+class NextNDrafter:
+    """A separate draft-head GGUF bound to its target."""
+
+    speculator_name = "draft-head"
+
+    def __init__(self, head: NextNHead):
+        self.draft_head = head
+
+    def make_speculator(self, target, options):
+        from ..spec.draft_head import DraftHeadSpeculator
+
+        return DraftHeadSpeculator.build(target, self.draft_head, options)
+
+
+def load(g: GGUFFile, target, options) -> NextNDrafter:
+    """Bind a NextN/MTP-only GGUF to ``target`` (shapes must match; embeddings/head are borrowed)."""
+    fmt = None
+    lm = getattr(target, "lm_head", None)
+    if lm is not None:
+        fmt = lm.fmt
+    return NextNDrafter(NextNHead.from_gguf(g, target, fmt=fmt))

@@ -1,0 +1,59 @@
+"""``qwen3next`` (Qwen3-Next): the qwen35 hybrid trunk with Qwen3-Next's tensor layout.
+
+Differences from ``qwen35`` (the compute is ``qwen35.HybridModel``'s):
+
+* value heads stay in HF's grouped order (value head h reads key head h // (n_v / n_k));
+* the GatedDeltaNet input projection is either split (``attn_qkv`` + ``attn_gate``, newer
+  converters) or one fused ``ssm_in`` interleaved per key head as [q, k, v (r heads), z (r heads)];
+  beta and alpha come fused in ``ssm_ba``, per key head [beta (r), alpha (r)]. Both are
+  de-interleaved once at load into the [qkv | z | beta | alpha] product the trunk runs.
+
+Supported subset: dense-FFN layers only. Qwen3-Next checkpoints route their FFNs through a
+mixture of experts (``ffn_gate_inp``, ``ffn_*_exps``, shared expert); such files are declined with a
+``ModelFileError`` rather than run wrongly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ModelFileError
+from ..gguf_file import GGUFFile
+from .base import ArchConfig
+from .qwen35 import HybridModel, HybridSpec, build_hybrid, hybrid_config
+
+ARCH = "qwen3next"
+
+
+def config(g: GGUFFile) -> ArchConfig:
+    return hybrid_config(g, ARCH, v_heads_tiled=False)
+
+
+def gdn_projections(g: GGUFFile, p: str, hy: HybridSpec) -> list[np.ndarray]:
+    """[qkv, z, beta, alpha] weight matrices of one qwen3next GatedDeltaNet layer, flat head order."""
+    nk, r = hy.n_k_heads, hy.n_v_heads // hy.n_k_heads
+    dk, dv = hy.head_k_dim, hy.head_v_dim
+    if g.has_tensor(p + "attn_qkv.weight"):
+        qkv, z = g.tensor(p + "attn_qkv.weight"), g.tensor(p + "attn_gate.weight")
+    else:
+        w = g.tensor(p + "ssm_in.weight")  # [nk * (2dk + 2 r dv), d]
+        d = w.shape[1]
+        w = w.reshape(nk, 2 * dk + 2 * r * dv, d)
+        q, k = w[:, :dk], w[:, dk : 2 * dk]
+        v, z = w[:, 2 * dk : 2 * dk + r * dv], w[:, 2 * dk + r * dv :]
+        qkv = np.concatenate([q.reshape(-1, d), k.reshape(-1, d), v.reshape(-1, d)])
+        z = z.reshape(-1, d)
+    ba = g.tensor(p + "ssm_ba.weight")  # [2 n_v, d]
+    ba = ba.reshape(nk, 2 * r, ba.shape[1])
+    return [qkv, z, ba[:, :r].reshape(nk * r, -1), ba[:, r:].reshape(nk * r, -1)]
+
+
+def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None) -> HybridModel:
+    cfg = config(g)
+    moe = [n for n in g.tensor_names() if n.endswith(".ffn_gate_inp.weight") or "_exps." in n]
+    if moe:
+        raise ModelFileError(
+            f"{g.path.name}: this qwen3next file has mixture-of-experts FFN layers ({moe[0]}, ...); "
+            "only the dense-FFN subset of qwen3next is supported"
+        )
+    return build_hybrid(g, cfg, fmt, n_ctx, gdn_projections)

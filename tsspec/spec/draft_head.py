@@ -1,0 +1,123 @@
+"""Per-token draft-head speculation (NextN/MTP; EAGLE-shaped heads fit unchanged).
+
+Contract:
+
+* The head chains its own hidden output one token per pass: draft d1 from (last token, the trunk
+  row that produced it), d2 from (d1, the head's own output), and so on.
+* Confidence gate: a draft token is proposed only while the head's top-1 probability, computed over
+  its top-10 logits, is at least ``min_draft_prob`` (``--spec-pmin``, default 0.75). Drafting is
+  greedy (the head's argmax); the ``match`` rule keeps the output identical to plain decoding.
+* Catch-up is folded: the head's cache rows for the tokens that landed since the last proposal are
+  rewritten from the trunk's exact hidden rows in the SAME forward as the first draft step (one
+  head forward over n_accepted + 1 rows, as llama.cpp runs its MTP block), so no separate catch-up
+  call is made. ``head_len`` is how many head-cache rows are exact; it equals the trunk's committed
+  length after every proposal.
+* It reads the residual after the trunk's last layer (``taps = (n_layers,)``) and cannot arm after a
+  reused KV prefix: a head that never saw the prefix's hidden rows would chain garbage.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .protocols import Draft, DraftContext, DraftHeadKind
+
+TOP_K_GATE = 10
+DEFAULT_PMIN = 0.75
+
+
+def gate_confidence(logits: torch.Tensor) -> float:
+    """Top-1 probability over the top-10 logits [vocab]."""
+    top = torch.topk(logits.float(), min(TOP_K_GATE, logits.numel())).values
+    return float(torch.softmax(top, dim=-1)[0])
+
+
+class DraftHeadSpeculator:
+    name = "draft-head"
+    default_min_draft_prob = DEFAULT_PMIN
+    needs_hidden_state = True
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = False  # the head's cache needs every position's trunk row
+    default_accept_rule = "match"
+
+    def __init__(self, head, n_layers: int, max_draft_tokens: int = 8, min_draft_prob: float | None = None):
+        if max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        self.head = head
+        self.n_layers = n_layers
+        self.max_draft_tokens = max_draft_tokens
+        self.min_draft_prob = DEFAULT_PMIN if min_draft_prob is None else float(min_draft_prob)
+        self._from_trunk = getattr(head, "from_trunk", lambda rows: rows)
+        # counters one report line can print
+        self.proposals = 0
+        self.head_calls = 0
+        self.drafted = 0
+        self.gated = 0  # proposals cut short by the confidence gate
+        self.reset()
+
+    @classmethod
+    def build(cls, target, head, options):
+        """The speculator, or a decline reason an operator can act on."""
+        if getattr(head, "kind", None) is not DraftHeadKind.PER_TOKEN:
+            return "the draft head is not a per-token (NextN/MTP) head"
+        return cls(head, target.n_layers, max_draft_tokens=options.draft, min_draft_prob=options.pmin)
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return (self.n_layers,)
+
+    # -- state: exact trunk rows not yet folded into the head ------------------------------------
+    def reset(self) -> None:
+        self._rows: list[torch.Tensor] = []  # head-space trunk rows for positions _base, _base+1, ...
+        self._base = 0
+        self.head_len = 0  # head-cache rows 0..head_len-1 are exact
+        self._gap = False
+        if hasattr(self.head, "reset"):
+            self.head.reset()
+
+    def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
+        self.reset()
+        if hidden is None:
+            self._gap = True
+            return
+        self._rows = list(self._from_trunk(hidden))
+
+    def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
+        if hidden is None or start_pos != self._base + len(self._rows):
+            self._gap = True  # a position the head never saw: stop drafting until the next begin
+            return
+        self._rows.extend(self._from_trunk(hidden))
+
+    def _take(self, lo: int, hi: int) -> torch.Tensor:
+        return torch.stack(self._rows[lo - self._base : hi - self._base])
+
+    # -- proposing ------------------------------------------------------------------------------
+    def propose(self, ctx: DraftContext) -> Draft:
+        self.proposals += 1
+        P = ctx.position  # ctx.last_token takes this position; trunk rows exist for 0..P-1
+        if self._gap or self._base + len(self._rows) < P or self.head_len >= P:
+            return Draft()
+        lo = self.head_len
+        tokens = [int(t) for t in ctx.history[lo + 1 : P + 1]]  # positions lo+1 .. P (last included)
+        logits, h = self.head.catch_up_and_step(tokens, self._take(lo, P), lo + 1)
+        self.head_calls += 1
+        self.head_len = P
+        # rows below P are folded into the head cache; keep only what the next catch-up needs
+        self._rows = self._rows[P - self._base :]
+        self._base = P
+        k = min(ctx.max_tokens, self.max_draft_tokens)
+        out: list[int] = []
+        while True:
+            if gate_confidence(logits) < self.min_draft_prob:
+                self.gated += 1
+                break
+            tok = int(torch.argmax(logits))
+            out.append(tok)
+            if len(out) >= k:
+                break
+            logits, h = self.head.draft_step(tok, h, P + len(out))
+            self.head_calls += 1
+        self.drafted += len(out)
+        return Draft(out)
