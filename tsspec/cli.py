@@ -339,6 +339,120 @@ def models():
         t.add_row(name, m.description, f"{m.size / 1e6:.0f} MB", "yes" if is_cached(name) else "no")
     Console().print(t)
 
+@app.command()
+def bench(
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="GGUF path or known model name (default smollm2-135m)."),
+    config: List[str] = typer.Option([], "--config", help="NAME=SPEC or SPEC, e.g. ngram, ngram:draft=4, draft-model:path=X.gguf,draft=3,pmin=0.5 (repeatable)."),
+    config_file: Optional[Path] = typer.Option(None, "--config-file", help="TOML file with [configs.NAME] tables."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Config name or spec every ratio is taken against (default plain)."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Drafter for configs that need one and name none."),
+    workload: List[str] = typer.Option([], "-w", "--workload", help="Built-in workload (prose, factual, code, grounded) or a prompts file (text or JSONL); repeatable. Default: all built-ins."),
+    max_tokens: int = typer.Option(64, "-n", "--max-tokens", help="Tokens generated per run (every run generates exactly this many unless --stop-at-eos)."),
+    reps: int = typer.Option(5, "--reps", help="Repetitions; configurations alternate inside each, order rotating."),
+    warmup: int = typer.Option(1, "--warmup", help="Unrecorded warm-up runs per configuration."),
+    stop_at_eos: bool = typer.Option(False, "--stop-at-eos", help="End runs at end-of-sequence (token counts then differ by prompt)."),
+    chat: bool = typer.Option(False, "--chat", help="Render prompts with the model's chat template."),
+    system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
+    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object for the chat template, e.g. \'{"enable_thinking": false}\'.'),
+    temp: float = typer.Option(0.0, "--temp", help="Temperature (0: greedy, and every config's text must equal the baseline's)."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="bf16 (default) or f32."),
+    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON to this file ('-' for stdout)."),
+    csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per workload x config to this CSV file."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Draw ratios with their intervals to this PNG (needs tsspec[plot])."),
+):
+    """Paired speed comparison of configurations against a baseline, on this machine.
+
+    Every configuration runs the same prompts and token counts, alternated inside each repetition
+    with the order rotating, so slow drifts of a shared machine hit all of them alike; ratios are
+    taken pair by pair with a bootstrap confidence interval, and the baseline run against itself
+    gives the noise floor, so a verdict says "within noise" unless the interval clears it.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .bench import report
+    from .bench.configs import load_config_file, parse_configs
+    from .bench.engine import make_run_one
+    from .bench.runner import file_sha256, run_bench
+    from .bench.workloads import get_workload, load_workload, workload_names
+    from .chat import build_messages, encode_chat, parse_template_kwargs, render_chat
+    from .sampling import Sampler, SamplingParams
+
+    with user_errors():
+        if max_tokens < 2:
+            raise BadInput("--max-tokens must be >= 2 for a decode speed")
+        configs = parse_configs(config)
+        base = baseline
+        if config_file is not None:
+            cf = load_config_file(config_file)
+            configs = list(cf.configs) + configs
+            base = base or cf.baseline
+        if not configs:
+            configs = parse_configs(["ngram"])
+        wls = []
+        for w in workload or workload_names():
+            wls.append(get_workload(w) if w in workload_names() else load_workload(Path(w)))
+        sampler = Sampler(SamplingParams(temperature=temp, seed=seed))
+        kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
+        set_threads(threads)
+        g, target, tok = load_session(model, weights=weights, ctx_size=ctx_size)
+
+        def encode(text: str) -> list[int]:
+            if not chat:
+                return tok.encode(text)
+            if not tok.chat_template:
+                raise BadInput(f"{g.path.name} has no chat template; drop --chat")
+            bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+            eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+            return encode_chat(tok, render_chat(tok.chat_template, build_messages(text, system), bos_token=bos, eos_token=eos, **kwargs))
+
+        run_one = make_run_one(
+            target, tok, sampler=sampler, max_tokens=max_tokens, encode=encode,
+            build_speculation=build_speculation, default_draft_model=draft_model, ignore_eos=not stop_at_eos,
+        )
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err, transient=True) as prog:
+            task = prog.add_task("bench", total=None)
+
+            def progress(done: int, total: int, desc: str) -> None:
+                prog.update(task, completed=done, total=total, description=desc)
+
+            result = run_bench(
+                configs, wls, run_one=run_one, reps=reps, warmup=warmup, progress=progress, baseline=base,
+                check_identical=sampler.greedy, model_path=g.path, model_sha256=_model_sha(g.path, file_sha256),
+                extra_metadata={"max_tokens": max_tokens, "threads": _threads(), "weights": weights or "bf16",
+                                "chat": chat, "template_kwargs": kwargs, "temperature": temp},
+            )
+        report.render_table(result, Console())
+        if json_out is not None:
+            text = json.dumps(report.to_json(result), indent=2)
+            if str(json_out) == "-":
+                print(text)
+            else:
+                json_out.write_text(text + "\n")
+        if csv_out is not None:
+            report.write_csv(result, csv_out)
+        if plot_out is not None:
+            report.plot(result, plot_out)
+        if not result.ok:
+            raise TsspecError("speculative output differed from the baseline: a correctness bug, see the table")
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _model_sha(path: Path, fallback) -> str:
+    """The cached sidecar hash of a known model, else hash the file."""
+    side = Path(str(path) + ".sha256")
+    if side.exists():
+        return side.read_text().split()[0]
+    return fallback(path)
+
 
 def main() -> None:
     app()

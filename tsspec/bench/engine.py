@@ -1,0 +1,82 @@
+"""Binding the engine-agnostic bench method to tsspec's own engine.
+
+One target model is loaded once and shared by every configuration (each run starts from an empty
+cache); each configuration gets its own speculator and governor, built exactly as ``generate``
+builds them, so a bench row measures what a user would run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..generate import Engine
+from ..options import SpecOptions, DRAFT_DEFAULT
+from ..sampling import Sampler
+from .configs import BenchConfig
+from .runner import RunRecord
+from .workloads import Prompt
+
+
+def spec_options(c: BenchConfig, default_draft_model: str | None) -> SpecOptions:
+    if c.algo == "plain":
+        return SpecOptions(enabled=False)
+    return SpecOptions(
+        enabled=True,
+        type=c.algo,
+        draft=c.draft or DRAFT_DEFAULT,
+        draft_explicit=c.draft is not None,
+        pmin=c.pmin,
+        draft_model=c.draft_model or (default_draft_model if c.algo in ("draft-model", "block", "draft-head") else None),
+        accept=c.accept or "auto",
+        adaptive=True if c.adaptive is None else c.adaptive,
+    )
+
+
+def make_run_one(
+    target,
+    tokenizer,
+    *,
+    sampler: Sampler,
+    max_tokens: int,
+    encode: Callable[[str], list[int]],
+    build_speculation: Callable,
+    default_draft_model: str | None = None,
+    ignore_eos: bool = False,
+) -> Callable[[BenchConfig, Prompt], RunRecord]:
+    engines: dict[str, Engine] = {}
+    encoded: dict[str, list[int]] = {}
+
+    def engine_for(c: BenchConfig) -> Engine:
+        if c.name not in engines:
+            opts = spec_options(c, default_draft_model)
+            spec, gov, window, accept, _notes = build_speculation(opts, target)
+            engines[c.name] = Engine(target, tokenizer, speculator=spec, governor=gov, window=window, accept_rule=accept)
+        return engines[c.name]
+
+    def run_one(c: BenchConfig, p: Prompt) -> RunRecord:
+        if p.text not in encoded:
+            encoded[p.text] = encode(p.text)
+        res = engine_for(c).generate(encoded[p.text], sampler=sampler, max_tokens=max_tokens, ignore_eos=ignore_eos)
+        s = res.stats
+        counters = {
+            "drafted": s.drafted,
+            "accepted": s.accepted,
+            "verify_calls": s.verify_calls,
+            "plain_steps": s.plain_steps,
+            "governor_parks": s.governor_parks,
+            "phase_ms": dict(s.phase_ms),
+        }
+        if s.acceptance_rate is not None:
+            counters["acceptance_rate"] = s.acceptance_rate
+        if s.tokens_per_verify is not None:
+            counters["tokens_per_verify"] = s.tokens_per_verify
+        return RunRecord(
+            text=res.text,
+            token_ids=list(res.token_ids),
+            n_tokens=len(res.token_ids),
+            decode_s=s.decode_ms / 1000,
+            tok_s=s.decode_tok_s,
+            counters=counters,
+        )
+
+    return run_one
