@@ -11,6 +11,7 @@ from typing import Iterator, List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .errors import BadInput, TsspecError
 
@@ -31,7 +32,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except TsspecError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, markup=True)
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True, soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")
@@ -39,7 +40,7 @@ def user_errors() -> Iterator[None]:
 
 
 def warn(msg: str) -> None:
-    err.print(f"[yellow]warning:[/] {msg}", highlight=False)
+    err.print(f"[yellow]warning:[/] {escape(msg)}", highlight=False, soft_wrap=True)
 
 
 def set_threads(threads: int | None) -> None:

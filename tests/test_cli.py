@@ -1,0 +1,177 @@
+"""The command line end to end on tiny random-weight models: output, flags, legacy spellings,
+environment variables, and one clear line (never a traceback) for every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.tiny import write_bad_files, write_tiny_model
+from tsspec.cli import app
+
+PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return str(write_tiny_model(tmp_path_factory.mktemp("cli") / "tiny.gguf", arch="llama", seed=3))
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory):
+    return write_bad_files(tmp_path_factory.mktemp("bad"))
+
+
+def run(*args, env=None, input=None):
+    env = {k: "" for k in ("TS_SPEC_SPEC", "TS_MTP_SPEC", "TS_SPEC_DRAFT", "TS_MTP_DRAFT", "TS_SPEC_PMIN",
+                           "TS_MTP_PMIN", "TS_SPEC_TYPE", "TS_MTP_TYPE")} | (env or {})
+    return CliRunner().invoke(app, list(args), env=env, input=input)
+
+
+def js(result) -> dict:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_generate_plain_text(model):
+    r = run("generate", "-m", model, "-p", PROMPT, "-n", "12", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip()  # some text came out
+    assert "Traceback" not in r.output
+
+
+def test_json_result_and_summary_fields(model):
+    out = js(run("generate", "-m", model, "-p", PROMPT, "-n", "16", "--json", "--ignore-eos"))
+    assert out["generated_tokens"] == 16 == len(out["token_ids"])
+    assert out["prompt_tokens"] > 0 and out["decode_tok_s"] > 0
+    assert out["stop_reason"] == "length"
+
+
+def test_spec_output_equals_plain(model):
+    plain = js(run("generate", "-m", model, "-p", PROMPT, "-n", "24", "--json", "--ignore-eos"))
+    spec = js(run("generate", "-m", model, "-p", PROMPT, "-n", "24", "--json", "--ignore-eos", "--spec",
+                  "--spec-type", "ngram", "--spec-draft", "4", "--no-spec-adaptive"))
+    assert spec["token_ids"] == plain["token_ids"]
+    assert spec["spec"]["speculator"] == "ngram" and spec["spec"]["window"] == 4
+
+
+def test_sampled_spec_output_equals_plain(model):
+    args = ["generate", "-m", model, "-p", PROMPT, "-n", "24", "--json", "--ignore-eos", "--temp", "0.9",
+            "--top-k", "40", "--seed", "7"]
+    plain = js(run(*args))
+    spec = js(run(*args, "--spec", "--spec-type", "ngram", "--no-spec-adaptive"))
+    assert spec["token_ids"] == plain["token_ids"]
+
+
+def test_legacy_spellings(model):
+    out = js(run("generate", "-m", model, "-p", PROMPT, "-n", "8", "--json", "--mtp-spec", "--mtp-draft", "3",
+                 "--mtp-pmin", "0.5", "--spec-type", "ngram"))
+    assert out["spec"]["speculator"] == "ngram" and out["spec"]["window"] == 3
+
+
+@pytest.mark.parametrize("family", ["TS_SPEC_", "TS_MTP_"])
+def test_environment_enables_and_sizes(model, family):
+    out = js(run("generate", "-m", model, "-p", PROMPT, "-n", "8", "--json",
+                 env={family + "SPEC": "1", family + "TYPE": "ngram", family + "DRAFT": "5"}))
+    assert out["spec"]["speculator"] == "ngram" and out["spec"]["window"] == 5
+
+
+def test_flag_beats_environment_and_disagreement_warns(model):
+    r = run("generate", "-m", model, "-p", PROMPT, "-n", "8", "--json", "--spec", "--spec-type", "ngram",
+            env={"TS_SPEC_DRAFT": "2", "TS_MTP_DRAFT": "6"})
+    assert js(r)["spec"]["window"] == 2
+    assert "disagree" in r.stderr
+    r = run("generate", "-m", model, "-p", PROMPT, "-n", "8", "--json", "--spec", "--spec-type", "ngram",
+            "--spec-draft", "7", env={"TS_SPEC_DRAFT": "2"})
+    assert js(r)["spec"]["window"] == 7
+
+
+def test_no_spec_with_tuning_flags_warns(model):
+    r = run("generate", "-m", model, "-p", PROMPT, "-n", "4", "--no-spec", "--spec-draft", "4", "--quiet")
+    assert r.exit_code == 0 and "inert" in r.stderr
+
+
+def test_prompts_jsonl_one_line_each(model, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"id": "a", "text": "hello"}\n{"id": "b", "text": "world"}\n')
+    r = run("generate", "-m", model, "--prompts", str(f), "-n", "4", "--json")
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in r.stdout.strip().splitlines()]
+    assert [x["id"] for x in lines] == ["a", "b"]
+
+
+def test_prompt_from_stdin_and_file(model, tmp_path):
+    a = js(run("generate", "-m", model, "-n", "6", "--json", "--ignore-eos", input=PROMPT))
+    f = tmp_path / "p.txt"
+    f.write_text(PROMPT)
+    b = js(run("generate", "-m", model, "-f", str(f), "-n", "6", "--json", "--ignore-eos"))
+    assert a["token_ids"] == b["token_ids"]
+
+
+def test_info(model):
+    r = run("info", model)
+    assert r.exit_code == 0, r.output
+    assert "llama" in r.stdout and "ngram" in r.stdout
+
+
+def one_error_line(r, code, needle):
+    assert r.exit_code == code, r.output
+    assert "Traceback" not in r.output
+    lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(
+    "which, code, needle",
+    [
+        ("truncated", 3, "truncated"),
+        ("bad_magic", 3, "not a GGUF"),
+        ("empty", 3, "GGUF"),
+        ("unknown_arch", 3, "mamba9"),
+        ("missing_tensor", 3, "missing tensor"),
+    ],
+)
+def test_bad_model_files(bad, which, code, needle):
+    one_error_line(run("generate", "-m", str(bad[which]), "-p", "hi", "-n", "2"), code, needle)
+
+
+def test_missing_file_and_unknown_name():
+    one_error_line(run("generate", "-m", "/nonexistent/x.gguf", "-p", "hi"), 2, "model not found")
+    one_error_line(run("generate", "-m", "smollm3-999m", "-p", "hi"), 2, "known model")
+
+
+def test_prompt_longer_than_context(model):
+    one_error_line(run("generate", "-m", model, "-p", PROMPT * 20, "-n", "8", "-c", "64"), 2, "exceeds the context")
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--spec-draft", "0", "--spec"], "--spec-draft"),
+        (["--spec-draft", "65", "--spec"], "out of range"),
+        (["--spec-pmin", "2", "--spec"], "--spec-pmin"),
+        (["--temp", "-1"], "--temp"),
+        (["--top-p", "0"], "--top-p"),
+        (["-n", "0"], "--max-tokens"),
+        (["--spec-type", "medusa", "--spec"], "unknown speculator"),
+        (["--chat-template-kwargs", "{bad", "--chat"], "--chat-template-kwargs"),
+        (["--weights", "int3"], "--weights"),
+    ],
+)
+def test_bad_flag_values(model, args, needle):
+    one_error_line(run("generate", "-m", model, "-p", "hi", *args), 2, needle)
+
+
+def test_bad_environment_value(model):
+    one_error_line(run("generate", "-m", model, "-p", "hi", env={"TS_MTP_DRAFT": "lots"}), 2, "TS_MTP_DRAFT")
+
+
+def test_declined_speculator_is_one_line(model):
+    one_error_line(run("generate", "-m", model, "-p", "hi", "--spec", "--spec-type", "draft-head"), 2, "draft head")
+
+
+def test_no_prompt(model):
+    one_error_line(run("generate", "-m", model, input=""), 2, "no prompt")
