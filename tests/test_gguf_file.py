@@ -1,0 +1,151 @@
+"""Reading GGUF files: exact round trip of what the tiny writer wrote, dequantization of quantized
+files, and one clear ``ModelFileError`` for every way a file can be bad."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tiny import ARCHS, byte_level_vocab, tiny_tensors, write_bad_files, write_tiny_model
+from tsspec.errors import ModelFileError
+from tsspec.gguf_file import GGUFFile, read_metadata
+from tsspec.models import load_model
+from tsspec.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    return write_bad_files(tmp_path_factory.mktemp("bad"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("tied", [True, False])
+def test_tiny_model_round_trips(tmp_path, arch, tied):
+    p = write_tiny_model(tmp_path / "m.gguf", arch, seed=5, tied=tied)
+    g = GGUFFile(p)
+    want = tiny_tensors(arch, seed=5, tied=tied)
+    assert g.arch == arch
+    assert set(g.tensor_names()) == set(want)
+    assert g.has_tensor("output.weight") is (not tied)
+    for name, arr in want.items():
+        info = g.tensor_info(name)
+        assert info.shape == arr.shape and info.type_name == "F32"  # numpy order: [out, in]
+        got = g.tensor(name)
+        assert got.dtype == np.float32 and np.array_equal(got, arr), name
+    assert g.quant_types() == {"F32": len(want)}
+    meta = read_metadata(p)
+    assert meta[f"{arch}.block_count"] == (6 if arch == "gemma3" else 2)
+    assert meta[f"{arch}.embedding_length"] == 64
+    assert meta["tokenizer.ggml.model"] == "gpt2"
+
+
+def test_tiny_tokenizer_encodes_and_decodes(tmp_path):
+    p = write_tiny_model(tmp_path / "m.gguf", "qwen2")
+    tok = Tokenizer.from_gguf(p)
+    assert tok.vocab_size == 300
+    for text in ["The quick brown fox jumps over the lazy dog.", "def main():\n    return 42\n"]:
+        ids = tok.encode(text)
+        assert tok.decode(ids) == text
+        assert len(ids) < len(text.encode())  # merges apply: not one token per byte
+    odd = "a  b\t~|^ \u00e9\u4e2d"  # unmerged bytes and multibyte characters still round-trip
+    assert tok.decode(tok.encode(odd)) == odd
+    eos = tok.encode("<|endoftext|>")
+    assert len(eos) == 1 and eos[0] == tok.eos_id and tok.eos_id in tok.eos_ids
+    assert len(tok.encode("<|im_start|>user\nhi<|im_end|>")) >= 3
+    assert tok.encode("<|im_end|>")[0] in tok.eos_ids
+
+
+def test_byte_level_vocab_is_consistent():
+    tokens, types, merges = byte_level_vocab(400)
+    assert len(tokens) == len(types) == 400 and len(set(tokens)) == 400
+    known = set(tokens)
+    for m in merges:
+        a, b = m.split(" ")
+        assert a in known and b in known and a + b in known
+    with pytest.raises(ValueError):
+        byte_level_vocab(96)
+
+
+def test_no_tokenizer_model_takes_vocab_from_arch_key(tmp_path):
+    p = write_tiny_model(tmp_path / "m.gguf", "qwen3", vocab_size=96, tokenizer=None)
+    m = load_model(p)
+    assert m.vocab_size == 96
+    assert m.forward([1, 2, 95]).logits.shape == (1, 96)
+
+
+@pytest.mark.parametrize(
+    "quant,max_err",
+    # worst error as a fraction of a block's max |value|: half a step for Q8_0 (step amax/127);
+    # a full step for Q4_0 (scale amax/8 from the signed extreme; the opposite extreme clips 8 -> 7)
+    [("Q8_0", 0.5 / 127), ("Q4_0", 1 / 8)],
+)
+def test_quantized_tiny_models_dequantize_close(tmp_path, quant, max_err):
+    f32 = write_tiny_model(tmp_path / "f32.gguf", "llama", seed=3)
+    qp = write_tiny_model(tmp_path / f"{quant}.gguf", "llama", seed=3, quant=quant)
+    g, want = GGUFFile(qp), tiny_tensors("llama", seed=3)
+    n_matrices = sum(a.ndim == 2 for a in want.values())
+    assert g.quant_types() == {quant: n_matrices, "F32": len(want) - n_matrices}
+    for name, arr in want.items():
+        got = g.tensor(name)
+        assert got.shape == arr.shape
+        if arr.ndim == 1:
+            assert np.array_equal(got, arr)
+            continue
+        assert g.tensor_info(name).type_name == quant
+        # every value within max_err of its block's max (plus fp16 rounding of the block scale)
+        blocks = arr.reshape(-1, 32)
+        amax = np.abs(blocks).max(axis=1, keepdims=True)
+        err = np.abs(got.reshape(-1, 32) - blocks)
+        assert (err <= amax * (max_err + 2e-3) + 1e-7).all(), name
+    # the whole model: logits near the F32 file's (mean error relative to the logits' spread;
+    # measured 0.017-0.019 for Q8_0 and 0.27-0.29 for Q4_0 of these Gaussian random weights)
+    ids = list(range(10, 50))
+    a = load_model(f32, fmt="f32").forward(ids, all_logits=True).logits
+    b = load_model(qp, fmt="f32").forward(ids, all_logits=True).logits
+    rel = float((a - b).abs().mean() / a.std())
+    assert 0 < rel < (0.04 if quant == "Q8_0" else 0.5), rel
+
+
+def test_truncated_file(bad_files):
+    with pytest.raises(ModelFileError, match="truncated"):
+        GGUFFile(bad_files["truncated"])
+    with pytest.raises(ModelFileError, match="truncated"):
+        load_model(bad_files["truncated"])
+
+
+def test_bad_magic(bad_files):
+    with pytest.raises(ModelFileError, match=r"not a GGUF file.*magic.*bad_magic\.gguf"):
+        GGUFFile(bad_files["bad_magic"])
+
+
+def test_empty_file(bad_files):
+    with pytest.raises(ModelFileError, match=r"not a GGUF file.*empty\.gguf"):
+        GGUFFile(bad_files["empty"])
+
+
+def test_unknown_architecture(bad_files):
+    g = GGUFFile(bad_files["unknown_arch"])  # a valid file...
+    assert g.arch == "mamba9"
+    with pytest.raises(ModelFileError, match=r"unknown architecture 'mamba9'.*llama"):
+        load_model(bad_files["unknown_arch"])  # ...of an architecture we cannot run
+
+
+def test_missing_tensor(bad_files):
+    with pytest.raises(ModelFileError, match=r"missing tensor 'blk\.1\.ffn_down\.weight'"):
+        load_model(bad_files["missing_tensor"])
+
+
+def test_missing_path_and_directory(tmp_path):
+    with pytest.raises(ModelFileError, match="not found"):
+        GGUFFile(tmp_path / "nope.gguf")
+    with pytest.raises(ModelFileError, match="directory"):
+        load_model(tmp_path)
+
+
+def test_missing_metadata_key(tmp_path):
+    g = GGUFFile(write_tiny_model(tmp_path / "m.gguf", "llama"))
+    with pytest.raises(ModelFileError, match="llama.nonexistent"):
+        g.require("llama.nonexistent")
+    with pytest.raises(ModelFileError, match="missing tensor 'nope'"):
+        g.tensor("nope")

@@ -1,0 +1,379 @@
+"""The core guarantee: speculative decoding emits exactly what plain decoding emits.
+
+Every test runs ``decode`` twice on tiny random models, once plain (no speculator) and once with a
+speculator, and compares token for token: n-gram drafting over repetitive and random prompts,
+scripted drafters that force every rejection pattern (accept none, some, all), random drafts,
+seeded sampling, the cost governor, and a target whose verify does not persist its state.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+import pytest
+import torch
+
+from tiny import write_tiny_model
+from tsspec.models import load_model
+from tsspec.sampling import Sampler, SamplingParams
+from tsspec.spec.governor import GovernorConfig, SpeculationCostGovernor
+from tsspec.spec.loop import decode
+from tsspec.spec.ngram import NGramSpeculator
+from tsspec.spec.protocols import Draft, DraftContext, Speculator
+from tsspec.spec.stats import SpecStats
+
+N_NEW = 48
+WINDOWS = (1, 3, 8)
+MODEL_ARCHS = ("llama", "qwen2", "gemma3")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("loop_models")
+    return {a: load_model(write_tiny_model(d / f"{a}.gguf", a, seed=7, ctx=512)) for a in MODEL_ARCHS}
+
+
+def _prompts() -> dict[str, list[int]]:
+    rng = random.Random(0)
+    return {
+        "random": [rng.randrange(300) for _ in range(20)],
+        "periodic": [5, 6, 7, 8] * 6,
+        "one-token-run": [42] * 12,
+        "phrase": [100, 101, 102, 103, 104, 50, 100, 101, 102, 103, 104, 60, 100, 101],
+        "short": [3],
+        "long-random": [rng.randrange(300) for _ in range(90)],  # crosses a 64-position span
+    }
+
+
+PROMPTS = _prompts()
+GREEDY = Sampler()
+
+
+def sampled(seed: int) -> Sampler:
+    return Sampler(SamplingParams(temperature=0.8, top_k=20, top_p=0.9, repeat_penalty=1.1, seed=seed))
+
+
+def plain(model, prompt, sampler=GREEDY, n=N_NEW) -> list[int]:
+    return decode(model, sampler, prompt, n)
+
+
+def check_stats(stats: SpecStats, out: list[int], drafts: list[int] | None = None) -> None:
+    """The counters add up: each verify emits accepted + 1, each plain step 1, prefill the first."""
+    assert sum(stats.accept_hist) == stats.verify_calls
+    assert sum(i * c for i, c in enumerate(stats.accept_hist)) == stats.accepted
+    assert stats.accepted <= stats.drafted
+    assert stats.verify_emitted == stats.accepted + stats.verify_calls
+    assert len(out) == stats.generated == stats.accepted + stats.verify_calls + stats.plain_steps + 1
+    if drafts is not None:
+        assert stats.drafted == sum(drafts) and stats.verify_calls == len(drafts)
+
+
+# ----------------------------------------------------------------------------- test speculators
+
+
+class ScriptedSpeculator:
+    """Drafts a known continuation (``truth``: prompt + plain output), corrupted where told.
+
+    ``corrupt(step, i) -> bool`` says whether draft token ``i`` of proposal ``step`` is replaced by
+    a wrong token, so a test chooses exactly how many tokens each verify accepts.
+    """
+
+    name = "scripted"
+    default_min_draft_prob = 0.0
+    min_draft_prob = 0.0
+    needs_hidden_state = False
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = True
+    default_accept_rule = "match"
+
+    def __init__(self, truth: Sequence[int], corrupt, vocab: int, max_draft_tokens: int = 8):
+        self.truth = list(truth)
+        self.corrupt = corrupt
+        self.vocab = vocab
+        self.max_draft_tokens = max_draft_tokens
+        self.drafts: list[int] = []  # length of every non-empty proposal
+        self.accepted: list[int] = []  # accepted length of every verify, from commit
+        self.wrong_at: list[int | None] = []  # first corrupted index of each proposal
+        self._pending = False
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return ()
+
+    def begin(self, prompt, hidden) -> None:
+        assert hidden is None
+        self.prompt_len = len(prompt)
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        assert list(ctx.history) == self.truth[: len(ctx.history)], "history must be the plain output so far"
+        assert ctx.position == len(ctx.history) - 1  # last token is not in the cache yet
+        start = len(ctx.history)
+        want = self.truth[start : start + min(ctx.max_tokens, self.max_draft_tokens)]
+        step = len(self.drafts)
+        out, wrong = [], None
+        for i, t in enumerate(want):
+            if self.corrupt(step, i):
+                t = (t + 1 + step) % self.vocab
+                wrong = i if wrong is None else wrong
+            out.append(t)
+        if out:
+            self.drafts.append(len(out))
+            self.wrong_at.append(wrong)
+            self._pending = True
+        return Draft(out)
+
+    def commit(self, tokens, hidden, start_pos) -> None:
+        if self._pending:
+            self.accepted.append(len(tokens) - 1)
+            self._pending = False
+
+    def reset(self) -> None:
+        pass
+
+
+class RandomSpeculator(ScriptedSpeculator):
+    """Drafts uniformly random tokens: almost everything is rejected."""
+
+    name = "random"
+
+    def __init__(self, vocab: int, seed: int, max_draft_tokens: int = 8):
+        super().__init__([], None, vocab, max_draft_tokens)
+        self.rng = random.Random(seed)
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        k = min(ctx.max_tokens, self.max_draft_tokens)
+        self.drafts.append(k)
+        self._pending = True
+        return Draft([self.rng.randrange(self.vocab) for _ in range(k)])
+
+
+def test_test_speculators_follow_the_protocol():
+    assert isinstance(ScriptedSpeculator([], lambda s, i: False, 10), Speculator)
+    assert isinstance(NGramSpeculator(), Speculator)
+
+
+# ----------------------------------------------------------------------------- n-gram == plain
+
+
+@pytest.mark.parametrize("arch", MODEL_ARCHS)
+@pytest.mark.parametrize("window", WINDOWS)
+def test_ngram_greedy_equals_plain(models, arch, window):
+    m = models[arch]
+    total_drafted = total_accepted = total_rejected_verifies = 0
+    for name, prompt in PROMPTS.items():
+        want = plain(m, prompt)
+        stats = SpecStats()
+        spec = NGramSpeculator(max_draft_tokens=8)
+        got = decode(m, GREEDY, prompt, N_NEW, speculator=spec, window=window, stats=stats)
+        assert got == want, f"prompt {name!r}"
+        check_stats(stats, got)
+        assert max(len(stats.accept_hist) - 1, 0) <= window
+        total_drafted += stats.drafted
+        total_accepted += stats.accepted
+        total_rejected_verifies += stats.verify_calls - (stats.accept_hist[window] if len(stats.accept_hist) > window else 0)
+    # the prompts make n-gram draft a lot, and be both right and wrong
+    assert total_drafted > 50 and 0 < total_accepted < total_drafted and total_rejected_verifies > 0
+
+
+@pytest.mark.parametrize("arch", MODEL_ARCHS)
+def test_ngram_stops_early_like_plain(models, arch):
+    m = models[arch]
+    prompt = PROMPTS["periodic"]
+    want = plain(m, prompt)
+    stop_tok = want[20]  # stop at the first occurrence of a token that appears in the output
+    cut = want[: want.index(stop_tok) + 1]
+    stats = SpecStats()
+    got = decode(m, GREEDY, prompt, N_NEW, speculator=NGramSpeculator(), window=8, stats=stats,
+                 on_token=lambda t: t == stop_tok)
+    assert got == cut
+    assert plain_stop(m, prompt, stop_tok) == cut
+
+
+def plain_stop(m, prompt, stop_tok):
+    return decode(m, GREEDY, prompt, N_NEW, on_token=lambda t: t == stop_tok)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 9, 10])
+def test_token_budget_is_exact(models, max_tokens):
+    m = models["llama"]
+    prompt = PROMPTS["one-token-run"]
+    want = plain(m, prompt, n=max_tokens)
+    assert len(want) == max_tokens
+    stats = SpecStats()
+    got = decode(m, GREEDY, prompt, max_tokens, speculator=NGramSpeculator(), window=8, stats=stats)
+    assert got == want
+    check_stats(stats, got)
+
+
+# ----------------------------------------------------------------------------- forced rejection patterns
+
+
+PATTERNS = {
+    "accept-all": lambda step, i: False,
+    "accept-none": lambda step, i: i == 0,
+    "accept-some": lambda step, i: i == step % 5,  # 0, 1, 2, 3, 4 accepted in turn (or all if shorter)
+    "accept-last-only-wrong": lambda step, i: i == 7,
+    "every-other": lambda step, i: step % 2 == 1 and i == 2,
+}
+
+
+@pytest.mark.parametrize("arch", MODEL_ARCHS)
+@pytest.mark.parametrize("pattern", list(PATTERNS))
+@pytest.mark.parametrize("window", WINDOWS)
+def test_scripted_rejections_equal_plain(models, arch, pattern, window):
+    m = models[arch]
+    for prompt in (PROMPTS["random"], PROMPTS["long-random"]):
+        want = plain(m, prompt)
+        spec = ScriptedSpeculator(prompt + want, PATTERNS[pattern], m.vocab_size)
+        stats = SpecStats()
+        got = decode(m, GREEDY, prompt, N_NEW, speculator=spec, window=window, stats=stats)
+        assert got == want
+        check_stats(stats, got, spec.drafts)
+        # each verify accepted exactly up to the first corrupted draft token
+        expect = [k if w is None else w for k, w in zip(spec.drafts, spec.wrong_at)]
+        assert spec.accepted == expect
+        if pattern == "accept-all":
+            # only a last step with a one-token budget left runs plain (nothing to draft into)
+            assert stats.accepted == stats.drafted and stats.plain_steps <= 1
+        if pattern == "accept-none":
+            assert stats.accepted == 0 and stats.accept_hist == [stats.verify_calls]
+
+
+@pytest.mark.parametrize("arch", MODEL_ARCHS)
+def test_random_drafts_equal_plain(models, arch):
+    m = models[arch]
+    for seed, prompt in enumerate(PROMPTS.values()):
+        want = plain(m, prompt)
+        spec = RandomSpeculator(m.vocab_size, seed)
+        stats = SpecStats()
+        got = decode(m, GREEDY, prompt, N_NEW, speculator=spec, window=8, stats=stats)
+        assert got == want
+        check_stats(stats, got, spec.drafts)
+        assert stats.plain_steps <= 1
+
+
+# ----------------------------------------------------------------------------- seeded sampling
+
+
+@pytest.mark.parametrize("arch", MODEL_ARCHS)
+@pytest.mark.parametrize("window", WINDOWS)
+def test_seeded_sampling_equals_plain(models, arch, window):
+    m = models[arch]
+    for seed, (name, prompt) in enumerate(PROMPTS.items()):
+        want = plain(m, prompt, sampled(seed))
+        if window == 1 and name == "random":
+            assert want != plain(m, prompt, sampled(seed + 100))  # the seed matters
+        stats = SpecStats()
+        got = decode(m, sampled(seed), prompt, N_NEW, speculator=NGramSpeculator(), window=window,
+                     stats=stats, accept_rule="match")
+        assert got == want, f"prompt {name!r}"
+        check_stats(stats, got)
+        spec = ScriptedSpeculator(prompt + want, PATTERNS["accept-some"], m.vocab_size)
+        got = decode(m, sampled(seed), prompt, N_NEW, speculator=spec, window=window, accept_rule="match")
+        assert got == want
+        assert spec.accepted == [k if w is None else w for k, w in zip(spec.drafts, spec.wrong_at)]
+
+
+# ----------------------------------------------------------------------------- governor
+
+
+@pytest.mark.parametrize("arch", MODEL_ARCHS)
+def test_governor_keeps_output_identical(models, arch):
+    m = models[arch]
+    # a short park so one run sees probing, parking and re-probing
+    cfg = GovernorConfig(window=4, recent=2, probe_spec=1, probe_plain=1, warmup=0, hold_steps=4,
+                         park_base=2, park_cap=4)
+    for name in ("random", "periodic", "phrase"):
+        prompt = PROMPTS[name]
+        want = plain(m, prompt)
+        for spec in (NGramSpeculator(), RandomSpeculator(m.vocab_size, 1)):
+            for gov in (SpeculationCostGovernor(), SpeculationCostGovernor(cfg)):
+                stats = SpecStats()
+                got = decode(m, GREEDY, prompt, N_NEW, speculator=spec, governor=gov, window=8, stats=stats)
+                assert got == want
+                check_stats(stats, got)
+                assert gov.steps == stats.verify_calls + stats.plain_steps
+
+
+# ----------------------------------------------------------------------------- non-persisting target
+
+
+class RecurrentDouble:
+    """A tiny model posing as a target with recurrent state: a verify does NOT leave usable state
+    for the accepted rows, so the loop must ``restore`` the snapshot and re-advance over them.
+
+    ``restore`` puts the cache back where ``snapshot`` found it, and overwrites the rows a verify
+    wrote beyond it with garbage, so a loop that skipped the re-advance would read it. (Finite
+    garbage: attention multiplies masked rows by an exact 0, and 0 * NaN would poison every run.)"""
+
+    def __init__(self, model):
+        self.m = model
+        self.vocab_size, self.n_layers, self.hidden_size = model.vocab_size, model.n_layers, model.hidden_size
+        self.snapshots = self.restores = 0
+        self.readvances: list[int] = []  # row count of each forward right after a restore
+        self._snap: int | None = None
+        self._after_restore = False
+
+    max_context = property(lambda self: self.m.max_context)
+    cache_len = property(lambda self: self.m.cache_len)
+    verify_persists_kv = property(lambda self: False)
+
+    def forward(self, tokens, *, all_logits=False, taps=None):
+        if self._after_restore:
+            self.readvances.append(len(tokens))
+            self._after_restore = False
+        return self.m.forward(tokens, all_logits=all_logits, taps=taps)
+
+    def ensure_capacity(self, n):
+        self.m.ensure_capacity(n)
+
+    def rewind(self, length):
+        assert self._snap is not None and length == self._snap, "rewind only to the snapshot"
+        self.m.rewind(length)
+
+    def snapshot(self):
+        self.snapshots += 1
+        self._snap = self.m.cache_len
+
+    def restore(self):
+        self.restores += 1
+        n = self.m.cache_len
+        self.m.cache.k[:, :, self._snap : n] = 1e3
+        self.m.cache.v[:, :, self._snap : n] = -1e3
+        self.m.rewind(self._snap)
+        self._after_restore = True
+
+    def reset(self):
+        self.m.reset()
+        self._snap = None
+
+
+@pytest.mark.parametrize("pattern", ["accept-some", "accept-none", "accept-all"])
+def test_non_persisting_target_restores_and_readvances(models, pattern):
+    m = models["qwen2"]
+    prompt = PROMPTS["random"]
+    want = plain(m, prompt)
+    target = RecurrentDouble(m)
+    spec = ScriptedSpeculator(prompt + want, PATTERNS[pattern], m.vocab_size)
+    stats = SpecStats()
+    got = decode(target, GREEDY, prompt, N_NEW, speculator=spec, window=8, stats=stats)
+    assert got == want
+    check_stats(stats, got, spec.drafts)
+    partial = [(k, a) for k, a in zip(spec.drafts, spec.accepted) if a < k]
+    assert target.snapshots == stats.verify_calls
+    assert target.restores == len(partial)
+    # the re-advance forwards exactly the kept rows: the last token plus the accepted drafts
+    assert target.readvances == [a + 1 for _, a in partial]
+    if pattern == "accept-all":
+        assert target.restores == 0
+    else:
+        assert target.restores > 0
