@@ -120,7 +120,7 @@ def test_bad_magic(bad_files):
 
 
 def test_empty_file(bad_files):
-    with pytest.raises(ModelFileError, match=r"not a GGUF file.*empty\.gguf"):
+    with pytest.raises(ModelFileError, match=r"empty file, not a GGUF model.*empty\.gguf"):
         GGUFFile(bad_files["empty"])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tsspec.weights import MIN_ROWS, Linear, pad_rows
+from tsspec.weights import MIN_ROWS, ROW_MULTIPLE, Linear, pad_rows
 
 # (out, in) of every product in the four real models: fused QKV is [q + 2 kv, d], fused gate+up
 # [2 ffn, d], down [d, ffn]; plus a vocabulary-sized head.
@@ -70,17 +70,22 @@ def test_linear_concat_and_bias():
     assert Linear.concat([(a.numpy(), None), (b.numpy(), None)], "f32").bias is None
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "f32"])
-@pytest.mark.parametrize("model,shape", ALL_SHAPES, ids=[f"{n}-{o}x{i}" for n, (o, i) in ALL_SHAPES])
-def test_linear_is_batch_invariant(request, model, shape, fmt):
-    if fmt == "f32" and model != "smollm2-135m":
-        pytest.skip("f32 is the reference format; one model's shapes suffice")
-    if fmt == "f32" and torch.get_num_threads() > 1:
-        # BUG (tsspec/weights.py, MIN_ROWS["f32"] = 4): with >1 thread the f32 GEMM gives different
-        # bits for 5-7 and 9-11 rows than for the same rows inside a larger product, so the f32
-        # format is batch invariant only single-threaded. Fix there, not here.
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="f32 Linear is not batch invariant with more than one thread"))
+# bf16 on every real model's shapes; f32 (the reference format) on one model's
+CASES = [("bf16", m, s) for m, s in ALL_SHAPES] + [("f32", m, s) for m, s in ALL_SHAPES if m == "smollm2-135m"]
+
+
+@pytest.mark.parametrize("fmt,model,shape", CASES, ids=[f"{f}-{n}-{o}x{i}" for f, n, (o, i) in CASES])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_linear_is_batch_invariant(fmt, model, shape, threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_invariant(fmt, shape)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_invariant(fmt, shape):
     out, inp = shape
     w, x = _weights(out, inp, seed=out + inp)
     lin = Linear(w.numpy(), None, fmt)
@@ -92,4 +97,4 @@ def test_linear_is_batch_invariant(request, model, shape, fmt):
 
 
 def test_min_rows_are_what_the_docs_say():
-    assert MIN_ROWS == {"bf16": 2, "f32": 4}
+    assert MIN_ROWS == {"bf16": 2, "f32": 4} and ROW_MULTIPLE == {"bf16": 1, "f32": 4}

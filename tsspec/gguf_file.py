@@ -32,6 +32,8 @@ def open_reader(path: str | os.PathLike):
     if p.is_dir():
         raise ModelFileError(f"model path is a directory, not a GGUF file: {p}")
     size = p.stat().st_size
+    if size == 0:
+        raise ModelFileError(f"empty file, not a GGUF model: {p}")
     with open(p, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:

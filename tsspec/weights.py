@@ -8,7 +8,7 @@ format is the plain reference the fast path is tested against.
 Batch invariance. A row's result must not depend on how many rows share the product, or
 speculative output drifts from plain output at near-ties. oneDNN's bf16 GEMM meets that for any
 row count >= 2 but takes a different (GEMV) route for a single row, so single rows are padded to
-two. ``tests/test_weights.py`` checks the property on the shapes our models use; a GPU/Triton
+two; the f32 reference pads to a multiple of four for the same reason. ``tests/test_weights.py`` checks the property on the shapes our models use; a GPU/Triton
 format would slot in here as another ``Linear`` backend with the same test.
 """
 
@@ -21,8 +21,10 @@ import torch
 import torch.nn.functional as F
 
 FORMATS = ("bf16", "f32")
-# Smallest row count that stays on the batch-invariant GEMM path (see module docstring).
+# Row counts are padded to stay on one batch-invariant GEMM route: oneDNN's bf16 GEMM is invariant
+# for any count >= 2; MKL's multi-threaded f32 GEMM only for multiples of 4.
 MIN_ROWS = {"bf16": 2, "f32": 4}
+ROW_MULTIPLE = {"bf16": 1, "f32": 4}
 
 
 def default_format() -> str:
@@ -34,12 +36,15 @@ def default_format() -> str:
     return fmt
 
 
-def pad_rows(x: torch.Tensor, min_rows: int) -> torch.Tensor:
-    """Repeat the last row until ``x`` has at least ``min_rows`` rows (results of pads are dropped)."""
+def pad_rows(x: torch.Tensor, min_rows: int, multiple: int = 1) -> torch.Tensor:
+    """Repeat the last row until ``x`` has at least ``min_rows`` rows and a multiple of ``multiple``
+    (the results of pad rows are dropped)."""
     m = x.shape[0]
-    if m >= min_rows:
+    target = max(m, min_rows)
+    target = -(-target // multiple) * multiple
+    if target == m:
         return x
-    return torch.cat([x, x[-1:].expand(min_rows - m, *x.shape[1:])], dim=0)
+    return torch.cat([x, x[-1:].expand(target - m, *x.shape[1:])], dim=0)
 
 
 def to_tensor(a: np.ndarray | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -53,7 +58,7 @@ def to_tensor(a: np.ndarray | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class Linear:
     """y = x @ W.T + b for x [rows, in] float32 -> y [rows, out] float32."""
 
-    __slots__ = ("weight", "bias", "fmt", "min_rows", "out_features", "in_features")
+    __slots__ = ("weight", "bias", "fmt", "min_rows", "multiple", "out_features", "in_features")
 
     def __init__(self, weight: np.ndarray | torch.Tensor, bias=None, fmt: str | None = None):
         self.fmt = fmt or default_format()
@@ -62,6 +67,7 @@ class Linear:
         self.out_features, self.in_features = self.weight.shape
         self.bias = None if bias is None else to_tensor(bias, torch.float32)  # [out]
         self.min_rows = MIN_ROWS[self.fmt]
+        self.multiple = ROW_MULTIPLE[self.fmt]
 
     @staticmethod
     def concat(parts: list[tuple[np.ndarray, np.ndarray | None]], fmt: str | None = None) -> "Linear":
@@ -77,7 +83,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
-        xp = pad_rows(x, self.min_rows).to(self.weight.dtype)
+        xp = pad_rows(x, self.min_rows, self.multiple).to(self.weight.dtype)
         y = F.linear(xp, self.weight)[:m].float()
         if self.bias is not None:
             y = y + self.bias
