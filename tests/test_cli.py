@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tests.tiny import write_bad_files, write_tiny_model
+from tiny import write_bad_files, write_tiny_model
 from tsspec.cli import app
 
 PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat"

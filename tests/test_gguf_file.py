@@ -149,3 +149,25 @@ def test_missing_metadata_key(tmp_path):
         g.require("llama.nonexistent")
     with pytest.raises(ModelFileError, match="missing tensor 'nope'"):
         g.tensor("nope")
+
+
+def _plain_metadata(path):
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    return {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+
+
+def test_fast_metadata_reader_equals_gguf_py(tmp_path):
+    """The array fast path is a reading optimisation only: values equal gguf-py's own."""
+    path = write_tiny_model(tmp_path / "m.gguf", arch="gemma3", seed=2)
+    g = GGUFFile(path)
+    assert g.metadata == _plain_metadata(path)
+    assert isinstance(g.metadata["tokenizer.ggml.tokens"], list) and len(g.metadata["tokenizer.ggml.tokens"]) == 300
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_fast_metadata_reader_equals_gguf_py_on_real_files(real_model_path, name):
+    path = real_model_path(name)
+    assert GGUFFile(path).metadata == _plain_metadata(path)
