@@ -124,6 +124,13 @@ def _block(target, options, drafter):
     return drafter.make_speculator(target, options)
 
 
+def _draft_model(target, options, drafter):
+    from .draft_model import registry_factory
+
+    return registry_factory(target, options, drafter)
+
+
 REGISTRY.register("ngram", _ngram, "prompt lookup over the sequence's own tokens; no weights")
+REGISTRY.register("draft-model", _draft_model, "a separate small language model with the same vocabulary")
 REGISTRY.register("draft-head", _draft_head, "per-token NextN/MTP draft head", requires_draft_head=True)
 REGISTRY.register("block", _block, "DFlash/DFlash2 block drafter", requires_draft_head=True)
