@@ -96,7 +96,9 @@ def build_speculation(opts, target):
         for w in getattr(drafter, "warnings", []):
             warn(w)
     speculator = REGISTRY.create(opts.type, target, opts, drafter)
-    opts = with_window(opts, getattr(target, "preferred_window", None))
+    # the drafter's preferred window (measured for it) first, else the trunk's; --spec-draft wins
+    preferred = getattr(drafter, "preferred_window", None) or getattr(target, "preferred_window", None)
+    opts = with_window(opts, preferred)
     window = min(opts.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else opts.draft
     governor = SpeculationCostGovernor(enabled=opts.adaptive)
     accept = None if opts.accept == "auto" else opts.accept

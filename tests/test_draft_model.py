@@ -1,0 +1,400 @@
+"""The draft-model speculator: exact output, a drafter cache that follows the trunk, clear refusals.
+
+Tiny random-weight files stand in for real models (``tests/tiny.py``); the real Qwen pair is the
+``real_model`` layer at the bottom.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tiny import write_bad_files, write_tiny_model
+from tsspec.drafters import load_drafter
+from tsspec.drafters.draft_model import check_vocab, load as load_draft_model
+from tsspec.errors import BadInput, ModelFileError
+from tsspec.gguf_file import GGUFFile
+from tsspec.models import load_model
+from tsspec.options import SpecOptions
+from tsspec.sampling import Sampler, SamplingParams
+from tsspec.spec.draft_model import DraftModelSpeculator, registry_factory
+from tsspec.spec.loop import decode
+from tsspec.spec.protocols import DraftContext, Speculator
+from tsspec.spec.registry import REGISTRY
+from tsspec.spec.stats import SpecStats
+
+PROMPTS = [
+    [72, 101, 108, 108, 111],
+    [260, 261, 32, 100, 101, 102],
+    [10],
+    [84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98, 114, 111, 119, 110],
+    [100, 101, 102, 32, 109, 97, 105, 110, 40, 41, 58, 10, 32, 32, 32, 32],
+    list(range(40, 110)),  # a longer prompt: spans past the 64-position attention block
+]
+N_TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("draft_model")
+    return {
+        "trunk": write_tiny_model(d / "trunk.gguf", "qwen2", seed=11, n_layers=3),
+        # same seed, fewer layers: shares the trunk's embedding and first blocks, so it agrees often
+        "related": write_tiny_model(d / "related.gguf", "qwen2", seed=11, n_layers=2),
+        # another architecture and seed, one layer: agrees by chance only
+        "other": write_tiny_model(d / "other.gguf", "llama", seed=5, n_layers=1),
+        "vocab400": write_tiny_model(d / "vocab400.gguf", "qwen2", seed=2, n_layers=1, vocab_size=400),
+        "short_ctx": write_tiny_model(d / "short_ctx.gguf", "qwen2", seed=3, n_layers=1, ctx=128),
+        "heavy": write_tiny_model(d / "heavy.gguf", "qwen2", seed=4, n_layers=6),
+    }
+
+
+@pytest.fixture(scope="module")
+def trunk(files):
+    return load_model(files["trunk"])
+
+
+def _speculator(path, trunk, window=8, pmin=None):
+    drafter = load_drafter(path, trunk, SpecOptions(draft=window, pmin=pmin))
+    return drafter.make_speculator(trunk, SpecOptions(draft=window, pmin=pmin))
+
+
+# ----------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize("which", ["related", "other", "trunk"])
+def test_greedy_equals_plain_for_every_window(files, trunk, which):
+    spec = _speculator(files[which], trunk)
+    assert isinstance(spec, Speculator)
+    accepted = drafted = 0
+    for prompt in PROMPTS:
+        plain = decode(trunk, Sampler(), prompt, N_TOKENS)
+        for window in range(1, 9):
+            st = SpecStats()
+            out = decode(trunk, Sampler(), prompt, N_TOKENS, speculator=spec, window=window, stats=st)
+            assert out == plain, f"{which}: window {window}, prompt {prompt[:4]}..."
+            accepted += st.accepted
+            drafted += st.drafted
+    rate = accepted / drafted
+    if which == "trunk":
+        assert rate >= 0.99, rate  # the trunk drafting for itself: every draft is what it would say
+    elif which == "related":
+        assert 0.1 < rate < 0.99, rate  # partial acceptance: the rewind paths are exercised
+
+
+def test_seeded_sampling_with_match_equals_plain(files, trunk):
+    spec = _speculator(files["related"], trunk)
+    for seed in range(6):
+        params = SamplingParams(temperature=0.8, top_p=0.95, seed=seed)
+        plain = decode(trunk, Sampler(params), PROMPTS[0], N_TOKENS)
+        for window in (2, 5):
+            out = decode(trunk, Sampler(params), PROMPTS[0], N_TOKENS, speculator=spec, window=window)
+            assert out == plain
+
+
+def test_greedy_with_penalties_equals_plain(files, trunk):
+    spec = _speculator(files["related"], trunk)
+    params = SamplingParams(repeat_penalty=1.3, frequency_penalty=0.2)
+    plain = decode(trunk, Sampler(params), PROMPTS[1], N_TOKENS)
+    assert decode(trunk, Sampler(params), PROMPTS[1], N_TOKENS, speculator=spec, window=4) == plain
+
+
+def test_pmin_stops_drafts_early_and_stays_exact(files, trunk):
+    loose = _speculator(files["related"], trunk, pmin=0.0)
+    strict = _speculator(files["related"], trunk, pmin=0.9)
+    assert loose.min_draft_prob == 0.0 and strict.min_draft_prob == 0.9
+    plain = decode(trunk, Sampler(), PROMPTS[3], N_TOKENS)
+    st_loose, st_strict = SpecStats(), SpecStats()
+    assert decode(trunk, Sampler(), PROMPTS[3], N_TOKENS, speculator=loose, window=6, stats=st_loose) == plain
+    assert decode(trunk, Sampler(), PROMPTS[3], N_TOKENS, speculator=strict, window=6, stats=st_strict) == plain
+    assert st_strict.drafted / max(st_strict.verify_calls, 1) < st_loose.drafted / st_loose.verify_calls
+    assert st_strict.plain_steps > 0  # a draft stopped before its first token: a plain step
+
+
+# ----------------------------------------------------------------------------- the drafter's cache
+
+
+class EveryThird:
+    """A stand-in governor that parks drafting two steps out of three (the drafter then lags)."""
+
+    state, parks = "test", 0
+
+    def __init__(self):
+        self.step = 0
+
+    def reset(self):
+        self.step = 0
+
+    def should_draft(self):
+        self.step += 1
+        return self.step % 3 == 0
+
+    def record(self, speculative, ms, emitted):
+        pass
+
+
+@pytest.mark.parametrize("governor", [None, EveryThird])
+def test_drafter_cache_follows_the_committed_sequence(files, trunk, governor):
+    spec = _speculator(files["related"], trunk, window=5)
+    prompt = PROMPTS[4]
+    emitted: list[int] = []
+    checks = []
+
+    def on_token(t):
+        emitted.append(t)
+        return False
+
+    def on_step(stats):
+        committed = prompt + emitted[:-1]  # the last emitted token is not in the trunk's KV yet
+        assert trunk.cache_len == len(committed)
+        assert spec._committed == committed
+        cached = spec.cached_tokens
+        assert spec.model.cache_len == len(cached)
+        assert cached == committed[: len(cached)]  # no stale draft token survives a rejection
+        assert spec.model.cache_len + len(spec.pending) == trunk.cache_len
+        checks.append(len(spec.pending))
+
+    plain = decode(trunk, Sampler(), prompt, 60)
+    out = decode(trunk, Sampler(), prompt, 60, speculator=spec, window=5, on_token=on_token, on_step=on_step,
+                 governor=governor() if governor else None)
+    assert out == plain
+    assert checks
+    if governor is None:
+        assert max(checks) <= 1  # at most the last draft token of a fully accepted draft
+    else:
+        assert max(checks) >= 2  # parked steps left a catch-up for the next draft
+    spec.sync()
+    assert spec.model.cache_len == trunk.cache_len
+    assert spec.cached_tokens == (prompt + emitted)[: trunk.cache_len]
+
+
+def test_commit_rewinds_to_what_the_trunk_kept(files, trunk):
+    spec = _speculator(files["other"], trunk, window=4)
+    prompt = PROMPTS[0]
+    spec.begin(prompt, None)
+    assert spec.model.cache_len == len(prompt) and not spec.pending
+    sampler = Sampler()
+    ctx = DraftContext(last_token=7, position=len(prompt), max_tokens=4, history=prompt + [7],
+                       sampler_probs=sampler.probs)
+    draft = spec.propose(ctx)
+    assert len(draft) == 4 and draft.probs is None  # greedy: no distribution needed
+    # the drafter forwarded last + the first three drafts; the fourth is never forwarded
+    assert spec.model.cache_len == len(prompt) + 4
+    # the trunk keeps last + one draft, then recovers a different token
+    spec.commit([7, draft.tokens[0]], None, len(prompt))
+    assert spec.model.cache_len == len(prompt) + 2 and not spec.pending
+    # a full acceptance leaves only the last draft token pending
+    hist = prompt + [7, draft.tokens[0], 9]
+    draft = spec.propose(DraftContext(9, len(prompt) + 2, 3, hist, sampler_probs=sampler.probs))
+    spec.commit([9, *draft.tokens], None, len(prompt) + 2)
+    assert spec.pending == [draft.tokens[-1]]
+    # a recurrent-style re-commit of the same tokens is a no-op
+    spec.commit([9, *draft.tokens], None, len(prompt) + 2)
+    assert spec.pending == [draft.tokens[-1]]
+
+
+def test_sampling_draft_carries_the_sampler_distribution(files, trunk):
+    spec = _speculator(files["related"], trunk, window=3)
+    prompt = PROMPTS[0]
+    spec.begin(prompt, None)
+    sampler = Sampler(SamplingParams(temperature=0.7, top_k=20, seed=3))
+    draft = spec.propose(DraftContext(5, len(prompt), 3, prompt + [5], sampler_probs=sampler.probs))
+    assert draft.probs is not None and tuple(draft.probs.shape) == (3, trunk.vocab_size)
+    assert np.allclose(draft.probs.sum(-1).numpy(), 1.0, atol=1e-5)
+    assert all(int((row > 0).sum()) <= 20 for row in draft.probs)  # top-k was applied
+    assert all(float(draft.probs[i, t]) > 0 for i, t in enumerate(draft.tokens))
+    # reproducible: the same context drafts the same tokens
+    spec.begin(prompt, None)
+    again = spec.propose(DraftContext(5, len(prompt), 3, prompt + [5], sampler_probs=sampler.probs))
+    assert again.tokens == draft.tokens
+
+
+# ----------------------------------------------------------------------------- compatibility
+
+
+def _rewrite(src: Path, dst: Path, edit) -> Path:
+    """Copy an F32 GGUF, letting ``edit(metadata dict)`` change its key/values."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    arch = r.fields["general.architecture"].contents()
+    kv = {}
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        kv[key] = (field.contents(), field.types[0], field.types[-1])
+    edit(kv)
+    w = gguf.GGUFWriter(str(dst), arch)
+    for key, (value, vtype, sub) in kv.items():
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, value, vtype, sub_type=sub)
+        else:
+            w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        w.add_tensor(t.name, np.array(t.data, dtype=np.float32).reshape(shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_vocabulary_size_mismatch_is_one_clear_error(files, trunk):
+    with pytest.raises(BadInput) as e:
+        load_drafter(files["vocab400"], trunk, SpecOptions())
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("draft model vocabulary differs from the trunk's at token 300:")
+    assert "400 tokens, the trunk 300" in msg and "not padding" in msg
+
+
+def test_changed_token_is_named(files, trunk, tmp_path):
+    def edit(kv):
+        toks, vt, sub = kv["tokenizer.ggml.tokens"]
+        toks = list(toks)
+        toks[120] = "zebra"
+        kv["tokenizer.ggml.tokens"] = (toks, vt, sub)
+
+    bad = _rewrite(files["related"], tmp_path / "changed.gguf", edit)
+    with pytest.raises(BadInput, match=r"at token 120: 'zebra' vs 'x'"):
+        load_drafter(bad, trunk, SpecOptions())
+
+
+def test_special_id_mismatch_is_refused(files, trunk, tmp_path):
+    def edit(kv):
+        _, vt, sub = kv["tokenizer.ggml.eos_token_id"]
+        kv["tokenizer.ggml.eos_token_id"] = (258, vt, sub)
+
+    bad = _rewrite(files["related"], tmp_path / "eos.gguf", edit)
+    with pytest.raises(BadInput, match="draft model eos token id differs from the trunk's: 258 vs 256"):
+        load_drafter(bad, trunk, SpecOptions())
+
+
+def test_padding_differences_are_allowed_and_noted():
+    base = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "c"],
+            "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.pre": "qwen2"}
+    padded = dict(base, **{"tokenizer.ggml.tokens": ["a", "b", "c", "[PAD3]", "<|extra_0|>"],
+                           "tokenizer.ggml.pre": "default"})
+    notes = check_vocab(base, padded)
+    assert any("2 trailing padding token(s)" in n for n in notes)
+    assert any("pre-tokenizers differ" in n for n in notes)
+    assert check_vocab(padded, base)  # the trunk may be the padded one too
+    typed = dict(base, **{"tokenizer.ggml.tokens": ["a", "b", "c", "whatever"],
+                          "tokenizer.ggml.token_type": [1, 1, 1, 5]})
+    assert check_vocab(base, typed)  # type UNUSED counts as padding whatever its text
+    with pytest.raises(BadInput, match="at token 1: 'x' vs 'b'"):
+        check_vocab(base, dict(base, **{"tokenizer.ggml.tokens": ["a", "x", "c"]}))
+    with pytest.raises(BadInput, match="tokenizer type differs"):
+        check_vocab(base, dict(base, **{"tokenizer.ggml.model": "llama"}))
+    many = dict(base, **{"tokenizer.ggml.tokens": ["a", "b", "c"] + [f"[PAD{i}]" for i in range(200)]})
+    with pytest.raises(BadInput, match="more than 128 padding tokens"):
+        check_vocab(base, many)
+
+
+def test_larger_embedding_than_token_list_is_allowed(files, trunk, tmp_path):
+    # a llama file whose embedding (and vocab_size) has 4 rows more than its token list
+    src = write_tiny_model(tmp_path / "wide.gguf", "llama", seed=6, n_layers=1, vocab_size=304)
+
+    def edit(kv):
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+            value, vt, sub = kv[key]
+            kv[key] = (list(value)[:300], vt, sub)
+
+    wide = _rewrite(src, tmp_path / "wide_cut.gguf", edit)
+    drafter = load_drafter(wide, trunk, SpecOptions())
+    assert drafter.model.vocab_size == 304
+    assert any("304 rows for 300 tokens" in n for n in drafter.notes)
+    spec = drafter.make_speculator(trunk, SpecOptions(draft=4))
+    plain = decode(trunk, Sampler(), PROMPTS[0], 24)
+    assert decode(trunk, Sampler(), PROMPTS[0], 24, speculator=spec, window=4) == plain
+    s = Sampler(SamplingParams(temperature=1.0, seed=1))
+    spec.begin(PROMPTS[0], None)
+    d = spec.propose(DraftContext(5, len(PROMPTS[0]), 2, PROMPTS[0] + [5], sampler_probs=s.probs))
+    assert d.probs.shape[1] == trunk.vocab_size and all(t < trunk.vocab_size for t in d.tokens)
+
+
+def test_warnings_for_a_heavy_or_short_drafter(files, trunk):
+    light = load_model(files["other"])  # 1 layer: the heavy 6-layer file outweighs it
+    heavy = load_drafter(files["heavy"], light, SpecOptions())
+    assert any("more weight bytes than the trunk" in w for w in heavy.warnings)
+    short = load_drafter(files["short_ctx"], trunk, SpecOptions())
+    assert any("context (128) is shorter than the trunk's (256)" in w for w in short.warnings)
+    assert not load_drafter(files["related"], trunk, SpecOptions()).warnings
+    # drafting stops where the short drafter's context ends; output stays exact
+    spec = short.make_speculator(trunk, SpecOptions(draft=4))
+    prompt = list(range(40, 150))  # 110 tokens + 60 generated runs past 128
+    plain = decode(trunk, Sampler(), prompt, 60)
+    st = SpecStats()
+    assert decode(trunk, Sampler(), prompt, 60, speculator=spec, window=4, stats=st) == plain
+    assert st.plain_steps > 0 and st.verify_calls > 0
+
+
+def test_non_language_model_and_missing_files_are_refused(files, trunk, tmp_path):
+    bad = write_bad_files(tmp_path / "bad")
+    with pytest.raises(ModelFileError, match="not a drafter this tool can use"):
+        load_drafter(bad["unknown_arch"], trunk, SpecOptions())
+    with pytest.raises(ModelFileError, match="is not a language model"):
+        load_draft_model(GGUFFile(bad["unknown_arch"]), trunk, SpecOptions())
+    with pytest.raises(ModelFileError, match="not found"):
+        load_drafter(tmp_path / "nope.gguf", trunk, SpecOptions())
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_registry_entry(files, trunk):
+    if "draft-model" not in REGISTRY.names():
+        REGISTRY.register("draft-model", registry_factory, "a separate small language model with the same vocabulary")
+    opts = SpecOptions(draft=5, pmin=0.25)
+    why = registry_factory(trunk, opts, None)
+    assert isinstance(why, str) and "no draft model attached" in why
+    drafter = load_drafter(files["related"], trunk, opts)
+    spec = REGISTRY.create("draft-model", trunk, opts, drafter)
+    assert isinstance(spec, DraftModelSpeculator)
+    assert (spec.max_draft_tokens, spec.min_draft_prob) == (5, 0.25)
+    assert spec.default_accept_rule == "match" and not spec.can_arm_after_prefix_reuse
+    assert not spec.needs_hidden_state and spec.taps == ()
+    assert REGISTRY.auto_order(drafter)[0] == "draft-model"
+    assert isinstance(REGISTRY.create("auto", trunk, opts, drafter), DraftModelSpeculator)
+
+
+# ----------------------------------------------------------------------------- the real pair
+
+
+REAL_PROMPTS = {
+    "code": "def binary_search(items, target):\n    \"\"\"Return the index of target in sorted items, or -1.\"\"\"\n",
+    "prose": "The old lighthouse keeper climbed the stairs every evening, and on the last night of winter he",
+}
+
+
+@pytest.mark.real_model
+def test_real_pair_greedy_equals_plain(real_model_path):
+    from tsspec.tokenizer import Tokenizer
+
+    trunk_path = real_model_path("qwen2.5-coder-1.5b")
+    target = load_model(trunk_path)
+    drafter = load_drafter(real_model_path("qwen2.5-coder-0.5b"), target, SpecOptions(draft=4))
+    assert not drafter.warnings
+    spec = drafter.make_speculator(target, SpecOptions(draft=4))
+    tok = Tokenizer.from_gguf(trunk_path)
+    for name, text in REAL_PROMPTS.items():
+        prompt = tok.encode(text)
+        plain = decode(target, Sampler(), prompt, 48)
+        st = SpecStats()
+        out = decode(target, Sampler(), prompt, 48, speculator=spec, window=4, stats=st)
+        assert out == plain, name
+        assert st.acceptance_rate > 0.4, (name, st.acceptance_rate)
+
+
+@pytest.mark.real_model
+def test_real_mismatched_vocabulary_is_refused(real_model_path):
+    qwen = real_model_path("qwen2.5-coder-0.5b")
+    target = SimpleNamespace(path=qwen, max_context=4096, vocab_size=151936)  # checked before any weight
+    with pytest.raises(BadInput) as e:
+        load_drafter(real_model_path("smollm2-135m"), target, SpecOptions())
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("draft model vocabulary differs from the trunk's at token 0:")

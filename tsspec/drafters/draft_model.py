@@ -1,0 +1,170 @@
+"""A full language model attached as a drafter (``draft-model``): checked against the trunk, then loaded.
+
+Contract:
+
+* ``load(g, target, options)`` checks compatibility from metadata alone, before any weight is
+  read, against the *trunk's file* (``target.path``): the token ids must mean the same thing in
+  both files, because the drafter's ids go straight into the trunk and back.
+
+  - ``tokenizer.ggml.model`` must agree; the token lists must agree on every id they share;
+  - a longer list is allowed only when its extra ids are padding (type UNUSED, or spelled like
+    ``[PAD151643]`` / ``<|extra_0|>`` / ``<unused3>``), at most ``MAX_PADDING_TOKENS`` of them,
+    which is how real sibling files differ;
+  - ``bos``/``eos``/``eot`` ids must agree where both files define them;
+  - the embedding matrix may be larger than the token list (both Qwen2.5 files pad to 151936);
+    the speculator cuts (or pads with -inf) the drafter's logits to the trunk's width.
+
+  Anything else is one ``BadInput`` naming the first difference. What was allowed is listed in
+  ``drafter.notes``; ``drafter.warnings`` says when the drafter is heavier than the trunk or has a
+  shorter context (drafting then stops where the drafter's context ends).
+* The drafter is loaded with ``load_model(g, n_ctx=target.max_context)``: its own KV cache, same
+  weight format as the trunk's default.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..errors import BadInput, ModelFileError
+from ..gguf_file import GGUFFile
+
+MAX_PADDING_TOKENS = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+UNUSED = 5  # gguf TokenType.UNUSED
+_PADDING_RE = re.compile(r"^(\[PAD\d*\]|<\|?(pad|extra|unused|reserved)[_a-z0-9]*\|?>)$", re.IGNORECASE)
+SPECIAL_IDS = ("bos", "eos", "eot")
+
+
+@dataclass
+class DraftModelDrafter:
+    """A loaded draft model bound to a trunk; ``make_speculator`` gives the loop its speculator."""
+
+    model: Any  # TransformerModel with its own KV cache
+    path: Any
+    trunk_vocab: int  # the trunk's logit width: drafts and draft probabilities live in it
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    speculator_name: str = "draft-model"
+    # measured best window (scripts/bench_draft_model.py, Qwen2.5-Coder 0.5B -> 1.5B, code);
+    # the caller applies it with ``options.with_window`` unless the user chose a window
+    preferred_window: int = 4
+
+    def make_speculator(self, target, options):
+        from ..spec.draft_model import DraftModelSpeculator
+
+        return DraftModelSpeculator(
+            self.model,
+            vocab_size=self.trunk_vocab,
+            max_draft_tokens=getattr(options, "draft", 8),
+            min_draft_prob=getattr(options, "pmin", None),
+        )
+
+
+def _is_padding(text: str, ttype: int | None) -> bool:
+    return ttype == UNUSED or bool(_PADDING_RE.match(text))
+
+
+def _show(tok: str) -> str:
+    return repr(tok) if len(tok) <= 40 else repr(tok[:37] + "...")
+
+
+def check_vocab(trunk: Mapping[str, Any], draft: Mapping[str, Any]) -> list[str]:
+    """Compare two files' tokenizer metadata; -> notes on what was allowed, or ``BadInput``.
+
+    Pure: takes the two metadata dicts, so tests can feed it hand-made ones.
+    """
+    notes: list[str] = []
+    tm, dm = trunk.get("tokenizer.ggml.model"), draft.get("tokenizer.ggml.model")
+    if tm != dm:
+        raise BadInput(f"draft model tokenizer type differs from the trunk's: {dm!r} vs {tm!r}")
+    tt: list[str] = list(trunk.get("tokenizer.ggml.tokens") or [])
+    dt: list[str] = list(draft.get("tokenizer.ggml.tokens") or [])
+    if not tt or not dt:
+        raise BadInput("draft model and trunk must both carry a token list (tokenizer.ggml.tokens) to be compared")
+    shared = min(len(tt), len(dt))
+    if tt[:shared] != dt[:shared]:
+        i = next(i for i in range(shared) if tt[i] != dt[i])
+        raise BadInput(
+            f"draft model vocabulary differs from the trunk's at token {i}: {_show(dt[i])} vs {_show(tt[i])}"
+        )
+    if len(tt) != len(dt):
+        longer, who = (dt, "draft model") if len(dt) > len(tt) else (tt, "trunk")
+        key = "tokenizer.ggml.token_type"
+        types = (draft if longer is dt else trunk).get(key) or []
+        extra = range(shared, len(longer))
+        for i in extra:
+            if not _is_padding(longer[i], types[i] if i < len(types) else None):
+                raise BadInput(
+                    f"draft model vocabulary differs from the trunk's at token {i}: the draft model has "
+                    f"{len(dt)} tokens, the trunk {len(tt)}, and the {who}'s token {i} {_show(longer[i])} "
+                    "is not padding"
+                )
+        if len(extra) > MAX_PADDING_TOKENS:
+            raise BadInput(
+                f"draft model vocabulary differs from the trunk's in size: {len(dt)} vs {len(tt)} tokens "
+                f"(more than {MAX_PADDING_TOKENS} padding tokens apart)"
+            )
+        notes.append(f"the {who} has {len(extra)} trailing padding token(s) beyond the shared {shared}")
+    for name in SPECIAL_IDS:
+        key = f"tokenizer.ggml.{name}_token_id"
+        a, b = draft.get(key), trunk.get(key)
+        if a is not None and b is not None and int(a) != int(b):
+            raise BadInput(f"draft model {name} token id differs from the trunk's: {a} vs {b}")
+        if (a is None) != (b is None):
+            notes.append(f"only the {'draft model' if a is not None else 'trunk'} defines a {name} token id")
+    if trunk.get("tokenizer.ggml.pre") != draft.get("tokenizer.ggml.pre"):
+        # ids flow between the models; only the trunk's tokenizer ever splits text
+        notes.append(
+            f"pre-tokenizers differ ({draft.get('tokenizer.ggml.pre')!r} vs {trunk.get('tokenizer.ggml.pre')!r}); "
+            "only the trunk's is used"
+        )
+    return notes
+
+
+def _file_bytes(g: GGUFFile) -> int:
+    return sum(g.tensor_info(n).n_bytes for n in g.tensor_names())
+
+
+def load(g: GGUFFile, target, options) -> DraftModelDrafter:
+    from ..models import ARCHITECTURES, load_model
+
+    if g.arch not in ARCHITECTURES:
+        raise ModelFileError(
+            f"{g.path.name}: architecture {g.arch!r} is not a language model; a draft model must be one "
+            f"({', '.join(sorted(ARCHITECTURES))})"
+        )
+    trunk_path = getattr(target, "path", None)
+    notes: list[str] = []
+    warnings: list[str] = []
+    trunk_file = None
+    if trunk_path is not None:
+        trunk_file = GGUFFile(trunk_path)
+        notes += check_vocab(trunk_file.metadata, g.metadata)
+    else:
+        notes.append("the trunk has no file to compare token lists with; only vocabulary sizes were checked")
+
+    model = load_model(g, n_ctx=target.max_context)
+    tv, dv = int(target.vocab_size), int(model.vocab_size)
+    n_tokens = len(g.get("tokenizer.ggml.tokens") or [])
+    if trunk_file is None and tv != dv:
+        raise BadInput(f"draft model vocabulary size differs from the trunk's: {dv} vs {tv}")
+    if n_tokens and dv > n_tokens:
+        notes.append(f"the draft model's embedding has {dv} rows for {n_tokens} tokens (padding rows)")
+    if dv != tv:
+        notes.append(f"logit widths differ ({dv} vs the trunk's {tv}); drafts are cut to the trunk's vocabulary")
+
+    trunk_bytes = target.weight_bytes() if hasattr(target, "weight_bytes") else (
+        _file_bytes(trunk_file) if trunk_file is not None else None)
+    draft_bytes = model.weight_bytes()
+    if trunk_bytes is not None and draft_bytes > trunk_bytes:
+        warnings.append(
+            f"the draft model has more weight bytes than the trunk ({draft_bytes / 1e6:.0f} MB vs "
+            f"{trunk_bytes / 1e6:.0f} MB): drafting will likely cost more than it saves"
+        )
+    if model.max_context < target.max_context:
+        warnings.append(
+            f"the draft model's context ({model.max_context}) is shorter than the trunk's "
+            f"({target.max_context}); drafting stops beyond it"
+        )
+    return DraftModelDrafter(model=model, path=g.path, trunk_vocab=tv, notes=notes, warnings=warnings)

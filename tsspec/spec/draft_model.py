@@ -1,0 +1,240 @@
+"""A separate draft model: a small language model with the trunk's vocabulary drafts, the trunk verifies.
+
+Contract:
+
+* The drafter is a full ``TransformerModel`` with its own preallocated KV cache. Its cache always
+  holds a prefix of the committed sequence (prompt + tokens the trunk kept), followed, during a
+  propose, by the tokens it is drafting. ``commit`` rewinds it to the longest prefix that is
+  still committed; committed tokens it has not seen yet are *pending*.
+* ``propose`` forwards the pending tokens together with ``ctx.last_token`` in one multi-row
+  forward (the catch-up folded into the first draft step: after a fully accepted draft the last
+  draft token and the trunk's bonus token go through together), then drafts autoregressively,
+  one row per token, up to ``ctx.max_tokens``.
+* Early stop (``min_draft_prob``, ``--spec-pmin``): before a token is added to the draft, the
+  top-1 probability of the drafter's own softmax (temperature 1, no sampler transforms) must
+  reach ``min_draft_prob``; otherwise the draft ends there. The default is 0.0 (never stop
+  early): on the Qwen2.5-Coder 0.5B -> 1.5B pair the drafter agrees on ~90% of code tokens, and a
+  rejected tail costs the trunk little (a 5-9 row verify costs about a 1-row step) while a drafter
+  step costs about a third of one, so the window, not pmin, is the knob
+  (``scripts/bench_draft_model.py --pmin`` measures other values; not yet swept on prose).
+* Under greedy decoding the drafted token is the argmax (after the sampler's penalties, if any)
+  and ``Draft.probs`` is None: verification is ``match`` and needs no distribution. Under
+  sampling, ``Draft.probs[i]`` is ``ctx.sampler_probs(logits_i, history + drafts[:i])``: the
+  drafter's distribution after the very transforms the trunk's rows get, which is what the
+  ``residual`` rule needs. The token is drawn from it with the keyed draw of ``Sampler.draw`` at
+  its own position on stream ``DRAFT_STREAM``.
+* ``DRAFT_STREAM`` is 0, the stream a plain draw of that position uses: the drafter and the trunk
+  then invert their CDFs at the same uniform (common random numbers), so under ``match`` they pick
+  the same token whenever their distributions are close, with no effect on the output (``match``
+  emits the trunk's own draws). For ``residual`` the draft stays independent of the accept (1)
+  and residual (2) streams, and a position's stream-0 number decides nothing emitted until that
+  position is drafted or drawn for real, so the rule stays exact (``tests/test_residual.py``).
+* ``default_accept_rule`` is ``match``: output identical to plain decoding, greedy or seeded.
+  ``--spec-accept residual`` accepts more under sampling and keeps the trunk's distribution, but
+  a seeded run no longer reproduces the plain run's text.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from .protocols import Draft, DraftContext
+
+PREFILL_CHUNK = 256
+DRAFT_STREAM = 0  # see module doc: common random numbers with the trunk's plain draw
+DEFAULT_MIN_DRAFT_PROB = 0.0
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftModelSpeculator:
+    """Drafts with a small language model that shares the trunk's token ids."""
+
+    name = "draft-model"
+    default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
+    needs_hidden_state = False
+    handles_own_prefill = False
+    can_arm_after_prefix_reuse = False  # its KV cache must cover the whole sequence
+    default_accept_rule = "match"
+
+    def __init__(self, model, *, vocab_size: int, max_draft_tokens: int = 8,
+                 min_draft_prob: float | None = None) -> None:
+        if max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        self.model = model  # the drafter LM; its KV cache is this speculator's state
+        self.vocab_size = vocab_size  # the trunk's logit width: drafts and probs live in it
+        self.max_draft_tokens = max_draft_tokens
+        self.min_draft_prob = self.default_min_draft_prob if min_draft_prob is None else float(min_draft_prob)
+        if not 0.0 <= self.min_draft_prob <= 1.0:
+            raise ValueError(f"--spec-pmin must be in [0, 1], got {self.min_draft_prob}")
+        self._committed: list[int] = []  # what the trunk's KV holds
+        self._cached: list[int] = []  # what the drafter's KV holds (== model.cache_len tokens)
+        self._disabled = False  # the sequence outgrew the drafter's context
+        # counters one report line can print
+        self.proposals = 0
+        self.drafted = 0
+        self.forwards = 0
+        self.forward_rows = 0
+        self.draft_ms = 0.0
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def pending(self) -> list[int]:
+        """Committed tokens the drafter's cache does not hold yet (forwarded by the next propose)."""
+        return self._committed[len(self._cached):]
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return list(self._cached)
+
+    # -- the drafter's cache ---------------------------------------------------------------------
+    def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Append ``tokens`` to the drafter's cache; -> logits of the last row, in the trunk's width."""
+        out = self.model.forward(list(tokens))
+        self._cached.extend(int(t) for t in tokens)
+        self.forwards += 1
+        self.forward_rows += len(tokens)
+        row = out.logits[-1]  # [drafter vocab]
+        v = self.vocab_size
+        if row.shape[0] > v:  # padding rows beyond the trunk's vocabulary can never be drafted
+            row = row[:v]
+        elif row.shape[0] < v:
+            row = torch.cat([row, row.new_full((v - row.shape[0],), float("-inf"))])
+        return row
+
+    def _rewind_to_committed(self) -> None:
+        keep = _common_prefix(self._cached, self._committed)
+        if keep < len(self._cached):
+            self.model.rewind(keep)
+            del self._cached[keep:]
+
+    def sync(self) -> None:
+        """Forward every pending committed token now (the loop never needs this; tests do)."""
+        pending = self.pending
+        for i in range(0, len(pending), PREFILL_CHUNK):
+            self._forward(pending[i : i + PREFILL_CHUNK])
+
+    # -- Speculator -------------------------------------------------------------------------------
+    def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
+        self.reset()
+        self._committed = [int(t) for t in prompt]
+        if len(prompt) + 1 >= self.model.max_context:
+            self._disabled = True
+            return
+        self.sync()
+
+    def _fits(self, ctx: DraftContext) -> bool:
+        if self._disabled:
+            return False
+        if ctx.position + 1 >= self.model.max_context:
+            self._disabled = True
+            return False
+        return True
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        t0 = time.perf_counter()
+        self.proposals += 1
+        tail = [int(t) for t in ctx.history[max(ctx.position - 8, 0) : ctx.position]]
+        if len(self._committed) != ctx.position or self._committed[-8:] != tail:
+            # begin() was skipped or the sequence changed under us: take the history as committed
+            self._committed = [int(t) for t in ctx.history[: ctx.position]]
+            self._rewind_to_committed()
+        if not self._fits(ctx):
+            return Draft()
+        k = min(ctx.max_tokens, self.max_draft_tokens, self.model.max_context - ctx.position - 1)
+        if k <= 0:
+            return Draft()
+        # catch-up folded into the first step: pending committed tokens + last token, one forward
+        catch_up = self.pending + [int(ctx.last_token)]
+        while len(catch_up) > PREFILL_CHUNK:  # a long catch-up (after a parked stretch) in chunks
+            self._forward(catch_up[:PREFILL_CHUNK])
+            catch_up = catch_up[PREFILL_CHUNK:]
+        logits = self._forward(catch_up)  # [vocab] the row that predicts position + 1
+
+        sampling = ctx.sampler_probs is not None and not self._greedy(ctx)
+        hist = list(ctx.history)
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            if self.min_draft_prob > 0.0:
+                top = float(torch.softmax(logits.float(), dim=-1).max())
+                if top < self.min_draft_prob:
+                    break
+            pos = ctx.position + 1 + i  # the sequence position this draft token would take
+            if sampling:
+                q = ctx.sampler_probs(logits, hist)  # [vocab]
+                tok = self._draw(ctx, q, pos)
+                probs.append(q)
+            else:
+                tok = int(torch.argmax(self._penalized(ctx, logits, hist)))
+            tokens.append(tok)
+            hist.append(tok)
+            if i + 1 < k:
+                logits = self._forward([tok])
+        self.drafted += len(tokens)
+        self.draft_ms += (time.perf_counter() - t0) * 1000.0
+        return Draft(tokens, torch.stack(probs) if probs else None)
+
+    def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
+        """``tokens`` landed in the trunk at ``start_pos``..: the drafter's cache keeps only those."""
+        if start_pos > len(self._committed):
+            # a gap the drafter never saw (an adopted KV prefix): it cannot catch up on its own
+            self._committed = self._committed[: len(self._cached)]
+            self._disabled = True
+            return
+        del self._committed[start_pos:]
+        self._committed.extend(int(t) for t in tokens)
+        self._rewind_to_committed()
+
+    def reset(self) -> None:
+        self.model.reset()
+        self._committed = []
+        self._cached = []
+        self._disabled = False
+
+    # -- sampler plumbing -------------------------------------------------------------------------
+    @staticmethod
+    def _greedy(ctx: DraftContext) -> bool:
+        owner = getattr(ctx.sampler_probs, "__self__", None)  # the bound Sampler.probs, usually
+        return bool(getattr(owner, "greedy", False))
+
+    @staticmethod
+    def _penalized(ctx: DraftContext, logits: torch.Tensor, hist: Sequence[int]) -> torch.Tensor:
+        owner = getattr(ctx.sampler_probs, "__self__", None)
+        if owner is not None and owner.params.has_penalties:
+            return owner.penalize(logits, hist)  # greedy with penalties: the trunk's argmax rule
+        return logits
+
+    @staticmethod
+    def _draw(ctx: DraftContext, q: torch.Tensor, position: int) -> int:
+        owner = getattr(ctx.sampler_probs, "__self__", None)
+        if owner is not None:
+            return owner.draw(q, position, DRAFT_STREAM)
+        return int(torch.argmax(q))  # no sampler to key the draw on: the mode
+
+    def report(self) -> str:
+        per = self.forward_rows / self.forwards if self.forwards else 0.0
+        return (f"draft-model: {self.proposals} proposals, {self.drafted} tokens drafted, "
+                f"{self.forwards} drafter forwards ({per:.2f} rows each), {self.draft_ms:.0f} ms")
+
+
+def registry_factory(target, options, drafter):
+    """The ``draft-model`` registry entry: the attached language-model drafter, or why not."""
+    if getattr(drafter, "speculator_name", None) != "draft-model":
+        return ("no draft model attached (--draft-model PATH or a known model name whose "
+                "architecture is a language model)")
+    return drafter.make_speculator(target, options)
