@@ -365,6 +365,7 @@ def bench(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON to this file ('-' for stdout)."),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per workload x config to this CSV file."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Draw ratios with their intervals to this PNG (needs tsspec[plot])."),
+    vs_llama_server: Optional[str] = typer.Option(None, "--vs-llama-server", help="Also time the same prompts on a running llama.cpp server (loopback URL, e.g. http://127.0.0.1:8080), by its own timings."),
 ):
     """Paired speed comparison of configurations against a baseline, on this machine.
 
@@ -429,8 +430,22 @@ def bench(
                                 "chat": chat, "template_kwargs": kwargs, "temperature": temp},
             )
         report.render_table(result, Console())
+        server = None
+        if vs_llama_server is not None:
+            from .bench import llama_server
+
+            def render(text: str) -> str:  # the exact text our engine tokenized
+                return tok.decode(encode(text), skip_special=False)
+
+            with err.status("timing llama-server", spinner="dots"):
+                server = llama_server.run(vs_llama_server, wls, render, reps=reps, max_tokens=max_tokens,
+                                          ignore_eos=not stop_at_eos)
+            _print_server(server, result)
         if json_out is not None:
-            text = json.dumps(report.to_json(result), indent=2)
+            obj = report.to_json(result)
+            if server is not None:
+                obj["llama_server"] = server.to_dict()
+            text = json.dumps(obj, indent=2)
             if str(json_out) == "-":
                 print(text)
             else:
@@ -441,6 +456,23 @@ def bench(
             report.plot(result, plot_out)
         if not result.ok:
             raise TsspecError("speculative output differed from the baseline: a correctness bug, see the table")
+
+
+def _print_server(server, result) -> None:
+    import statistics
+
+    from rich.table import Table
+
+    t = Table(title=f"llama-server {server.url} (its own timings) beside tsspec")
+    for col in ("workload", "llama-server tok/s", "tsspec configs: median tok/s"):
+        t.add_column(col)
+    for w, vals in server.per_workload.items():
+        ours = []
+        for wr in result.workloads:
+            if wr.name == w:
+                ours += [f"{cr.config.name} {cr.spread.median:.1f}" for cr in wr.configs]
+        t.add_row(w, f"{statistics.median(vals):.1f}", ", ".join(ours))
+    Console().print(t)
 
 
 def _threads() -> int:
