@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from tiny import ARCHS, byte_level_vocab, tiny_tensors, write_bad_files, write_tiny_model
 from tsspec.errors import ModelFileError

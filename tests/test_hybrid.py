@@ -246,7 +246,6 @@ def test_rollback_memory_and_window(files):
 
 
 def test_qwen3next_moe_is_declined(tmp_path):
-    import gguf
 
     from tiny_hybrid import _write, gguf_tensors, hf_model
 

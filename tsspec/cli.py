@@ -105,6 +105,24 @@ def build_speculation(opts, target):
     return speculator, governor, window, accept, notes
 
 
+def prompt_encoder(g, tok, *, chat: bool, system: str | None, kwargs: dict):
+    """text -> token ids: plain, or rendered through the file's chat template (one BOS at most)."""
+    from .chat import build_messages, encode_chat, render_chat
+
+    if chat and not tok.chat_template:
+        raise BadInput(f"{g.path.name} has no chat template (tokenizer.chat_template); drop --chat")
+
+    def encode(text: str) -> list[int]:
+        if not chat:
+            return tok.encode(text)
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+        rendered = render_chat(tok.chat_template, build_messages(text, system), bos_token=bos, eos_token=eos, **kwargs)
+        return encode_chat(tok, rendered)
+
+    return encode
+
+
 def read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
         raise BadInput("give the prompt with -p or -f, not both")
@@ -185,7 +203,7 @@ def generate(
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Plain text only: no live panel, no summary."),
 ):
     """Generate text from a prompt, optionally with speculative decoding."""
-    from .chat import build_messages, encode_chat, parse_template_kwargs, render_chat
+    from .chat import parse_template_kwargs
     from .display import LiveSink, TextSink, summary_line
     from .generate import Engine
     from .options import publish, resolve
@@ -220,15 +238,7 @@ def generate(
             err.print(f"[dim]note: {n}[/]")
         engine = Engine(target, tok, speculator=speculator, governor=governor, window=window, accept_rule=accept)
 
-        def encode(text: str) -> list[int]:
-            if not chat:
-                return tok.encode(text)
-            if not tok.chat_template:
-                raise BadInput(f"{g.path.name} has no chat template (tokenizer.chat_template); drop --chat")
-            bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-            eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-            rendered = render_chat(tok.chat_template, build_messages(text, system), bos_token=bos, eos_token=eos, **kwargs)
-            return encode_chat(tok, rendered)
+        encode = prompt_encoder(g, tok, chat=chat, system=system, kwargs=kwargs)
 
         interactive = sys.stdout.isatty() and not quiet and not json_out
         for pid, text in items:
@@ -381,7 +391,7 @@ def bench(
     from .bench.engine import make_run_one
     from .bench.runner import file_sha256, run_bench
     from .bench.workloads import get_workload, load_workload, workload_names
-    from .chat import build_messages, encode_chat, parse_template_kwargs, render_chat
+    from .chat import parse_template_kwargs
     from .sampling import Sampler, SamplingParams
 
     with user_errors():
@@ -403,14 +413,7 @@ def bench(
         set_threads(threads)
         g, target, tok = load_session(model, weights=weights, ctx_size=ctx_size)
 
-        def encode(text: str) -> list[int]:
-            if not chat:
-                return tok.encode(text)
-            if not tok.chat_template:
-                raise BadInput(f"{g.path.name} has no chat template; drop --chat")
-            bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-            eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-            return encode_chat(tok, render_chat(tok.chat_template, build_messages(text, system), bos_token=bos, eos_token=eos, **kwargs))
+        encode = prompt_encoder(g, tok, chat=chat, system=system, kwargs=kwargs)
 
         run_one = make_run_one(
             target, tok, sampler=sampler, max_tokens=max_tokens, encode=encode,

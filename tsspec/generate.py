@@ -5,7 +5,6 @@ The engine knows nothing about terminals; the CLI renders what it reports.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 

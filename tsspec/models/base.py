@@ -304,7 +304,8 @@ class TransformerModel:
             return
         new_cap = min(self._max_context, max(n, 2 * self.cache.capacity))
         old = self.cache
-        self.cache = KVCache(self.cfg.n_layers, self.cfg.n_kv_heads, self.cfg.head_dim, new_cap)
+        # old.k.shape[0]: the layers that hold KV (a hybrid trunk's attention layers only)
+        self.cache = KVCache(old.k.shape[0], self.cfg.n_kv_heads, self.cfg.head_dim, new_cap)
         self.cache.k[:, :, : old.capacity] = old.k
         self.cache.v[:, :, : old.capacity] = old.v
         self.cache.length = old.length

@@ -52,7 +52,6 @@ from ..gguf_file import GGUFFile
 from ..spec.protocols import ForwardOutput
 from ..weights import Linear, default_format, to_tensor
 from .base import (
-    DEFAULT_CTX,
     ArchConfig,
     KVCache,
     LayerSpec,
@@ -62,7 +61,6 @@ from .base import (
     common_config,
     plan_attention,
     rms_norm,
-    rope_tables,
 )
 from .gated_delta import RecurrentState, causal_conv, delta_rule_chunked, delta_rule_rows, l2norm
 
@@ -363,19 +361,6 @@ class HybridModel(TransformerModel):
     def reset(self) -> None:
         self.cache.length = 0
         self._reset_state()
-
-    def ensure_capacity(self, n: int) -> None:
-        if n > self._max_context:
-            raise BadInput(f"{n} tokens do not fit the context of {self._max_context}")
-        if n <= self.cache.capacity:
-            return
-        new_cap = min(self._max_context, max(n, 2 * self.cache.capacity))
-        old = self.cache
-        self.cache = KVCache(old.k.shape[0], self.cfg.n_kv_heads, self.cfg.head_dim, new_cap)
-        self.cache.k[:, :, : old.capacity] = old.k
-        self.cache.v[:, :, : old.capacity] = old.v
-        self.cache.length = old.length
-        self._build_rope(self.cache.capacity)
 
     # -- compute ---------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -107,7 +107,7 @@ class BlockSpeculator:
         if k <= 0:
             return Draft()
         rows: list[torch.Tensor] = []
-        pick = None
+        pick = None  # None: the head's own argmax walk
         if self.sample_drafts and ctx.sampler_probs is not None:
             hist = list(ctx.history)
 
