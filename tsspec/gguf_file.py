@@ -153,8 +153,13 @@ class GGUFFile:
     def tensor_names(self) -> list[str]:
         return list(self._tensors)
 
+    def _t(self, name: str):
+        if name not in self._tensors:
+            raise ModelFileError(f"{self.path.name}: missing tensor {name!r}")
+        return self._tensors[name]
+
     def tensor_info(self, name: str) -> TensorInfo:
-        t = self._tensors[name]
+        t = self._t(name)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         return TensorInfo(name, shape, t.tensor_type.name, int(t.n_bytes))
 
@@ -162,9 +167,7 @@ class GGUFFile:
         """Dequantized float32 array in numpy order (a GGUF [cols, rows] matrix is [rows, cols])."""
         from gguf.quants import dequantize
 
-        if name not in self._tensors:
-            raise ModelFileError(f"{self.path.name}: missing tensor {name!r}")
-        t = self._tensors[name]
+        t = self._t(name)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         try:
             arr = dequantize(t.data, t.tensor_type)
@@ -173,6 +176,12 @@ class GGUFFile:
                 f"{self.path.name}: tensor {name} has type {t.tensor_type.name}, which cannot be dequantized"
             ) from None
         return np.asarray(arr, dtype=np.float32).reshape(shape)
+
+    def tensor_raw(self, name: str) -> tuple[str, np.ndarray]:
+        """(GGUF type name, the tensor's stored bytes as a flat read-only uint8 array) - the blocks
+        exactly as in the file, for backends that keep a quantized format."""
+        t = self._t(name)
+        return t.tensor_type.name, np.asarray(t.data).view(np.uint8).reshape(-1)
 
     def quant_types(self) -> dict[str, int]:
         """Tensor type name -> count of tensors of that type."""

@@ -10,6 +10,14 @@ speculative output drifts from plain output at near-ties. oneDNN's bf16 GEMM mee
 row count >= 2 but takes a different (GEMV) route for a single row, so single rows are padded to
 two; the f32 reference pads to a multiple of four for the same reason. ``tests/test_weights.py`` checks the property on the shapes our models use; a GPU/Triton
 format would slot in here as another ``Linear`` backend with the same test.
+
+The ``int4`` backend (chosen per tensor by the ``auto`` format for Q4_0/Q4_1/Q4_K tensors) keeps the
+file's 4-bit codes packed for torch's CPU kernel ``_weight_int4pack_mm_for_cpu``, which computes
+``x @ ((q - 8) * scale + zero).T`` per 32-wide group along K. The codes are not re-derived from any
+knowledge of the block layouts: ``int4_from_gguf`` asks gguf-py to dequantize each block with all
+its 4-bit codes forced to 0 and to 15, which gives every group's affine map ``w = a*q + b``; the
+codes are then ``round((w - b) / a)`` of the real dequantized values, checked to reproduce them.
+Decode reads a quarter of the bytes a bf16 weight needs, so a 1-row product is ~4x cheaper.
 """
 
 from __future__ import annotations
@@ -20,15 +28,30 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-FORMATS = ("bf16", "f32")
+# "auto": int4 for the tensors stored as Q4_0/Q4_1/Q4_K, bf16 for everything else.
+FORMATS = ("bf16", "f32", "auto")
 # Row counts are padded to stay on one batch-invariant GEMM route: oneDNN's bf16 GEMM is invariant
 # for any count >= 2; MKL's multi-threaded f32 GEMM only for multiples of 4.
 MIN_ROWS = {"bf16": 2, "f32": 4}
 ROW_MULTIPLE = {"bf16": 1, "f32": 4}
+# The int4 kernel needs no padding: it is invariant for every row count (tests/test_weights_int4.py).
+INT4_MIN_ROWS = 1
+INT4_ROW_MULTIPLE = 1
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+INT4_GROUP = 32  # elements sharing one (scale, zero) along K: every Q4 type's (sub-)block size
+# byte offset of the 4-bit codes (``qs``) inside one block, from gguf-py's block layouts:
+# Q4_0 = f16 d + qs[16]; Q4_1 = f16 d, f16 m + qs[16]; Q4_K = f16 d, f16 dmin, scales[12] + qs[128]
+_QS_OFFSET = {"Q4_0": 2, "Q4_1": 4, "Q4_K": 16}
+# compute dtype of the int4 product (inputs, scales/zeros and the kernel's output)
+INT4_DTYPE = torch.bfloat16
+
+
+# int4 for the file's 4-bit tensors, bf16 for the rest: measured ~2x plain decode on Q4 files
+DEFAULT_FORMAT = "auto"
 
 
 def default_format() -> str:
-    fmt = os.environ.get("TSSPEC_WEIGHTS", "bf16").strip().lower()
+    fmt = os.environ.get("TSSPEC_WEIGHTS", DEFAULT_FORMAT).strip().lower()
     if fmt not in FORMATS:
         from .errors import BadInput
 
@@ -55,24 +78,140 @@ def to_tensor(a: np.ndarray | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return a.to(dtype).contiguous()
 
 
+class Int4Weight:
+    """A 4-bit weight as the file stores it: ``w[n, k] = a[n, k // 32] * q[n, k] + b[n, k // 32]``.
+
+    ``q`` uint8 [N, K] in 0..15; ``a``, ``b`` float32 [N, K/32]. Only lives while loading."""
+
+    __slots__ = ("q", "a", "b")
+
+    def __init__(self, q: np.ndarray, a: np.ndarray, b: np.ndarray):
+        self.q, self.a, self.b = q, a, b
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.q.shape
+
+    def dense(self) -> np.ndarray:
+        """a*q + b as float32 [N, K] (equal to gguf-py's dequantization to float32 rounding)."""
+        n, k = self.q.shape
+        q = self.q.reshape(n, k // INT4_GROUP, INT4_GROUP).astype(np.float32)
+        return (self.a[..., None] * q + self.b[..., None]).reshape(n, k)
+
+
+def int4_supported(type_name: str, shape: tuple[int, ...]) -> bool:
+    """Whether a tensor of this GGUF type and numpy shape [N, K] can use the int4 backend."""
+    return (type_name in INT4_TYPES and len(shape) == 2 and shape[1] % INT4_GROUP == 0
+            and shape[0] % 16 == 0)  # the CPU packing wants N divisible by 16
+
+
+def int4_from_gguf(type_name: str, raw: np.ndarray, shape: tuple[int, int], *, check: bool = True,
+                   chunk_elems: int = 1 << 22) -> Int4Weight:
+    """Exact 4-bit codes and per-group affine maps of a Q4_0/Q4_1/Q4_K tensor, via gguf-py.
+
+    ``raw``: the tensor's block bytes (uint8); ``shape``: numpy order [N, K]. Each block is
+    dequantized by gguf-py three times: as stored, with every code byte 0x00 (gives the group offset
+    b) and 0xFF (gives 15a + b). ``check`` asserts that a*q + b reproduces the stored dequantization
+    to float32 rounding and that every 32-wide group has one affine map.
+    """
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType[type_name]
+    block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+    off = _QS_OFFSET[type_name]
+    assert block_bytes - off == block_elems // 2, (type_name, block_bytes, off)  # 4 bits per element
+    n, k = shape
+    if k % block_elems:
+        raise ValueError(f"{type_name} row of {k} is not whole blocks of {block_elems}")
+    blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(n * (k // block_elems), block_bytes)
+    g = k // INT4_GROUP
+    q_out = np.empty((n, k), np.uint8)
+    a_out = np.empty((n, g), np.float32)
+    b_out = np.empty((n, g), np.float32)
+    per_row = k // block_elems
+    step = max(1, chunk_elems // k)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        blk = blocks[r0 * per_row : r1 * per_row]
+        lo, hi = blk.copy(), blk.copy()
+        lo[:, off:] = 0x00
+        hi[:, off:] = 0xFF
+
+        def deq(b: np.ndarray) -> np.ndarray:
+            # whole tensor rows per call: gguf-py loops in Python over the rows it is given
+            rows = b.reshape(r1 - r0, per_row * block_bytes)
+            return np.asarray(dequantize(rows, qtype), np.float32).reshape(r1 - r0, g, INT4_GROUP)
+
+        w, w0, w15 = deq(blk), deq(lo), deq(hi)
+        b = w0[..., 0]
+        a64 = (w15[..., 0].astype(np.float64) - b) / 15.0
+        if check and not (np.array_equal(w0, np.broadcast_to(b[..., None], w0.shape))
+                          and np.array_equal(w15, np.broadcast_to(w15[..., :1], w15.shape))):
+            raise ValueError(f"{type_name}: a 32-wide group does not share one affine map")
+        safe = np.where(a64 == 0, 1.0, a64)
+        q = np.rint((w - b[..., None]) / safe[..., None])
+        q = np.where(a64[..., None] == 0, 0.0, q)
+        if check:
+            if q.min() < 0 or q.max() > 15:
+                raise ValueError(f"{type_name}: recovered codes outside 0..15")
+        a = a64.astype(np.float32)
+        if check:
+            back = a[..., None] * q.astype(np.float32) + b[..., None]
+            # float32 rounding of the products and sum gguf-py and we compute (a few ulp of the terms)
+            tol = 4 * np.finfo(np.float32).eps * (np.abs(a[..., None]) * 15 + np.abs(b[..., None]))
+            if not bool((np.abs(back - w) <= tol).all()):
+                raise ValueError(f"{type_name}: a*q + b does not reproduce gguf-py's dequantization")
+        q_out[r0:r1] = q.reshape(r1 - r0, k).astype(np.uint8)
+        a_out[r0:r1] = a
+        b_out[r0:r1] = b
+    return Int4Weight(q_out, a_out, b_out)
+
+
 class Linear:
-    """y = x @ W.T + b for x [rows, in] float32 -> y [rows, out] float32."""
+    """y = x @ W.T + b for x [rows, in] float32 -> y [rows, out] float32.
 
-    __slots__ = ("weight", "bias", "fmt", "min_rows", "multiple", "out_features", "in_features")
+    ``fmt`` "bf16"/"f32" store a dense weight; an ``Int4Weight`` with fmt "auto" (or "int4") is
+    stored packed for the int4 kernel (``self.weight`` is then the packed uint8 tensor and
+    ``self.scales_and_zeros`` [K/32, N, 2] its per-group scale and zero). A float weight with fmt
+    "auto" is stored as bf16; an ``Int4Weight`` with "bf16"/"f32" is stored dense.
+    """
 
-    def __init__(self, weight: np.ndarray | torch.Tensor, bias=None, fmt: str | None = None):
-        self.fmt = fmt or default_format()
-        dtype = torch.bfloat16 if self.fmt == "bf16" else torch.float32
-        self.weight = to_tensor(weight, dtype)  # [out, in]
-        self.out_features, self.in_features = self.weight.shape
+    __slots__ = ("weight", "scales_and_zeros", "bias", "fmt", "min_rows", "multiple", "out_features",
+                 "in_features")
+
+    def __init__(self, weight, bias=None, fmt: str | None = None):
+        fmt = fmt or default_format()
+        self.scales_and_zeros = None
+        if isinstance(weight, Int4Weight):
+            if fmt in ("auto", "int4"):
+                fmt = "int4"
+                self.out_features, self.in_features = weight.shape
+                self.weight, self.scales_and_zeros = _pack_int4(weight)
+            else:
+                weight = weight.dense()
+        elif fmt in ("auto", "int4"):
+            fmt = "bf16"
+        self.fmt = fmt
+        if fmt != "int4":
+            dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
+            self.weight = to_tensor(weight, dtype)  # [out, in]
+            self.out_features, self.in_features = self.weight.shape
         self.bias = None if bias is None else to_tensor(bias, torch.float32)  # [out]
-        self.min_rows = MIN_ROWS[self.fmt]
-        self.multiple = ROW_MULTIPLE[self.fmt]
+        self.min_rows = INT4_MIN_ROWS if fmt == "int4" else MIN_ROWS[fmt]
+        self.multiple = INT4_ROW_MULTIPLE if fmt == "int4" else ROW_MULTIPLE[fmt]
 
     @staticmethod
-    def concat(parts: list[tuple[np.ndarray, np.ndarray | None]], fmt: str | None = None) -> "Linear":
-        """One Linear over row-stacked weights (fused QKV, gate+up): fewer, larger products."""
-        w = np.concatenate([p[0] for p in parts], axis=0)
+    def concat(parts: list[tuple], fmt: str | None = None) -> "Linear":
+        """One Linear over row-stacked weights (fused QKV, gate+up): fewer, larger products.
+
+        Parts that are all ``Int4Weight`` stay int4 (codes and groups stacked along N); a mix is
+        stacked dense."""
+        ws = [p[0] for p in parts]
+        if all(isinstance(w, Int4Weight) for w in ws):
+            w = Int4Weight(*(np.concatenate([getattr(x, f) for x in ws], axis=0) for f in ("q", "a", "b")))
+        else:
+            w = np.concatenate([x.dense() if isinstance(x, Int4Weight) else np.asarray(x) for x in ws], axis=0)
         if any(p[1] is not None for p in parts):
             b = np.concatenate(
                 [p[1] if p[1] is not None else np.zeros(p[0].shape[0], np.float32) for p in parts]
@@ -83,17 +222,55 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
-        xp = pad_rows(x, self.min_rows, self.multiple).to(self.weight.dtype)
-        y = F.linear(xp, self.weight)[:m].float()
+        xp = pad_rows(x, self.min_rows, self.multiple)
+        if self.fmt == "int4":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                xp.to(INT4_DTYPE), self.weight, INT4_GROUP, self.scales_and_zeros)[:m].float()
+        else:
+            y = F.linear(xp.to(self.weight.dtype), self.weight)[:m].float()
         if self.bias is not None:
             y = y + self.bias
         return y
 
+    def dense_weight(self) -> torch.Tensor:
+        """The weight the product uses, as float32 [out, in] (int4: unpacked through the kernel
+        with the identity as input, in float32; for tests)."""
+        if self.fmt != "int4":
+            return self.weight.float()
+        k = self.in_features
+        sz = self.scales_and_zeros.float()
+        out = torch.empty(self.out_features, k)
+        eye = torch.eye(k)
+        for i in range(0, k, 256):  # identity rows in chunks: [rows, N] = W.T[rows]
+            out[:, i : i + 256] = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                eye[i : i + 256], self.weight, INT4_GROUP, sz).T
+        return out
+
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """Plain float32 product with the same stored weights, for tests."""
-        y = x.float() @ self.weight.float().T
+        y = x.float() @ self.dense_weight().T
         return y if self.bias is None else y + self.bias
 
     def nbytes(self) -> int:
         n = self.weight.numel() * self.weight.element_size()
+        if self.scales_and_zeros is not None:
+            n += self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
         return n + (0 if self.bias is None else self.bias.numel() * 4)
+
+
+def _pack_int4(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed codes, scales_and_zeros [K/32, N, 2]) for ``_weight_int4pack_mm_for_cpu``, whose
+    dequantization is ``(q - 8) * scale + zero``: scale = a, zero = b + 8a."""
+    n, k = w.shape
+    if k % INT4_GROUP or n % 16:
+        raise ValueError(f"int4 needs K % {INT4_GROUP} == 0 and N % 16 == 0, not [{n}, {k}]")
+    parts = []
+    step = 4096  # pack in row chunks (a multiple of the kernel's 64-row tiles) to bound the int32 copy
+    for r in range(0, n, step):
+        q = torch.from_numpy(w.q[r : r + step].astype(np.int32))
+        parts.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+    packed = parts[0] if len(parts) == 1 else torch.cat(parts)
+    a = torch.from_numpy(w.a.astype(np.float64))
+    b = torch.from_numpy(w.b.astype(np.float64))
+    sz = torch.stack([a, b + 8 * a], dim=-1).transpose(0, 1).to(INT4_DTYPE).contiguous()
+    return packed, sz

@@ -76,7 +76,7 @@ class NextNHead:
         def vec(name: str) -> torch.Tensor:
             return to_tensor(g.tensor(name), torch.float32)
 
-        dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
+        dtype = torch.float32 if fmt == "f32" else torch.bfloat16
         embed = (to_tensor(g.tensor(p + "nextn.embed_tokens.weight"), dtype)
                  if g.has_tensor(p + "nextn.embed_tokens.weight") else target.embed)
         head = (Linear(g.tensor(p + "nextn.shared_head_head.weight"), None, fmt)

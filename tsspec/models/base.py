@@ -19,6 +19,7 @@ on one GEMM route (``ATTN_MIN_ROWS``).
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -392,8 +393,28 @@ class TransformerModel:
 # ----------------------------------------------------------------------------- loading
 
 
+def load_weight(g: GGUFFile, names: Sequence[str], fmt: str | None) -> list:
+    """The weights of tensors that share one Linear: ``Int4Weight`` for all of them when ``fmt`` is
+    "auto" and every one is a 4-bit type the int4 backend takes, else float32 arrays for all."""
+    from ..weights import int4_from_gguf, int4_supported
+
+    if fmt == "auto":
+        infos = [g.tensor_info(n) for n in names]
+        if all(int4_supported(i.type_name, i.shape) for i in infos):
+            try:
+                return [int4_from_gguf(*g.tensor_raw(i.name), i.shape) for i in infos]
+            except ValueError:  # codes not recoverable exactly: keep the exact float weights instead
+                pass
+    return [g.tensor(n) for n in names]
+
+
 def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = False) -> list[Block]:
-    """Read the standard llama-family block tensors (``blk.N.*``) into fused Linears."""
+    """Read the standard llama-family block tensors (``blk.N.*``) into fused Linears.
+
+    With fmt "auto" a Linear is int4 when all its tensors are Q4_0/Q4_1/Q4_K, bf16 otherwise."""
+    from ..weights import default_format
+
+    fmt = fmt or default_format()
 
     def t(name: str) -> np.ndarray:
         return g.tensor(name)
@@ -404,42 +425,49 @@ def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = F
     def vec(name: str) -> torch.Tensor:
         return to_tensor(t(name), torch.float32)
 
-    blocks = []
-    for i in range(cfg.n_layers):
+    def fused(names: list[str], biases: list) -> Linear:
+        return Linear.concat(list(zip(load_weight(g, names, fmt), biases)), fmt)
+
+    def block(i: int) -> Block:
         p = f"blk.{i}."
-        qkv = Linear.concat(
-            [(t(p + f"attn_{x}.weight"), opt(p + f"attn_{x}.bias") if bias else None) for x in "qkv"], fmt
+        qkv = fused([p + f"attn_{x}.weight" for x in "qkv"],
+                    [opt(p + f"attn_{x}.bias") if bias else None for x in "qkv"])
+        return Block(
+            attn_norm=vec(p + "attn_norm.weight"),
+            qkv=qkv,
+            o=Linear(load_weight(g, [p + "attn_output.weight"], fmt)[0], None, fmt),
+            ffn_norm=vec(p + "ffn_norm.weight"),
+            gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
+            down=Linear(load_weight(g, [p + "ffn_down.weight"], fmt)[0], None, fmt),
+            q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
+            k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
+            post_attn_norm=vec(p + "post_attention_norm.weight") if cfg.post_norms else None,
+            post_ffn_norm=vec(p + "post_ffw_norm.weight") if cfg.post_norms else None,
         )
-        blocks.append(
-            Block(
-                attn_norm=vec(p + "attn_norm.weight"),
-                qkv=qkv,
-                o=Linear(t(p + "attn_output.weight"), None, fmt),
-                ffn_norm=vec(p + "ffn_norm.weight"),
-                gate_up=Linear.concat([(t(p + "ffn_gate.weight"), None), (t(p + "ffn_up.weight"), None)], fmt),
-                down=Linear(t(p + "ffn_down.weight"), None, fmt),
-                q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
-                k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
-                post_attn_norm=vec(p + "post_attention_norm.weight") if cfg.post_norms else None,
-                post_ffn_norm=vec(p + "post_ffw_norm.weight") if cfg.post_norms else None,
-            )
-        )
+
+    # numpy dequantization releases the GIL for most of its work: layers load in parallel
+    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
+        blocks = list(pool.map(block, range(cfg.n_layers)))
     return blocks
 
 
 def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, *, bias: bool = False) -> TransformerModel:
-    from ..weights import default_format
+    from ..weights import default_format, int4_supported
 
     fmt = fmt or default_format()
-    dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
+    dtype = torch.float32 if fmt == "f32" else torch.bfloat16  # "auto": the embedding stays bf16
     blocks = load_blocks(g, cfg, fmt, bias=bias)
     embed = to_tensor(g.tensor("token_embd.weight"), dtype)
     if embed.shape != (cfg.vocab_size, cfg.d_model):
         raise ModelFileError(
             f"{g.path.name}: token_embd is {tuple(embed.shape)}, expected ({cfg.vocab_size}, {cfg.d_model})"
         )
-    if g.has_tensor("output.weight"):
-        lm_head = Linear(g.tensor("output.weight"), None, fmt)
+    head_name = "output.weight" if g.has_tensor("output.weight") else "token_embd.weight"
+    info = g.tensor_info(head_name)
+    if fmt == "auto" and int4_supported(info.type_name, info.shape):  # a 4-bit head (tied or not)
+        lm_head = Linear(load_weight(g, [head_name], fmt)[0], None, fmt)  # is its own int4 copy
+    elif head_name == "output.weight":
+        lm_head = Linear(g.tensor(head_name), None, fmt)
     else:  # tied: share the embedding's storage
         lm_head = Linear(embed, None, fmt)
     out_norm = to_tensor(g.tensor("output_norm.weight"), torch.float32)

@@ -524,7 +524,7 @@ def load_gdn_layer(g: GGUFFile, p: str, hy: HybridSpec, fmt: str, projections) -
 
 def build_hybrid(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, projections) -> HybridModel:
     fmt = fmt or default_format()
-    dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
+    dtype = torch.float32 if fmt == "f32" else torch.bfloat16
     hy: HybridSpec = cfg.extra["hybrid"]
     layers = []
     for i in range(cfg.n_layers):
