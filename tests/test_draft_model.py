@@ -66,7 +66,9 @@ def _speculator(path, trunk, window=8, pmin=None):
 
 
 @pytest.mark.parametrize("which", ["related", "other", "trunk"])
-def test_greedy_equals_plain_for_every_window(files, trunk, which):
+def test_greedy_equals_plain_for_every_window(files, trunk, which, monkeypatch):
+    if which == "trunk":  # the trunk drafting for itself: same weights, so no lossy drafter format
+        monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "auto")
     spec = _speculator(files[which], trunk)
     assert isinstance(spec, Speculator)
     accepted = drafted = 0
@@ -398,3 +400,20 @@ def test_real_mismatched_vocabulary_is_refused(real_model_path):
         load_drafter(real_model_path("smollm2-135m"), target, SpecOptions())
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("draft model vocabulary differs from the trunk's at token 0:")
+
+
+def test_drafter_weights_default_to_lossy_int4_and_env_overrides(files, trunk, monkeypatch):
+    """A drafter only guesses: by default its weights are 4-bit (faster drafting), and the output
+    is still exactly the trunk's; TSSPEC_DRAFT_WEIGHTS picks another format or is one clear error."""
+    from tsspec.errors import BadInput
+
+    drafter = load_drafter(files["related"], trunk, SpecOptions(draft=4))
+    assert drafter.model.blocks[0].qkv.fmt == "int4"
+    spec = drafter.make_speculator(trunk, SpecOptions(draft=4))
+    for prompt in PROMPTS[:2]:
+        assert decode(trunk, Sampler(), prompt, N_TOKENS, speculator=spec, window=4) == decode(trunk, Sampler(), prompt, N_TOKENS)
+    monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "bf16")
+    assert load_drafter(files["related"], trunk, SpecOptions()).model.blocks[0].qkv.fmt == "bf16"
+    monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "int3")
+    with pytest.raises(BadInput, match="TSSPEC_DRAFT_WEIGHTS"):
+        load_drafter(files["related"], trunk, SpecOptions())

@@ -106,8 +106,8 @@ class Sampler:
             return out
         x = x / p.temperature
         if p.top_k and p.top_k < x.numel():
-            kth = torch.topk(x, p.top_k).values[-1]
-            x = x.masked_fill(x < kth, float("-inf"))
+            keep = torch.topk(x, p.top_k).indices  # exactly k, even where logits tie
+            x = torch.full_like(x, float("-inf")).scatter_(0, keep, x[keep])
         probs = torch.softmax(x, dim=-1)
         if p.min_p > 0:
             probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)

@@ -29,7 +29,9 @@ import torch
 import torch.nn.functional as F
 
 # "auto": int4 for the tensors stored as Q4_0/Q4_1/Q4_K, bf16 for everything else.
-FORMATS = ("bf16", "f32", "auto")
+FORMATS = ("bf16", "f32", "auto", "int4")
+# "int4" also requantizes the other tensors to 4 bits (lossy): for drafters, whose guesses the trunk
+# verifies, so their precision costs acceptance, never correctness
 # Row counts are padded to stay on one batch-invariant GEMM route: oneDNN's bf16 GEMM is invariant
 # for any count >= 2; MKL's multi-threaded f32 GEMM only for multiples of 4.
 MIN_ROWS = {"bf16": 2, "f32": 4}
@@ -97,6 +99,21 @@ class Int4Weight:
         n, k = self.q.shape
         q = self.q.reshape(n, k // INT4_GROUP, INT4_GROUP).astype(np.float32)
         return (self.a[..., None] * q + self.b[..., None]).reshape(n, k)
+
+
+def int4_quantize(w: np.ndarray) -> Int4Weight:
+    """Lossy 4-bit codes for a float weight [N, K]: per 32-wide group, min/max affine (drafters only)."""
+    n, k = w.shape
+    grp = w.reshape(n, k // INT4_GROUP, INT4_GROUP).astype(np.float32)
+    lo, hi = grp.min(-1), grp.max(-1)
+    a = (hi - lo) / 15.0
+    safe = np.where(a == 0, 1.0, a)
+    q = np.clip(np.rint((grp - lo[..., None]) / safe[..., None]), 0, 15).astype(np.uint8)
+    return Int4Weight(q.reshape(n, k), a.astype(np.float32), lo.astype(np.float32))
+
+
+def int4_shape_ok(shape: tuple[int, ...]) -> bool:
+    return len(shape) == 2 and shape[1] % INT4_GROUP == 0 and shape[0] % 16 == 0
 
 
 def int4_supported(type_name: str, shape: tuple[int, ...]) -> bool:

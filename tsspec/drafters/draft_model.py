@@ -17,8 +17,8 @@ Contract:
   Anything else is one ``BadInput`` naming the first difference. What was allowed is listed in
   ``drafter.notes``; ``drafter.warnings`` says when the drafter is heavier than the trunk or has a
   shorter context (drafting then stops where the drafter's context ends).
-* The drafter is loaded with ``load_model(g, n_ctx=target.max_context)``: its own KV cache, same
-  weight format as the trunk's default.
+* The drafter is loaded with ``load_model(g, n_ctx=target.max_context, fmt=draft_weights_format())``:
+  its own KV cache, and lossy int4 weights by default (``TSSPEC_DRAFT_WEIGHTS`` overrides).
 """
 
 from __future__ import annotations
@@ -126,6 +126,21 @@ def _file_bytes(g: GGUFFile) -> int:
     return sum(g.tensor_info(n).n_bytes for n in g.tensor_names())
 
 
+def draft_weights_format() -> str:
+    """The drafter's weight format: ``int4`` (lossy 4-bit for every tensor) unless
+    ``TSSPEC_DRAFT_WEIGHTS`` says otherwise. A drafter only guesses, so its precision costs some
+    acceptance, never correctness; its speed relative to the trunk is what decides the win."""
+    import os
+
+    from ..errors import BadInput
+    from ..weights import FORMATS
+
+    fmt = os.environ.get("TSSPEC_DRAFT_WEIGHTS", "int4").strip().lower()
+    if fmt not in FORMATS:
+        raise BadInput(f"TSSPEC_DRAFT_WEIGHTS={fmt!r}: expected one of {', '.join(FORMATS)}")
+    return fmt
+
+
 def load(g: GGUFFile, target, options) -> DraftModelDrafter:
     from ..models import ARCHITECTURES, load_model
 
@@ -144,7 +159,7 @@ def load(g: GGUFFile, target, options) -> DraftModelDrafter:
     else:
         notes.append("the trunk has no file to compare token lists with; only vocabulary sizes were checked")
 
-    model = load_model(g, n_ctx=target.max_context)
+    model = load_model(g, n_ctx=target.max_context, fmt=draft_weights_format())
     tv, dv = int(target.vocab_size), int(model.vocab_size)
     n_tokens = len(g.get("tokenizer.ggml.tokens") or [])
     if trunk_file is None and tv != dv:

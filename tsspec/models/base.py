@@ -396,15 +396,18 @@ class TransformerModel:
 def load_weight(g: GGUFFile, names: Sequence[str], fmt: str | None) -> list:
     """The weights of tensors that share one Linear: ``Int4Weight`` for all of them when ``fmt`` is
     "auto" and every one is a 4-bit type the int4 backend takes, else float32 arrays for all."""
-    from ..weights import int4_from_gguf, int4_supported
+    from ..weights import int4_from_gguf, int4_quantize, int4_shape_ok, int4_supported
 
-    if fmt == "auto":
+    if fmt in ("auto", "int4"):
         infos = [g.tensor_info(n) for n in names]
         if all(int4_supported(i.type_name, i.shape) for i in infos):
             try:
                 return [int4_from_gguf(*g.tensor_raw(i.name), i.shape) for i in infos]
             except ValueError:  # codes not recoverable exactly: keep the exact float weights instead
                 pass
+        if fmt == "int4" and all(int4_shape_ok(i.shape) for i in infos):
+            return [int4_from_gguf(*g.tensor_raw(i.name), i.shape) if int4_supported(i.type_name, i.shape)
+                    else int4_quantize(g.tensor(i.name)) for i in infos]
     return [g.tensor(n) for n in names]
 
 
@@ -452,7 +455,7 @@ def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = F
 
 
 def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, *, bias: bool = False) -> TransformerModel:
-    from ..weights import default_format, int4_supported
+    from ..weights import default_format, int4_shape_ok, int4_supported
 
     fmt = fmt or default_format()
     dtype = torch.float32 if fmt == "f32" else torch.bfloat16  # "auto": the embedding stays bf16
@@ -464,7 +467,8 @@ def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None
         )
     head_name = "output.weight" if g.has_tensor("output.weight") else "token_embd.weight"
     info = g.tensor_info(head_name)
-    if fmt == "auto" and int4_supported(info.type_name, info.shape):  # a 4-bit head (tied or not)
+    if (fmt == "auto" and int4_supported(info.type_name, info.shape)) or (fmt == "int4" and int4_shape_ok(info.shape)):
+        # a 4-bit head (tied or not), or any head under the lossy drafter format
         lm_head = Linear(load_weight(g, [head_name], fmt)[0], None, fmt)  # is its own int4 copy
     elif head_name == "output.weight":
         lm_head = Linear(g.tensor(head_name), None, fmt)
