@@ -62,8 +62,10 @@ def load_session(model: str | None, *, weights: str | None, ctx_size: int | None
     from .models import load_model
     from .tokenizer import Tokenizer
 
-    if weights is not None and weights not in ("bf16", "f32"):
-        raise BadInput(f"--weights {weights!r}: expected bf16 or f32")
+    from .weights import FORMATS
+
+    if weights is not None and weights not in FORMATS:
+        raise BadInput(f"--weights {weights!r}: expected one of {', '.join(FORMATS)}")
     if ctx_size is not None and ctx_size < 16:
         raise BadInput("--ctx-size must be >= 16")
     path = resolve_model(model, progress=progress, console=err)
@@ -189,7 +191,7 @@ def generate(
     chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object passed to the chat template, e.g. \'{"enable_thinking": false}\'.'),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's)."),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores)."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="In-memory weight format: bf16 (fast, batch invariant; default) or f32 (plain reference). Env: TSSPEC_WEIGHTS."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="In-memory weight format: auto (default: int4 kernels for the file's Q4 tensors, bf16 for the rest), bf16, f32 (plain reference) or int4 (lossy for non-Q4 tensors). Env: TSSPEC_WEIGHTS."),
     spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC)."),
     mtp_spec: Optional[bool] = typer.Option(None, "--mtp-spec/--no-mtp-spec", help="Legacy spelling of --spec/--no-spec."),
     spec_type: Optional[str] = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE."),
@@ -370,7 +372,7 @@ def bench(
     temp: float = typer.Option(0.0, "--temp", help="Temperature (0: greedy, and every config's text must equal the baseline's)."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="bf16 (default) or f32."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="auto (default), bf16, f32 or int4; see generate --help."),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON to this file ('-' for stdout)."),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per workload x config to this CSV file."),
