@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from ..sampling import keyed_uniform
-from .protocols import Draft, DraftContext
+from .protocols import Draft, DraftContext, MinDraftProb
 
 __all__ = ["BlockSpeculator", "gate_cumulative"]
 
@@ -59,6 +59,7 @@ def _draw(probs: torch.Tensor, position: int) -> int:
 
 class BlockSpeculator:
     name = "block"
+    min_draft_prob = MinDraftProb()
     default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
     needs_hidden_state = True
     handles_own_prefill = False
@@ -72,7 +73,7 @@ class BlockSpeculator:
         self.head = head
         self._taps = tuple(int(t) for t in taps)
         self.max_draft_tokens = min(max_draft_tokens, head.block_size - 1)
-        self.min_draft_prob = self.default_min_draft_prob if min_draft_prob is None else min_draft_prob
+        self.min_draft_prob = min_draft_prob  # validated; None: the default
         self.sample_drafts = sample_drafts
         # counters one report line can print
         self.proposals = 0  # propose() calls
@@ -83,16 +84,6 @@ class BlockSpeculator:
     @property
     def taps(self) -> tuple[int, ...]:
         return self._taps
-
-    @property
-    def min_draft_prob(self) -> float:
-        return self._min_draft_prob
-
-    @min_draft_prob.setter
-    def min_draft_prob(self, value: float) -> None:
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"--spec-pmin for block must be in [0, 1], got {value}")
-        self._min_draft_prob = float(value)
 
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
         self.head.reset()

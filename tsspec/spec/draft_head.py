@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from .protocols import Draft, DraftContext, DraftHeadKind
+from .protocols import Draft, DraftContext, DraftHeadKind, MinDraftProb
 
 TOP_K_GATE = 10
 DEFAULT_PMIN = 0.75
@@ -36,6 +36,7 @@ def gate_confidence(logits: torch.Tensor) -> float:
 
 class DraftHeadSpeculator:
     name = "draft-head"
+    min_draft_prob = MinDraftProb()
     default_min_draft_prob = DEFAULT_PMIN
     needs_hidden_state = True
     handles_own_prefill = False
@@ -48,7 +49,7 @@ class DraftHeadSpeculator:
         self.head = head
         self.n_layers = n_layers
         self.max_draft_tokens = max_draft_tokens
-        self.min_draft_prob = DEFAULT_PMIN if min_draft_prob is None else float(min_draft_prob)
+        self.min_draft_prob = min_draft_prob  # validated; None: the default
         self._from_trunk = getattr(head, "from_trunk", lambda rows: rows)
         # counters one report line can print
         self.proposals = 0

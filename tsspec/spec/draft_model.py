@@ -41,7 +41,7 @@ from typing import Sequence
 
 import torch
 
-from .protocols import Draft, DraftContext
+from .protocols import Draft, DraftContext, MinDraftProb
 
 PREFILL_CHUNK = 256
 DRAFT_STREAM = 0  # see module doc: common random numbers with the trunk's plain draw
@@ -62,6 +62,7 @@ class DraftModelSpeculator:
     """Drafts with a small language model that shares the trunk's token ids."""
 
     name = "draft-model"
+    min_draft_prob = MinDraftProb()
     default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
     needs_hidden_state = False
     handles_own_prefill = False
@@ -75,9 +76,7 @@ class DraftModelSpeculator:
         self.model = model  # the drafter LM; its KV cache is this speculator's state
         self.vocab_size = vocab_size  # the trunk's logit width: drafts and probs live in it
         self.max_draft_tokens = max_draft_tokens
-        self.min_draft_prob = self.default_min_draft_prob if min_draft_prob is None else float(min_draft_prob)
-        if not 0.0 <= self.min_draft_prob <= 1.0:
-            raise ValueError(f"--spec-pmin must be in [0, 1], got {self.min_draft_prob}")
+        self.min_draft_prob = min_draft_prob  # validated; None: the default
         self._committed: list[int] = []  # what the trunk's KV holds
         self._cached: list[int] = []  # what the drafter's KV holds (== model.cache_len tokens)
         self._disabled = False  # the sequence outgrew the drafter's context

@@ -38,7 +38,7 @@ from typing import Sequence
 
 import torch
 
-from tsspec.spec.protocols import Draft, DraftContext
+from tsspec.spec.protocols import Draft, DraftContext, MinDraftProb
 
 __all__ = ["ngram_propose", "NGramIndex", "NGramSpeculator"]
 
@@ -175,6 +175,7 @@ class NGramSpeculator:
     """Prompt-lookup speculator: weight-free, works on every checkpoint, verified like any other."""
 
     name = "ngram"
+    min_draft_prob = MinDraftProb()
     default_min_draft_prob = 0.0
     needs_hidden_state = False
     handles_own_prefill = False
@@ -192,7 +193,7 @@ class NGramSpeculator:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
         self.max_draft_tokens = max_draft_tokens
         self.index = NGramIndex(min_order, max_order)
-        self.min_draft_prob = self.default_min_draft_prob if min_draft_prob is None else min_draft_prob
+        self.min_draft_prob = min_draft_prob  # validated; None: the default
         # counters one report line can print: proposals asked, proposals with a match, tokens drafted
         self.proposals = 0
         self.matches = 0
@@ -202,16 +203,6 @@ class NGramSpeculator:
     @property
     def taps(self) -> tuple[int, ...]:
         return ()
-
-    @property
-    def min_draft_prob(self) -> float:
-        return self._min_draft_prob
-
-    @min_draft_prob.setter
-    def min_draft_prob(self, value: float) -> None:
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"--spec-pmin for ngram must be in [0, 1], got {value}")
-        self._min_draft_prob = float(value)
 
     @property
     def required_order(self) -> int:

@@ -103,6 +103,23 @@ class Draft:
         return len(self.tokens)
 
 
+class MinDraftProb:
+    """The ``--spec-pmin`` attribute every speculator carries: validated on every assignment, and
+    ``None`` means the class's own ``default_min_draft_prob`` (each algorithm gates differently)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.attr = "_" + name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj, self.attr)
+
+    def __set__(self, obj, value: float | None) -> None:
+        v = type(obj).default_min_draft_prob if value is None else float(value)
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"--spec-pmin for {obj.name} must be in [0, 1], got {v}")
+        setattr(obj, self.attr, v)
+
+
 @runtime_checkable
 class Speculator(Protocol):
     name: str
