@@ -180,7 +180,7 @@ def test_commit_rewinds_to_what_the_trunk_kept(files, trunk):
     assert spec.model.cache_len == len(prompt) and not spec.pending
     sampler = Sampler()
     ctx = DraftContext(last_token=7, position=len(prompt), max_tokens=4, history=prompt + [7],
-                       sampler_probs=sampler.probs)
+                       sampler=sampler)
     draft = spec.propose(ctx)
     assert len(draft) == 4 and draft.probs is None  # greedy: no distribution needed
     # the drafter forwarded last + the first three drafts; the fourth is never forwarded
@@ -190,7 +190,7 @@ def test_commit_rewinds_to_what_the_trunk_kept(files, trunk):
     assert spec.model.cache_len == len(prompt) + 2 and not spec.pending
     # a full acceptance leaves only the last draft token pending
     hist = prompt + [7, draft.tokens[0], 9]
-    draft = spec.propose(DraftContext(9, len(prompt) + 2, 3, hist, sampler_probs=sampler.probs))
+    draft = spec.propose(DraftContext(9, len(prompt) + 2, 3, hist, sampler=sampler))
     spec.commit([9, *draft.tokens], None, len(prompt) + 2)
     assert spec.pending == [draft.tokens[-1]]
     # a recurrent-style re-commit of the same tokens is a no-op
@@ -203,14 +203,14 @@ def test_sampling_draft_carries_the_sampler_distribution(files, trunk):
     prompt = PROMPTS[0]
     spec.begin(prompt, None)
     sampler = Sampler(SamplingParams(temperature=0.7, top_k=20, seed=3))
-    draft = spec.propose(DraftContext(5, len(prompt), 3, prompt + [5], sampler_probs=sampler.probs))
+    draft = spec.propose(DraftContext(5, len(prompt), 3, prompt + [5], sampler=sampler))
     assert draft.probs is not None and tuple(draft.probs.shape) == (3, trunk.vocab_size)
     assert np.allclose(draft.probs.sum(-1).numpy(), 1.0, atol=1e-5)
     assert all(int((row > 0).sum()) <= 20 for row in draft.probs)  # top-k was applied
     assert all(float(draft.probs[i, t]) > 0 for i, t in enumerate(draft.tokens))
     # reproducible: the same context drafts the same tokens
     spec.begin(prompt, None)
-    again = spec.propose(DraftContext(5, len(prompt), 3, prompt + [5], sampler_probs=sampler.probs))
+    again = spec.propose(DraftContext(5, len(prompt), 3, prompt + [5], sampler=sampler))
     assert again.tokens == draft.tokens
 
 
@@ -315,7 +315,7 @@ def test_larger_embedding_than_token_list_is_allowed(files, trunk, tmp_path):
     assert decode(trunk, Sampler(), PROMPTS[0], 24, speculator=spec, window=4) == plain
     s = Sampler(SamplingParams(temperature=1.0, seed=1))
     spec.begin(PROMPTS[0], None)
-    d = spec.propose(DraftContext(5, len(PROMPTS[0]), 2, PROMPTS[0] + [5], sampler_probs=s.probs))
+    d = spec.propose(DraftContext(5, len(PROMPTS[0]), 2, PROMPTS[0] + [5], sampler=s))
     assert d.probs.shape[1] == trunk.vocab_size and all(t < trunk.vocab_size for t in d.tokens)
 
 

@@ -123,8 +123,11 @@ class Sampler:
         """Inverse-CDF draw from ``probs`` keyed by (seed, position, stream)."""
         u = keyed_uniform(self.params.seed, position, stream)
         cum = torch.cumsum(probs.double(), 0)
-        idx = int(torch.searchsorted(cum, torch.tensor([u * float(cum[-1])], dtype=torch.float64), right=True))
-        return min(idx, probs.numel() - 1)
+        idx = min(int(torch.searchsorted(cum, torch.tensor([u * float(cum[-1])], dtype=torch.float64), right=True)),
+                  probs.numel() - 1)
+        if probs[idx] <= 0:  # rounding at the top of the CDF: step back onto the support
+            idx = int(torch.nonzero(probs > 0).flatten()[-1])
+        return idx
 
     def sample(self, logits: torch.Tensor, position: int, history: Sequence[int]) -> int:
         """The token at sequence position ``position`` given the trunk row's logits [vocab]."""

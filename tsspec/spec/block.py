@@ -14,7 +14,7 @@ Contract:
   take a plain step.
 * Drafts are the drafter's argmax by default (``match`` acceptance, exact output). With
   ``sample_drafts`` (what ``--spec-accept residual`` selects) each draft is DRAWN from the drafter's
-  distribution after the caller's sampler transforms (``ctx.sampler_probs``), with a keyed random
+  distribution after the caller's sampler transforms (``ctx.sampler.probs``), with a keyed random
   number, and ``Draft.probs`` carries those distributions, as the residual rule requires: it is
   only exact when drafts are drawn from the q it is given.
 * It may arm after a reused KV prefix: the drafter's ring refills from each forwarded suffix and
@@ -27,15 +27,13 @@ from typing import Sequence
 
 import torch
 
-from ..sampling import keyed_uniform
 from .protocols import Draft, DraftContext, MinDraftProb
 
 __all__ = ["BlockSpeculator", "gate_cumulative"]
 
 DEFAULT_MIN_DRAFT_PROB = 0.35
 # keyed draws of draft tokens: a salt and stream of their own, independent of the verify's draws
-_DRAFT_SALT = 0x5DF1A5
-_STREAM_DRAFT = 3
+DRAFT_STREAM = 3  # keyed draws of sampled drafts, apart from the trunk's own stream 0
 
 
 def gate_cumulative(conf: Sequence[float], min_prob: float) -> int:
@@ -46,15 +44,6 @@ def gate_cumulative(conf: Sequence[float], min_prob: float) -> int:
         if cum < min_prob:
             return i
     return len(conf)
-
-
-def _draw(probs: torch.Tensor, position: int) -> int:
-    """Inverse-CDF draw from ``probs`` [vocab], keyed by the draft position."""
-    u = keyed_uniform(_DRAFT_SALT, position, _STREAM_DRAFT)
-    cum = torch.cumsum(probs.double(), 0)
-    idx = int(torch.searchsorted(cum, torch.tensor([u * float(cum[-1])], dtype=torch.float64), right=True))
-    last = int(torch.nonzero(probs > 0).flatten()[-1])  # rounding must not land past the support
-    return min(idx, last)
 
 
 class BlockSpeculator:
@@ -99,13 +88,14 @@ class BlockSpeculator:
             return Draft()
         rows: list[torch.Tensor] = []
         pick = None  # None: the head's own argmax walk
-        if self.sample_drafts and ctx.sampler_probs is not None:
+        if self.sample_drafts and ctx.sampler is not None:
             hist = list(ctx.history)
+            sampler = ctx.sampler
 
             def pick(e: int, row: torch.Tensor) -> int:
                 # q: the drafter's distribution at position + 1 + e, after the caller's transforms
-                q = ctx.sampler_probs(row, hist)
-                tok = _draw(q, ctx.position + 1 + e)
+                q = sampler.probs(row, hist)
+                tok = sampler.draw(q, ctx.position + 1 + e, DRAFT_STREAM)
                 rows.append(q)
                 hist.append(tok)
                 return tok

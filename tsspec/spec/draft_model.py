@@ -19,7 +19,7 @@ Contract:
   (``scripts/bench_draft_model.py --pmin`` measures other values; not yet swept on prose).
 * Under greedy decoding the drafted token is the argmax (after the sampler's penalties, if any)
   and ``Draft.probs`` is None: verification is ``match`` and needs no distribution. Under
-  sampling, ``Draft.probs[i]`` is ``ctx.sampler_probs(logits_i, history + drafts[:i])``: the
+  sampling, ``Draft.probs[i]`` is ``ctx.sampler.probs(logits_i, history + drafts[:i])``: the
   drafter's distribution after the very transforms the trunk's rows get, which is what the
   ``residual`` rule needs. The token is drawn from it with the keyed draw of ``Sampler.draw`` at
   its own position on stream ``DRAFT_STREAM``.
@@ -164,8 +164,11 @@ class DraftModelSpeculator:
             catch_up = catch_up[PREFILL_CHUNK:]
         logits = self._forward(catch_up)  # [vocab] the row that predicts position + 1
 
-        sampling = ctx.sampler_probs is not None and not self._greedy(ctx)
-        hist = list(ctx.history)
+        sampler = ctx.sampler
+        sampling = sampler is not None and not sampler.greedy
+        penalized = sampler is not None and sampler.params.has_penalties
+        # the history only matters to the sampler's transforms: copy it only when they run
+        hist = list(ctx.history) if (sampling or penalized) else None
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
@@ -175,13 +178,14 @@ class DraftModelSpeculator:
                     break
             pos = ctx.position + 1 + i  # the sequence position this draft token would take
             if sampling:
-                q = ctx.sampler_probs(logits, hist)  # [vocab]
-                tok = self._draw(ctx, q, pos)
+                q = sampler.probs(logits, hist)  # [vocab]
+                tok = sampler.draw(q, pos, DRAFT_STREAM)
                 probs.append(q)
-            else:
-                tok = int(torch.argmax(self._penalized(ctx, logits, hist)))
+            else:  # greedy: the trunk's own argmax rule, penalties included
+                tok = int(torch.argmax(sampler.penalize(logits, hist) if penalized else logits))
             tokens.append(tok)
-            hist.append(tok)
+            if hist is not None:
+                hist.append(tok)
             if i + 1 < k:
                 logits = self._forward([tok])
         self.drafted += len(tokens)
@@ -204,26 +208,6 @@ class DraftModelSpeculator:
         self._committed = []
         self._cached = []
         self._disabled = False
-
-    # -- sampler plumbing -------------------------------------------------------------------------
-    @staticmethod
-    def _greedy(ctx: DraftContext) -> bool:
-        owner = getattr(ctx.sampler_probs, "__self__", None)  # the bound Sampler.probs, usually
-        return bool(getattr(owner, "greedy", False))
-
-    @staticmethod
-    def _penalized(ctx: DraftContext, logits: torch.Tensor, hist: Sequence[int]) -> torch.Tensor:
-        owner = getattr(ctx.sampler_probs, "__self__", None)
-        if owner is not None and owner.params.has_penalties:
-            return owner.penalize(logits, hist)  # greedy with penalties: the trunk's argmax rule
-        return logits
-
-    @staticmethod
-    def _draw(ctx: DraftContext, q: torch.Tensor, position: int) -> int:
-        owner = getattr(ctx.sampler_probs, "__self__", None)
-        if owner is not None:
-            return owner.draw(q, position, DRAFT_STREAM)
-        return int(torch.argmax(q))  # no sampler to key the draw on: the mode
 
     def report(self) -> str:
         per = self.forward_rows / self.forwards if self.forwards else 0.0

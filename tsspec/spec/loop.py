@@ -88,7 +88,6 @@ def decode(
     stop = on_token(last) if on_token else False
 
     t_decode = time.perf_counter()
-    sampler_probs = sampler.probs
     while not stop and len(out_tokens) < max_tokens:
         step_t0 = time.perf_counter()
         pos = target.cache_len  # last token takes this position
@@ -98,7 +97,7 @@ def decode(
         drafting = speculator is not None and k_max > 0 and (governor is None or governor.should_draft())
         if drafting:
             t = time.perf_counter()
-            ctx = DraftContext(last, pos, k_max, history, hidden_last, sampler_probs)
+            ctx = DraftContext(last, pos, k_max, history, hidden_last, sampler)
             draft = speculator.propose(ctx)
             if len(draft.tokens) > k_max:
                 draft = Draft(draft.tokens[:k_max], None if draft.probs is None else draft.probs[:k_max])

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from ..sampling import Sampler
 
 
 # ----------------------------------------------------------------------------- layer 1: target
@@ -86,9 +89,9 @@ class DraftContext:
     max_tokens: int  # bounded by the window, the token budget and the context headroom
     history: Sequence[int]  # prompt + emitted tokens, last_token included
     hidden: torch.Tensor | None = None  # [feature] trunk hidden row that produced last_token
-    # replays the caller's sampler (temperature, penalties, top-k/p) on a drafter's logits:
-    # (logits [vocab], history) -> probabilities [vocab]
-    sampler_probs: Callable[[torch.Tensor, Sequence[int]], torch.Tensor] | None = None
+    # the caller's sampler, so a drafter can replay its transforms on its own logits
+    # (``sampler.probs(logits, history)``: temperature, penalties, top-k/p) and make keyed draws
+    sampler: "Sampler | None" = None
 
 
 @dataclass

@@ -1,0 +1,58 @@
+"""Sampling is pure: each draw is a function of (seed, position, logits, history)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tsspec.errors import BadInput
+from tsspec.sampling import Sampler, SamplingParams, keyed_uniform
+
+
+def test_keyed_uniform_is_a_pure_function_and_spread():
+    assert keyed_uniform(7, 100, 0) == keyed_uniform(7, 100, 0)
+    us = [keyed_uniform(7, p, 0) for p in range(4000)]
+    assert all(0.0 <= u < 1.0 for u in us)
+    assert abs(sum(us) / len(us) - 0.5) < 0.02
+    assert keyed_uniform(7, 100, 0) != keyed_uniform(8, 100, 0) != keyed_uniform(7, 100, 1)
+
+
+def test_draw_depends_only_on_seed_position_and_distribution():
+    s = Sampler(SamplingParams(temperature=1.0, seed=3))
+    probs = torch.softmax(torch.randn(50), 0)
+    order = [s.draw(probs, p) for p in range(200)]
+    again = [s.draw(probs, p) for p in reversed(range(200))][::-1]  # out of order: same draws
+    assert order == again
+
+
+def test_draw_never_leaves_the_support():
+    s = Sampler(SamplingParams(temperature=1.0))
+    probs = torch.zeros(10)
+    probs[[1, 4]] = torch.tensor([0.3, 0.7])
+    drawn = {s.draw(probs, p) for p in range(2000)}
+    assert drawn == {1, 4}
+
+
+def test_greedy_probs_are_one_hot_at_the_argmax():
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    p = Sampler().probs(logits, [])
+    assert p.tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert Sampler().sample(logits, 5, []) == 1
+
+
+def test_top_k_keeps_exactly_k_even_with_ties():
+    s = Sampler(SamplingParams(temperature=1.0, top_k=2))
+    p = s.probs(torch.tensor([1.0, 1.0, 1.0, 0.0]), [])
+    assert int((p > 0).sum()) == 2
+
+
+def test_penalties_change_recent_tokens_only():
+    s = Sampler(SamplingParams(repeat_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25))
+    out = s.penalize(torch.tensor([4.0, -4.0, 4.0]), [0, 1, 1])
+    assert out.tolist() == [4.0 / 2 - 0.5 - 0.25, -4.0 * 2 - 1.0 - 0.25, 4.0]
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=-1), dict(top_p=0), dict(min_p=1), dict(repeat_penalty=0)])
+def test_bad_parameters_are_one_line(kw):
+    with pytest.raises(BadInput):
+        Sampler(SamplingParams(**kw))
