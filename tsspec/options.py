@@ -14,7 +14,6 @@ from typing import Any, Mapping, MutableMapping
 
 from .errors import BadInput
 
-SPEC_TYPES_BUILTIN = ("auto", "draft-head", "block", "ngram", "draft-model")
 ACCEPT_RULES = ("auto", "match", "residual")
 DRAFT_MIN, DRAFT_MAX, DRAFT_DEFAULT = 1, 64, 8
 FAMILIES = ("TS_SPEC_", "TS_MTP_")

@@ -7,7 +7,7 @@ only through the caller's ``run_one(config, prompt) -> RunRecord``.
 """
 
 from tsspec.bench.configs import (
-    ALGOS,
+    algos,
     BenchConfig,
     ConfigFile,
     load_config_file,
@@ -40,7 +40,7 @@ from tsspec.bench.workloads import (
 )
 
 __all__ = [
-    "ALGOS",
+    "algos",
     "BenchConfig",
     "BenchResult",
     "Comparison",

@@ -42,7 +42,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tsspec.errors import BadInput
 
-ALGOS = ("plain", "ngram", "draft-model", "draft-head", "block")
+def algos() -> tuple[str, ...]:
+    """``plain`` plus every registered speculator: the registry is the one list of algorithms."""
+    from tsspec.spec.registry import REGISTRY
+
+    return ("plain", *REGISTRY.names())
 ACCEPT_RULES = ("match", "residual")
 DRAFT_MIN, DRAFT_MAX = 1, 64
 DEFAULT_BASELINE = "plain"
@@ -106,8 +110,9 @@ def plain_config(name: str = DEFAULT_BASELINE) -> BenchConfig:
 
 def _algo(text: str, where: str) -> str:
     algo = text.strip().lower().replace("_", "-")
-    if algo not in ALGOS:
-        raise BadInput(f"{where}: unknown algorithm {text.strip()!r} (known: {', '.join(ALGOS)})")
+    known = algos()
+    if algo not in known:
+        raise BadInput(f"{where}: unknown algorithm {text.strip()!r} (known: {', '.join(known)})")
     return algo
 
 
