@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +20,13 @@ def real_model_path():
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny products gain nothing from threads (and only noise on a shared machine): one thread
+    for the module, then back. Batch invariance is tested at 1 and 2 threads in test_weights*."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

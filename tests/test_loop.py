@@ -12,7 +12,6 @@ import random
 from typing import Sequence
 
 import pytest
-import torch
 
 from tiny import write_tiny_model
 from tsspec.models import load_model
@@ -29,11 +28,8 @@ MODEL_ARCHS = ("llama", "qwen2", "gemma3")
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -29,12 +29,8 @@ GEMMA_WINDOW = 8
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny products: threading only adds overhead (and noise on a shared machine)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
     yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
