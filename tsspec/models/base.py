@@ -322,16 +322,9 @@ class TransformerModel:
                 taps: Sequence[int] | None = None) -> ForwardOutput:
         cfg = self.cfg
         n = len(tokens)
-        if n == 0:
-            raise ValueError("forward needs at least one token")
         start = self.cache.length
         self.ensure_capacity(start + n)
-        ids = torch.as_tensor(list(tokens), dtype=torch.long)
-        if int(ids.max()) >= cfg.vocab_size or int(ids.min()) < 0:
-            raise BadInput(f"token id out of range for a vocabulary of {cfg.vocab_size}")
-        h = self.embed[ids].float()  # [n, d]
-        if cfg.embed_scale != 1.0:
-            h = h * cfg.embed_scale
+        h = self._token_rows(tokens)  # [n, d]
         want = {t: None for t in (taps or ())}
         groups = plan_attention(start, n, self.cache.capacity, cfg.n_heads // cfg.n_kv_heads, self._windows)
         for li, blk in enumerate(self.blocks):
@@ -341,9 +334,22 @@ class TransformerModel:
         if cfg.n_layers in want:
             want[cfg.n_layers] = h
         self.cache.length = start + n
+        return self._output(h, want, taps, all_logits)
+
+    def _token_rows(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Embedding rows [n, d] float32; the one place token ids are checked."""
+        if len(tokens) == 0:
+            raise ValueError("forward needs at least one token")
+        if min(tokens) < 0 or max(tokens) >= self.cfg.vocab_size:
+            raise BadInput(f"token id out of range for a vocabulary of {self.cfg.vocab_size}")
+        h = self.embed[torch.as_tensor(tokens, dtype=torch.long)].float()
+        return h * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else h
+
+    def _output(self, h: torch.Tensor, want: dict, taps, all_logits: bool) -> ForwardOutput:
+        """Tap rows, final norm and LM head (soft-capped where the file says so)."""
+        cfg = self.cfg
         hidden = torch.cat([want[t] for t in taps], dim=-1) if taps else None
-        x = h if all_logits else h[-1:]
-        x = rms_norm(x, self.out_norm, cfg.rms_eps)
+        x = rms_norm(h if all_logits else h[-1:], self.out_norm, cfg.rms_eps)
         logits = self.lm_head(x)
         if cfg.final_softcap:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap

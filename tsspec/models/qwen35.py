@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import BadInput, ModelFileError
+from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..spec.protocols import ForwardOutput
 from ..weights import Linear, default_format, to_tensor
@@ -375,9 +375,7 @@ class HybridModel(TransformerModel):
         if start != self._state_len:
             raise ValueError(f"KV length {start} and recurrent state length {self._state_len} disagree")
         self.ensure_capacity(start + n)
-        ids = torch.as_tensor(list(tokens), dtype=torch.long)
-        if int(ids.max()) >= cfg.vocab_size or int(ids.min()) < 0:
-            raise BadInput(f"token id out of range for a vocabulary of {cfg.vocab_size}")
+        h = self._token_rows(tokens)  # [n, d]
 
         # how this forward treats the recurrent state
         if n == 1:
@@ -396,7 +394,6 @@ class HybridModel(TransformerModel):
             buf = 1 if self._live_buf == 0 else 0
             pending = _Pending(start, n, buf)
 
-        h = self.embed[ids].float()  # [n, d]
         want = {t: None for t in (taps or ())}
         cos, sin = self._rope[cfg.layers[0].rope_base]
         cos, sin = cos[start : start + n], sin[start : start + n]
@@ -425,10 +422,7 @@ class HybridModel(TransformerModel):
             self._state_len = start + n
             self._persisted = n == 1
         self._snap_requested = False
-        hidden = torch.cat([want[t] for t in taps], dim=-1) if taps else None
-        x = h if all_logits else h[-1:]
-        logits = self.lm_head(rms_norm(x, self.out_norm, cfg.rms_eps))
-        return ForwardOutput(logits=logits, hidden=hidden)
+        return self._output(h, want, taps, all_logits)
 
     def _gdn(self, blk: GDNLayer, j: int, x: torch.Tensor, mode: str, pending: _Pending | None) -> torch.Tensor:
         hy = self.hy
