@@ -275,13 +275,19 @@ def write_tiny_model(
 
     rng = np.random.default_rng(seed)
     tensors = _tensors(arch, rng, **{k: a[k] for k in _TENSOR_ARGS})
+    return finish_gguf(w, tensors, path, quant)
+
+
+def finish_gguf(w, tensors: dict, path: Path, quant: str | None = None) -> Path:
+    """Add ``tensors`` (matrices quantized to ``quant`` if given) and write the file out."""
+    import gguf
+
     qtype = None if quant is None else gguf.GGMLQuantizationType[quant]
     for name, arr in tensors.items():
         if qtype is not None and arr.ndim == 2:
             w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, arr)
-
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tiny import finish_gguf
+
 import numpy as np
 
 from tsspec.gguf_file import GGUFFile
@@ -163,10 +165,4 @@ def write_tiny_dflash(
     if draft_vocab is not None:
         tensors["output.weight"] = _rand(extra, (len(draft_vocab), d), 0.3)
         tensors["d2t"] = np.asarray(draft_vocab, dtype=np.int64)
-    for name, arr in tensors.items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish_gguf(w, tensors, path)

@@ -40,23 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-try:  # the shared tiny-model tokenizer, when tests/tiny.py provides it
-    from tiny import CHATML_TEMPLATE, EOS_TOKEN, byte_level_vocab
-except ImportError:  # pragma: no cover - minimal fallback: 256 byte symbols + eos
-    CHATML_TEMPLATE, EOS_TOKEN = None, "<|endoftext|>"
-
-    def byte_level_vocab(vocab_size):
-        bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-        cs, n = bs[:], 0
-        for b in range(256):
-            if b not in bs:
-                bs.append(b)
-                cs.append(256 + n)
-                n += 1
-        table = dict(zip(bs, cs))
-        toks = [chr(table[b]) for b in range(256)] + [EOS_TOKEN]
-        toks += [f"<|unused_{i}|>" for i in range(len(toks), vocab_size)]
-        return toks, [1] * 256 + [3] + [5] * (vocab_size - 257), []
+from tiny import CHATML_TEMPLATE, EOS_TOKEN, byte_level_vocab, finish_gguf
 
 
 VOCAB = 300
@@ -259,13 +243,7 @@ def _write(path: Path, arch: str, c, tensors: dict[str, np.ndarray], n_blocks: i
     w.add_add_bos_token(False)
     if CHATML_TEMPLATE:
         w.add_chat_template(CHATML_TEMPLATE)
-    for name, arr in tensors.items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish_gguf(w, tensors, path)
 
 
 def write_hybrid(path, arch: str = "qwen35", *, seed: int = 0, mtp: bool = False, shared_head: bool = False,
