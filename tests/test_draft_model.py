@@ -319,8 +319,11 @@ def test_larger_embedding_than_token_list_is_allowed(files, trunk, tmp_path):
     assert d.probs.shape[1] == trunk.vocab_size and all(t < trunk.vocab_size for t in d.tokens)
 
 
-def test_warnings_for_a_heavy_or_short_drafter(files, trunk):
+def test_warnings_for_a_heavy_or_short_drafter(files, trunk, monkeypatch):
     light = load_model(files["other"])  # 1 layer: the heavy 6-layer file outweighs it
+    # in the same weight format: the tiny files are F32, which the trunk keeps at full precision,
+    # while a drafter's default format is lossy 4-bit
+    monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "auto")
     heavy = load_drafter(files["heavy"], light, SpecOptions())
     assert any("more weight bytes than the trunk" in w for w in heavy.warnings)
     short = load_drafter(files["short_ctx"], trunk, SpecOptions())

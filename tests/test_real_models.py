@@ -7,9 +7,13 @@ We feed the same ids (no tokenizer involved) and compare our logits at transform
 
 Stated tolerances:
 
-* default bf16 format: max |error| < 1.0 and mean < 0.15 over all positions and top-8 ids
-  (bf16 rounds weights and every product's inputs; measured on smollm2: max ~0.5, mean ~0.06),
-  and our argmax equals transformers' top-1 on >= 95% of positions;
+* default format (the file's weights as stored, inputs of quantized products quantized per 32
+  elements to int8 as llama.cpp does): max |error| < 2.0 and mean < 0.2 over all positions and
+  top-8 ids, and our argmax equals transformers' top-1 on >= 95% of positions. Measured with the
+  native kernels: max 0.93 / 1.61 / 0.25 / 1.58, mean 0.171 / 0.155 / 0.047 / 0.045, top-1
+  98.1 / 98.6 / 99.5 / 100% (smollm2, gemma3, qwen-0.5b, qwen-1.5b). The int8 inputs cost more
+  than the earlier bf16 format's rounding did (mean 0.02-0.09); tests/test_vs_llamacpp.py checks
+  that greedy text still agrees with llama.cpp's except at near-ties;
 * f32 format (smollm2-135m only, it is fast): max |error| < 0.02, top-1 agreement 100%, and a
   free-running greedy continuation matches transformers' for >= 32 tokens on >= 3 of 4 prompts
   (an exact near-tie can legitimately flip one prompt).
@@ -80,8 +84,8 @@ def test_teacher_forced_logits_match_transformers(real):
         agree += int((argmax == torch.tensor(case["top_ids"])[:, 0]).sum())
         n += len(argmax)
     err = torch.cat(errs)
-    assert float(err.max()) < 1.0, f"{name}: max error {float(err.max()):.3f}"
-    assert float(err.mean()) < 0.15, f"{name}: mean error {float(err.mean()):.4f}"
+    assert float(err.max()) < 2.0, f"{name}: max error {float(err.max()):.3f}"
+    assert float(err.mean()) < 0.2, f"{name}: mean error {float(err.mean()):.4f}"
     assert agree / n >= 0.95, f"{name}: top-1 agreement {agree}/{n}"
 
 

@@ -168,7 +168,24 @@ def test_tiny_q4_codes_reproduce_gguf_py(tiny_q4):
     assert n > 0
 
 
-def test_tiny_q4_loads_int4_and_is_close_to_bf16(tiny_q4):
+@pytest.fixture
+def no_native(monkeypatch):
+    """The machine without native kernels (no compiler): "auto" falls back to torch's int4 kernel."""
+    from tsspec import kernels
+
+    monkeypatch.setattr(kernels, "_force_off", True)
+    assert not kernels.available()
+
+
+@pytest.fixture(params=["native", "int4"])
+def backend(request, monkeypatch):
+    """Run a test on both "auto" backends: the native GGUF kernels and the int4 fallback."""
+    if request.param == "int4":
+        request.getfixturevalue("no_native")
+    return request.param
+
+
+def test_tiny_q4_loads_int4_and_is_close_to_bf16(tiny_q4, no_native):
     auto = load_model(tiny_q4, fmt="auto")
     bf16 = load_model(tiny_q4, fmt="bf16")
     blk = auto.blocks[0]
@@ -185,8 +202,9 @@ def test_tiny_q4_loads_int4_and_is_close_to_bf16(tiny_q4):
     assert (la.argmax(-1) == lb.argmax(-1)).float().mean() >= 0.8
 
 
-def test_tiny_q4_forward_rows_equal_single_steps(tiny_q4):
+def test_tiny_q4_forward_rows_equal_single_steps(tiny_q4, backend):
     m = load_model(tiny_q4, fmt="auto")
+    assert m.blocks[0].qkv.fmt == ("gguf" if backend == "native" else "int4")
     ids = [int(t) for t in np.random.default_rng(0).integers(0, 300, size=80)]
     for threads in (1, 2):
         before = torch.get_num_threads()
@@ -207,7 +225,7 @@ def test_tiny_q4_forward_rows_equal_single_steps(tiny_q4):
             torch.set_num_threads(before)
 
 
-def test_tiny_q4_speculative_equals_plain(tiny_q4):
+def test_tiny_q4_speculative_equals_plain(tiny_q4, backend):
     m = load_model(tiny_q4, fmt="auto")
     prompt = [5, 6, 7, 8, 9, 10] * 6 + [11, 12, 13]
     m.reset()
@@ -219,6 +237,12 @@ def test_tiny_q4_speculative_equals_plain(tiny_q4):
 
 
 def test_env_selects_auto(monkeypatch, tiny_q4):
+    monkeypatch.setenv("TSSPEC_WEIGHTS", "auto")
+    m = load_model(tiny_q4)
+    assert m.blocks[0].qkv.fmt == "gguf"  # this machine kind has a compiler: the native kernels
+
+
+def test_env_selects_auto_without_native(monkeypatch, tiny_q4, no_native):
     monkeypatch.setenv("TSSPEC_WEIGHTS", "auto")
     m = load_model(tiny_q4)
     assert m.blocks[0].qkv.fmt == "int4"
@@ -242,12 +266,13 @@ def test_real_q4_codes_are_exact(real_model_path):
 
 
 @pytest.mark.real_model
-def test_real_speculative_equals_plain(real_model_path):
+def test_real_speculative_equals_plain(real_model_path, backend):
     from tsspec.tokenizer import Tokenizer
 
     path = real_model_path("smollm2-135m")
     m = load_model(path, fmt="auto", n_ctx=512)
-    assert m.blocks[0].gate_up.fmt == "int4"
+    assert m.blocks[0].gate_up.fmt == ("gguf" if backend == "native" else "int4")
+    assert (m.fused is not None) == (backend == "native")
     tok = Tokenizer.from_gguf(path)
     prompt = tok.encode("def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n"
                         "def fib2(n):\n")

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-# "auto": int4 for the tensors stored as Q4_0/Q4_1/Q4_K, bf16 for everything else.
+# "auto": every tensor in its own GGUF layout on the native kernels (tsspec.kernels); without them,
+# int4 for the tensors stored as Q4_0/Q4_1/Q4_K, f32 for F32/F16, bf16 for everything else.
 FORMATS = ("bf16", "f32", "auto", "int4")
 # "int4" also requantizes the other tensors to 4 bits (lossy): for drafters, whose guesses the trunk
 # verifies, so their precision costs acceptance, never correctness
@@ -99,6 +100,44 @@ class Int4Weight:
         n, k = self.q.shape
         q = self.q.reshape(n, k // INT4_GROUP, INT4_GROUP).astype(np.float32)
         return (self.a[..., None] * q + self.b[..., None]).reshape(n, k)
+
+
+class GGUFWeight:
+    """A weight in its GGUF block layout, exactly as the file stores it: ``raw`` uint8
+    [N, row_bytes] (a private contiguous copy), logical shape [N, K]. Multiplied by the native
+    kernels (``tsspec.kernels``) without dequantizing; ``dense()`` is the exact float32 value."""
+
+    __slots__ = ("type_name", "raw", "shape")
+
+    def __init__(self, type_name: str, raw: np.ndarray, shape: tuple[int, int]):
+        self.type_name, self.raw, self.shape = type_name, raw, (int(shape[0]), int(shape[1]))
+
+    @classmethod
+    def from_file(cls, type_name: str, flat: np.ndarray, shape: tuple[int, int]) -> "GGUFWeight":
+        n = int(shape[0])
+        return cls(type_name, np.array(flat, dtype=np.uint8, copy=True).reshape(n, -1), shape)
+
+    def dense(self) -> np.ndarray:
+        from . import kernels
+
+        if kernels.available():
+            return kernels.dequant_rows(self.type_name, self.raw, self.shape[1], range(self.shape[0])).numpy()
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        flat = dequantize(self.raw.reshape(-1), GGMLQuantizationType[self.type_name])
+        return np.asarray(flat, np.float32).reshape(self.shape)
+
+
+def gguf_native(type_name: str, shape: tuple[int, ...]) -> bool:
+    """Whether the native kernels multiply a tensor of this type and numpy shape [N, K] as stored."""
+    from . import kernels
+
+    if len(shape) != 2 or not kernels.supported(type_name) or not kernels.available():
+        return False
+    if type_name in kernels.FLOAT_TYPES:
+        return True
+    return shape[1] % kernels.QUANT_BLOCK == 0 and kernels.lib().tsq_row_bytes(kernels.TYPE_IDS[type_name], shape[1]) > 0
 
 
 def int4_quantize(w: np.ndarray) -> Int4Weight:
@@ -188,18 +227,39 @@ def int4_from_gguf(type_name: str, raw: np.ndarray, shape: tuple[int, int], *, c
 class Linear:
     """y = x @ W.T + b for x [rows, in] float32 -> y [rows, out] float32.
 
-    ``fmt`` "bf16"/"f32" store a dense weight; an ``Int4Weight`` with fmt "auto" (or "int4") is
-    stored packed for the int4 kernel (``self.weight`` is then the packed uint8 tensor and
-    ``self.scales_and_zeros`` [K/32, N, 2] its per-group scale and zero). A float weight with fmt
-    "auto" is stored as bf16; an ``Int4Weight`` with "bf16"/"f32" is stored dense.
+    Backends, chosen from the weight and ``fmt``:
+
+    * ``gguf``: a ``GGUFWeight`` (or several, stacked along N) multiplied by the native kernels in
+      the file's own block layout: exact weights, batch invariant for every row count. What
+      "auto" gives every tensor whose type the kernels take (when they are available);
+    * ``int4``: an ``Int4Weight`` packed for torch's int4 kernel (``self.weight`` the packed uint8
+      tensor, ``self.scales_and_zeros`` [K/32, N, 2]); "auto" without native kernels;
+    * ``bf16`` / ``f32``: a dense weight (f32 is the plain reference).
     """
 
     __slots__ = ("weight", "scales_and_zeros", "bias", "fmt", "min_rows", "multiple", "out_features",
-                 "in_features")
+                 "in_features", "parts")
 
     def __init__(self, weight, bias=None, fmt: str | None = None):
         fmt = fmt or default_format()
         self.scales_and_zeros = None
+        self.parts: list[GGUFWeight] | None = None
+        if isinstance(weight, list):  # several GGUF weights stacked along N (from ``concat``)
+            weight = weight if len(weight) > 1 else weight[0]
+        if isinstance(weight, (GGUFWeight, list)):
+            parts = weight if isinstance(weight, list) else [weight]
+            if fmt in ("auto", "gguf") and all(gguf_native(p.type_name, p.shape) for p in parts):
+                self.fmt = "gguf"
+                self.parts = parts
+                self.out_features = sum(p.shape[0] for p in parts)
+                self.in_features = parts[0].shape[1]
+                self.weight = parts[0].raw
+                self.bias = None if bias is None else to_tensor(bias, torch.float32)
+                self.min_rows, self.multiple = 1, 1
+                return
+            weight = _fallback_weight(parts, fmt)
+            if fmt in ("auto", "gguf"):
+                fmt = "int4" if isinstance(weight, Int4Weight) else _fallback_dense_format(parts)
         if isinstance(weight, Int4Weight):
             if fmt in ("auto", "int4"):
                 fmt = "int4"
@@ -207,7 +267,7 @@ class Linear:
                 self.weight, self.scales_and_zeros = _pack_int4(weight)
             else:
                 weight = weight.dense()
-        elif fmt in ("auto", "int4"):
+        elif fmt in ("auto", "int4", "gguf"):
             fmt = "bf16"
         self.fmt = fmt
         if fmt != "int4":
@@ -222,23 +282,48 @@ class Linear:
     def concat(parts: list[tuple], fmt: str | None = None) -> "Linear":
         """One Linear over row-stacked weights (fused QKV, gate+up): fewer, larger products.
 
-        Parts that are all ``Int4Weight`` stay int4 (codes and groups stacked along N); a mix is
-        stacked dense."""
+        GGUF weights stay in their layouts (neighbours of one type share one block array); parts
+        that are all ``Int4Weight`` stay int4 (codes and groups stacked along N); a mix is stacked
+        dense."""
         ws = [p[0] for p in parts]
-        if all(isinstance(w, Int4Weight) for w in ws):
-            w = Int4Weight(*(np.concatenate([getattr(x, f) for x in ws], axis=0) for f in ("q", "a", "b")))
-        else:
-            w = np.concatenate([x.dense() if isinstance(x, Int4Weight) else np.asarray(x) for x in ws], axis=0)
         if any(p[1] is not None for p in parts):
             b = np.concatenate(
                 [p[1] if p[1] is not None else np.zeros(p[0].shape[0], np.float32) for p in parts]
             )
         else:
             b = None
+        if all(isinstance(w, GGUFWeight) for w in ws):
+            merged: list[GGUFWeight] = []
+            for w in ws:
+                if merged and merged[-1].type_name == w.type_name and merged[-1].shape[1] == w.shape[1]:
+                    m = merged[-1]
+                    merged[-1] = GGUFWeight(m.type_name, np.concatenate([m.raw, w.raw]),
+                                            (m.shape[0] + w.shape[0], m.shape[1]))
+                else:
+                    merged.append(w)
+            return Linear(merged, b, fmt)
+        if all(isinstance(w, Int4Weight) for w in ws):
+            w = Int4Weight(*(np.concatenate([getattr(x, f) for x in ws], axis=0) for f in ("q", "a", "b")))
+        else:
+            w = np.concatenate([x.dense() if isinstance(x, (Int4Weight, GGUFWeight)) else np.asarray(x)
+                                for x in ws], axis=0)
         return Linear(w, b, fmt)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
+        if self.fmt == "gguf":
+            from . import kernels
+
+            x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
+            y = torch.empty(m, self.out_features, dtype=torch.float32)
+            xq = None
+            col = 0
+            for p in self.parts:
+                if xq is None and p.type_name not in kernels.FLOAT_TYPES:
+                    xq = kernels.quantize(x)
+                kernels.matmul(p.type_name, p.raw, self.in_features, x, xq, y, col)
+                col += p.shape[0]
+            return y if self.bias is None else y.add_(self.bias)
         xp = pad_rows(x, self.min_rows, self.multiple)
         if self.fmt == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
@@ -251,7 +336,9 @@ class Linear:
 
     def dense_weight(self) -> torch.Tensor:
         """The weight the product uses, as float32 [out, in] (int4: unpacked through the kernel
-        with the identity as input, in float32; for tests)."""
+        with the identity as input, in float32; gguf: the file's exact values; for tests)."""
+        if self.fmt == "gguf":
+            return torch.from_numpy(np.concatenate([p.dense() for p in self.parts]))
         if self.fmt != "int4":
             return self.weight.float()
         k = self.in_features
@@ -269,10 +356,63 @@ class Linear:
         return y if self.bias is None else y + self.bias
 
     def nbytes(self) -> int:
-        n = self.weight.numel() * self.weight.element_size()
+        if self.fmt == "gguf":
+            n = sum(p.raw.nbytes for p in self.parts)
+        else:
+            n = self.weight.numel() * self.weight.element_size()
         if self.scales_and_zeros is not None:
             n += self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
         return n + (0 if self.bias is None else self.bias.numel() * 4)
+
+
+def _fallback_weight(parts: list[GGUFWeight], fmt: str):
+    """GGUF weights the native kernels cannot take (or "bf16"/"f32" asked): Int4Weight for 4-bit
+    types under "auto" (torch's int4 kernel), else the exact float32 values."""
+    if fmt in ("auto", "gguf") and all(int4_supported(p.type_name, p.shape) for p in parts):
+        try:
+            ws = [int4_from_gguf(p.type_name, p.raw.reshape(-1), p.shape) for p in parts]
+            return Int4Weight(*(np.concatenate([getattr(x, f) for x in ws], axis=0) for f in ("q", "a", "b")))
+        except ValueError:  # codes not recoverable exactly: keep the exact float weights instead
+            pass
+    return np.concatenate([p.dense() for p in parts]) if len(parts) > 1 else parts[0].dense()
+
+
+def _fallback_dense_format(parts: list[GGUFWeight]) -> str:
+    """Without native kernels, "auto" holds F32/F16/BF16 tensors in f32 (never below the file's
+    precision) and other types in bf16."""
+    return "f32" if any(p.type_name in ("F32", "F16") for p in parts) else "bf16"
+
+
+class Embedding:
+    """Token embedding rows. ``table[ids]`` -> float32 [len(ids), d].
+
+    Holds either a dense tensor (bf16/f32 formats) or a ``GGUFWeight`` whose rows are dequantized
+    exactly on lookup (only the rows a forward needs), so a 262k-row table costs its file size."""
+
+    def __init__(self, weight):
+        self.gguf = weight if isinstance(weight, GGUFWeight) else None
+        self.dense = None if self.gguf is not None else weight
+        self.shape = tuple(weight.shape)
+
+    def __getitem__(self, ids) -> torch.Tensor:
+        if self.gguf is not None:
+            from . import kernels
+
+            idx = ids.tolist() if isinstance(ids, torch.Tensor) else ids
+            return kernels.dequant_rows(self.gguf.type_name, self.gguf.raw, self.shape[1], idx)
+        return self.dense[ids].float()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32 if self.gguf is not None else self.dense.dtype
+
+    def nbytes(self) -> int:
+        if self.gguf is not None:
+            return self.gguf.raw.nbytes
+        return self.dense.numel() * self.dense.element_size()
+
+    def storage_ptr(self) -> int:
+        return self.gguf.raw.ctypes.data if self.gguf is not None else self.dense.data_ptr()
 
 
 def _pack_int4(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:

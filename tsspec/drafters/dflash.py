@@ -695,6 +695,7 @@ def load(g: GGUFFile, target, options=None, *, fmt: str | None = None) -> DFlash
         trunk_base = tcfg.layers[0].rope_base
     cfg = read_config(g, trunk_base)
     fmt = fmt or getattr(getattr(target, "lm_head", None), "fmt", None)
+    fmt = "auto" if fmt == "gguf" else fmt  # the native-kernel backend is what "auto" loads
 
     def t(n: str) -> np.ndarray:
         return g.tensor(n)

@@ -164,6 +164,6 @@ def load(g: GGUFFile, target, options) -> NextNDrafter:
     """Bind a NextN/MTP-only GGUF to ``target`` (shapes must match; embeddings/head are borrowed)."""
     fmt = None
     lm = getattr(target, "lm_head", None)
-    if lm is not None:
-        fmt = lm.fmt
+    if lm is not None:  # the trunk's format; its native-kernel backend is what "auto" loads
+        fmt = "auto" if lm.fmt == "gguf" else lm.fmt
     return NextNDrafter(NextNHead.from_gguf(g, target, fmt=fmt))

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
 from ..spec.protocols import ForwardOutput
-from ..weights import Linear, pad_rows, to_tensor
+from ..weights import Embedding, Linear, pad_rows, to_tensor
 
 # Keys are attended in spans rounded up to this many positions, so a row's attention shape is a
 # function of its own position only (the same in a 1-row decode and a 9-row verify).
@@ -254,7 +254,7 @@ class TransformerModel:
                  lm_head: Linear, n_ctx: int | None = None, path=None):
         self.cfg = cfg
         self.blocks = blocks
-        self.embed = embed  # [vocab, d] bf16 (or f32)
+        self.embed = embed if isinstance(embed, Embedding) else Embedding(embed)  # rows -> float32
         self.out_norm = out_norm
         self.lm_head = lm_head
         self.path = path
@@ -272,6 +272,10 @@ class TransformerModel:
         self.q_dim = cfg.n_heads * cfg.head_dim
         self.kv_dim = cfg.n_kv_heads * cfg.head_dim
         self._windows = {spec.window for spec in cfg.layers}
+        self._rope_bases = sorted({spec.rope_base for spec in cfg.layers})
+        # every block in one native call per forward when the weights are all on the gguf backend
+        # (``fused`` None: the torch path below, which is also the reference the fused one is tested against)
+        self.fused = fused_blocks(self) if type(self) is TransformerModel else None
 
     # -- SpecTarget surface ------------------------------------------------------------------
     @property
@@ -326,6 +330,10 @@ class TransformerModel:
         self.ensure_capacity(start + n)
         h = self._token_rows(tokens)  # [n, d]
         want = {t: None for t in (taps or ())}
+        if self.fused is not None:
+            h = self._fused_forward(h, start, want)
+            self.cache.length = start + n
+            return self._output(h, want, taps, all_logits)
         groups = plan_attention(start, n, self.cache.capacity, cfg.n_heads // cfg.n_kv_heads, self._windows)
         for li, blk in enumerate(self.blocks):
             if li in want:
@@ -336,13 +344,27 @@ class TransformerModel:
         self.cache.length = start + n
         return self._output(h, want, taps, all_logits)
 
+    def _fused_forward(self, h: torch.Tensor, start: int, want: dict) -> torch.Tensor:
+        """All blocks natively; tapped residuals are copied between runs of blocks."""
+        h = h.contiguous()
+        cos = [self._rope[b][0] for b in self._rope_bases]
+        sin = [self._rope[b][1] for b in self._rope_bases]
+        cuts = sorted({t for t in want if 0 <= t <= self.n_layers} | {0, self.n_layers})
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if a in want:
+                want[a] = h.clone()
+            self.fused.run(h, a, b, start, self.cache.k, self.cache.v, cos, sin)
+        if self.n_layers in want:
+            want[self.n_layers] = h.clone()
+        return h
+
     def _token_rows(self, tokens: Sequence[int]) -> torch.Tensor:
         """Embedding rows [n, d] float32; the one place token ids are checked."""
         if len(tokens) == 0:
             raise ValueError("forward needs at least one token")
         if min(tokens) < 0 or max(tokens) >= self.cfg.vocab_size:
             raise BadInput(f"token id out of range for a vocabulary of {self.cfg.vocab_size}")
-        h = self.embed[torch.as_tensor(tokens, dtype=torch.long)].float()
+        h = self.embed[list(tokens)]
         return h * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else h
 
     def _output(self, h: torch.Tensor, want: dict, taps, all_logits: bool) -> ForwardOutput:
@@ -388,30 +410,73 @@ class TransformerModel:
 
     # -- reporting -----------------------------------------------------------------------------
     def weight_bytes(self) -> int:
-        n = self.embed.numel() * self.embed.element_size()
+        n = self.embed.nbytes()
         for b in self.blocks:
             n += b.qkv.nbytes() + b.o.nbytes() + b.gate_up.nbytes() + b.down.nbytes()
-        if self.lm_head.weight.data_ptr() != self.embed.data_ptr():
+        if not _shares_storage(self.lm_head, self.embed):
             n += self.lm_head.nbytes()
         return n
+
+
+def fused_blocks(model: "TransformerModel"):
+    """The native fused form of a llama-family trunk's blocks, or None when a block has a weight
+    off the gguf backend (bf16/f32/int4 formats, unsupported quant types) or the kernels are missing."""
+    from .. import kernels
+
+    if not kernels.available() or not kernels.simd():
+        return None
+    cfg = model.cfg
+    if cfg.activation not in ("silu", "gelu_tanh") or cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
+        return None
+    layers, keep = [], []
+    for li, blk in enumerate(model.blocks):
+        lins = [kernels.c_linear(x) for x in (blk.qkv, blk.o, blk.gate_up, blk.down)]
+        if any(x is None for x in lins):
+            return None
+        L = kernels.CLayer()
+        L.qkv, L.o, L.gate_up, L.down = lins
+        norms = {}
+        for name in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):
+            t = getattr(blk, name)
+            if t is not None:
+                t = t.float().contiguous()
+                keep.append(t)
+                norms[name] = t.data_ptr()
+            setattr(L, name, norms.get(name))
+        spec = cfg.layers[li]
+        L.window = spec.window or 0
+        L.rope = model._rope_bases.index(spec.rope_base)
+        layers.append(L)
+        keep.append(blk)
+    c = kernels.CConfig(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.rope_dim // 2,
+                        1 if cfg.rope_neox else 0, 1 if cfg.activation == "gelu_tanh" else 0, cfg.rms_eps,
+                        model.q_scale)
+    return kernels.FusedBlocks(c, layers, keep)
+
+
+def _shares_storage(head: Linear, embed: Embedding) -> bool:
+    w = head.weight
+    ptr = w.ctypes.data if isinstance(w, np.ndarray) else w.data_ptr()
+    return ptr == embed.storage_ptr()
 
 
 # ----------------------------------------------------------------------------- loading
 
 
 def load_weight(g: GGUFFile, names: Sequence[str], fmt: str | None) -> list:
-    """The weights of tensors that share one Linear: ``Int4Weight`` for all of them when ``fmt`` is
-    "auto" and every one is a 4-bit type the int4 backend takes, else float32 arrays for all."""
-    from ..weights import int4_from_gguf, int4_quantize, int4_shape_ok, int4_supported
+    """The weights of tensors that share one Linear.
 
-    if fmt in ("auto", "int4"):
+    "auto": a ``GGUFWeight`` per tensor (the file's blocks as stored; ``Linear`` runs them on the
+    native kernels, or falls back per tensor when those are unavailable). "int4" (drafters only):
+    ``Int4Weight`` for all, exact codes for 4-bit tensors and lossy 4-bit for the rest. Otherwise
+    float32 arrays."""
+    from ..weights import GGUFWeight, int4_from_gguf, int4_quantize, int4_shape_ok, int4_supported
+
+    if fmt == "auto":
+        return [GGUFWeight.from_file(*g.tensor_raw(n), g.tensor_info(n).shape) for n in names]
+    if fmt == "int4":
         infos = [g.tensor_info(n) for n in names]
-        if all(int4_supported(i.type_name, i.shape) for i in infos):
-            try:
-                return [int4_from_gguf(*g.tensor_raw(i.name), i.shape) for i in infos]
-            except ValueError:  # codes not recoverable exactly: keep the exact float weights instead
-                pass
-        if fmt == "int4" and all(int4_shape_ok(i.shape) for i in infos):
+        if all(int4_shape_ok(i.shape) for i in infos):
             return [int4_from_gguf(*g.tensor_raw(i.name), i.shape) if int4_supported(i.type_name, i.shape)
                     else int4_quantize(g.tensor(i.name)) for i in infos]
     return [g.tensor(n) for n in names]
@@ -460,25 +525,44 @@ def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = F
     return blocks
 
 
-def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, *, bias: bool = False) -> TransformerModel:
-    from ..weights import default_format, int4_shape_ok, int4_supported
+def load_embedding(g: GGUFFile, cfg: ArchConfig, fmt: str) -> tuple[Embedding, Linear]:
+    """The token embedding and the output head (tied to the embedding when the file has no
+    ``output.weight``: then both share one copy of the stored blocks)."""
+    from ..weights import GGUFWeight, gguf_native, int4_shape_ok
 
-    fmt = fmt or default_format()
-    dtype = torch.float32 if fmt == "f32" else torch.bfloat16  # "auto": the embedding stays bf16
-    blocks = load_blocks(g, cfg, fmt, bias=bias)
-    embed = to_tensor(g.tensor("token_embd.weight"), dtype)
-    if embed.shape != (cfg.vocab_size, cfg.d_model):
+    info = g.tensor_info("token_embd.weight")
+    if tuple(info.shape) != (cfg.vocab_size, cfg.d_model):
         raise ModelFileError(
-            f"{g.path.name}: token_embd is {tuple(embed.shape)}, expected ({cfg.vocab_size}, {cfg.d_model})"
+            f"{g.path.name}: token_embd is {tuple(info.shape)}, expected ({cfg.vocab_size}, {cfg.d_model})"
         )
-    head_name = "output.weight" if g.has_tensor("output.weight") else "token_embd.weight"
-    info = g.tensor_info(head_name)
-    if (fmt == "auto" and int4_supported(info.type_name, info.shape)) or (fmt == "int4" and int4_shape_ok(info.shape)):
-        # a 4-bit head (tied or not), or any head under the lossy drafter format
-        lm_head = Linear(load_weight(g, [head_name], fmt)[0], None, fmt)  # is its own int4 copy
-    elif head_name == "output.weight":
+    tied = not g.has_tensor("output.weight")
+    head_name = "token_embd.weight" if tied else "output.weight"
+    if fmt == "auto" and gguf_native(info.type_name, tuple(info.shape)):
+        embed_w = GGUFWeight.from_file(*g.tensor_raw("token_embd.weight"), info.shape)
+        embed = Embedding(embed_w)
+        head = Linear(embed_w if tied else load_weight(g, [head_name], fmt)[0], None, fmt)
+        return embed, head
+    dtype = torch.float32 if fmt == "f32" else torch.bfloat16
+    if fmt == "auto" and info.type_name in ("F32", "F16"):
+        dtype = torch.float32  # never below the file's precision
+    dense = to_tensor(g.tensor("token_embd.weight"), dtype)
+    embed = Embedding(dense)
+    head_info = g.tensor_info(head_name)
+    if fmt == "auto" or (fmt == "int4" and int4_shape_ok(head_info.shape)):
+        # a head the file stores (or a drafter's lossy 4-bit one): its own copy in its own format
+        lm_head = Linear(load_weight(g, [head_name], fmt)[0], None, fmt)
+    elif not tied:
         lm_head = Linear(g.tensor(head_name), None, fmt)
     else:  # tied: share the embedding's storage
-        lm_head = Linear(embed, None, fmt)
+        lm_head = Linear(dense, None, fmt)
+    return embed, lm_head
+
+
+def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, *, bias: bool = False) -> TransformerModel:
+    from ..weights import default_format
+
+    fmt = fmt or default_format()
+    blocks = load_blocks(g, cfg, fmt, bias=bias)
+    embed, lm_head = load_embedding(g, cfg, fmt)
     out_norm = to_tensor(g.tensor("output_norm.weight"), torch.float32)
     return TransformerModel(cfg, blocks, embed, out_norm, lm_head, n_ctx=n_ctx, path=g.path)

@@ -56,9 +56,12 @@ from .base import (
     KVCache,
     LayerSpec,
     TransformerModel,
+    _shares_storage,
     apply_rope,
     attend,
     common_config,
+    load_embedding,
+    load_weight,
     plan_attention,
     rms_norm,
 )
@@ -458,11 +461,11 @@ class HybridModel(TransformerModel):
         return blk.out(o.reshape(n, vd))
 
     def weight_bytes(self) -> int:
-        n = self.embed.numel() * self.embed.element_size()
+        n = self.embed.nbytes()
         for b in self.blocks:
             lins = [b.qkv, b.o] if isinstance(b, AttnLayer) else [b.in_proj, b.out]
             n += sum(x.nbytes() for x in lins) + b.gate_up.nbytes() + b.down.nbytes()
-        if self.lm_head.weight.data_ptr() != self.embed.data_ptr():
+        if not _shares_storage(self.lm_head, self.embed):
             n += self.lm_head.nbytes()
         return n
 
@@ -475,7 +478,9 @@ def _vec(g: GGUFFile, name: str) -> torch.Tensor:
 
 
 def load_attn_layer(g: GGUFFile, p: str, fmt: str) -> AttnLayer:
-    t = g.tensor
+    def t(name: str):
+        return load_weight(g, [name], fmt)[0]
+
     return AttnLayer(
         attn_norm=_vec(g, p + "attn_norm.weight"),
         qkv=Linear.concat([(t(p + "attn_q.weight"), None), (t(p + "attn_k.weight"), None),
@@ -496,7 +501,9 @@ def gdn_projections_qwen35(g: GGUFFile, p: str, hy: HybridSpec) -> list[np.ndarr
 
 
 def load_gdn_layer(g: GGUFFile, p: str, hy: HybridSpec, fmt: str, projections) -> GDNLayer:
-    t = g.tensor
+    def t(name: str):
+        return load_weight(g, [name], fmt)[0]
+
     mats = projections(g, p, hy)
     conv = _vec(g, p + "ssm_conv1d.weight")
     if conv.shape != (hy.conv_dim, hy.conv_kernel):
@@ -518,18 +525,12 @@ def load_gdn_layer(g: GGUFFile, p: str, hy: HybridSpec, fmt: str, projections) -
 
 def build_hybrid(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, projections) -> HybridModel:
     fmt = fmt or default_format()
-    dtype = torch.float32 if fmt == "f32" else torch.bfloat16
     hy: HybridSpec = cfg.extra["hybrid"]
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
         layers.append(load_gdn_layer(g, p, hy, fmt, projections) if hy.recurrent[i] else load_attn_layer(g, p, fmt))
-    embed = to_tensor(g.tensor("token_embd.weight"), dtype)
-    if embed.shape != (cfg.vocab_size, cfg.d_model):
-        raise ModelFileError(
-            f"{g.path.name}: token_embd is {tuple(embed.shape)}, expected ({cfg.vocab_size}, {cfg.d_model})"
-        )
-    lm_head = Linear(g.tensor("output.weight"), None, fmt) if g.has_tensor("output.weight") else Linear(embed, None, fmt)
+    embed, lm_head = load_embedding(g, cfg, fmt)
     model = HybridModel(cfg, layers, embed, _vec(g, "output_norm.weight"), lm_head, n_ctx=n_ctx, path=g.path)
     if hy.n_nextn and g.has_tensor(f"blk.{cfg.n_layers}.nextn.eh_proj.weight"):
         from ..drafters.nextn import NextNHead

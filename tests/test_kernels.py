@@ -1,0 +1,206 @@
+"""The native GGUF kernels (tsspec/kernels/qgemm.c) against plain references.
+
+* dequantization of every supported type equals gguf-py's, bit for bit (random blocks);
+* the AVX-512 product equals the plain C reference to float rounding, and both equal a float64
+  product of gguf-py's dequantized weights with the quantized input;
+* batch invariance: a row's result is the same bits for 1..17, 33 and 65 rows, at 1 and 2 threads;
+* the fused block forward agrees with the torch block path on the same weights, and N rows equal
+  N single steps bitwise through it;
+* without a compiler the library reports why, and models fall back to the torch formats.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from tiny import write_tiny_model
+from tsspec import kernels
+from tsspec.models import load_model
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"native kernels: {kernels.unavailable_reason()}")
+
+QUANT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+FLOAT_TYPES = ["F32", "F16", "BF16"]
+# byte offsets of the f16 scale fields inside one block (random bytes there could be inf/nan)
+F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
+
+
+def random_blocks(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """A random weight [n, row_bytes] of a GGUF type with sane scales (uint8)."""
+    rng = np.random.default_rng(seed)
+    if type_name in FLOAT_TYPES:
+        w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+        if type_name == "F32":
+            return w.view(np.uint8).reshape(n, -1)
+        if type_name == "F16":
+            return w.astype(np.float16).view(np.uint8).reshape(n, -1)
+        return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, -1)
+    qt = GGMLQuantizationType[type_name]
+    elems, nbytes = GGML_QUANT_SIZES[qt]
+    blocks = rng.integers(0, 256, size=(n * k // elems, nbytes), dtype=np.uint8)
+    for off in F16_FIELDS[type_name]:
+        scale = (rng.random(len(blocks)) * 0.01 + 1e-4).astype(np.float16)
+        if type_name in ("Q4_1",) and off == 2:
+            scale = -scale  # the min is typically negative
+        blocks[:, off : off + 2] = scale.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(n, -1)
+
+
+def gguf_dense(type_name: str, raw: np.ndarray, k: int) -> np.ndarray:
+    if type_name == "F32":
+        return raw.view(np.float32).reshape(raw.shape[0], k)
+    if type_name == "F16":
+        return raw.view(np.float16).astype(np.float32).reshape(raw.shape[0], k)
+    if type_name == "BF16":
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(raw.shape[0], k)
+    return np.asarray(dequantize(raw.reshape(-1), GGMLQuantizationType[type_name]), np.float32).reshape(-1, k)
+
+
+def quantized_input(x: torch.Tensor) -> np.ndarray:
+    """x as the kernels quantize it (per 32: d * q), float64, to build the exact reference."""
+    xb = x.double().reshape(x.shape[0], -1, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    d = (amax.float() / 127).double()
+    iscale = torch.where(amax > 0, 127 / amax.float(), torch.zeros_like(amax.float())).double()
+    q = torch.clamp(torch.round((xb.float() * iscale.float()).double()), -127, 127)
+    return (q * d).reshape(x.shape).numpy()
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+def test_dequantization_equals_gguf_py(type_name):
+    k = 512
+    raw = random_blocks(type_name, 48, k, seed=1)
+    ours = kernels.dequant_rows(type_name, raw, k, range(48)).numpy()
+    np.testing.assert_array_equal(ours, gguf_dense(type_name, raw, k))
+    pick = [7, 0, 47, 7]
+    np.testing.assert_array_equal(kernels.dequant_rows(type_name, raw, k, pick).numpy(), ours[pick])
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
+def test_product_matches_references(type_name):
+    n, k, m = 96, 768, 5
+    raw = random_blocks(type_name, n, k, seed=2)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(3)) * 2
+    xq = None if type_name in FLOAT_TYPES else kernels.quantize(x)
+    fast, ref = torch.zeros(m, n), torch.zeros(m, n)
+    kernels.matmul(type_name, raw, k, x, xq, fast)
+    kernels.matmul(type_name, raw, k, x, xq, ref, use_simd=False)
+    w = gguf_dense(type_name, raw, k).astype(np.float64)
+    xin = x.double().numpy() if type_name in FLOAT_TYPES else quantized_input(x)
+    exact = torch.from_numpy(xin @ w.T)
+    scale = float(torch.from_numpy(np.abs(xin) @ np.abs(w).T).max())
+    assert float((ref.double() - exact).abs().max()) <= 1e-5 * scale
+    assert float((fast.double() - exact).abs().max()) <= 1e-5 * scale
+    # the quantization is what costs accuracy: against the unquantized product the error is larger
+    if type_name not in FLOAT_TYPES:
+        plain = x.double() @ torch.from_numpy(w).T
+        assert float((fast.double() - plain).abs().max()) <= 0.02 * scale
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES + ["F16"])
+def test_product_is_batch_invariant(type_name):
+    n, k = 80, 512
+    raw = random_blocks(type_name, n, k, seed=4)
+    x = torch.randn(65, k, generator=torch.Generator().manual_seed(5))
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            singles = torch.zeros(65, n)
+            for i in range(65):
+                xi = x[i : i + 1].contiguous()
+                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi), singles[i : i + 1])
+            for rows in [*range(1, 18), 33, 65]:
+                xr = x[:rows].contiguous()
+                y = torch.zeros(rows, n)
+                kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr), y)
+                assert torch.equal(y, singles[:rows]), f"{type_name}: {rows} rows at {threads} threads"
+    finally:
+        torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- fused blocks
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3"])
+def tiny_q(request, tmp_path_factory):
+    arch = request.param
+    path = write_tiny_model(tmp_path_factory.mktemp("kq") / f"{arch}.gguf", arch, quant="Q4_0",
+                            d_model=64, ffn_dim=128, vocab_size=320)
+    return arch, path
+
+
+def test_fused_forward_matches_torch_blocks(tiny_q):
+    arch, path = tiny_q
+    m = load_model(path, n_ctx=256)
+    assert m.fused is not None, arch
+    ids = [int(t) for t in np.random.default_rng(0).integers(0, 300, size=40)]
+    fused = m.forward(ids, all_logits=True, taps=[1, m.n_layers]).logits
+    m.reset()
+    keep, m.fused = m.fused, None
+    ref = m.forward(ids, all_logits=True).logits
+    m.fused = keep
+    scale = float(ref.abs().max())
+    # int8 inputs: the two paths round a few inputs differently, nothing more
+    assert float((fused - ref).abs().max()) <= 0.05 * scale, arch
+    assert float((fused.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
+
+
+def test_fused_rows_equal_single_steps(tiny_q):
+    arch, path = tiny_q
+    m = load_model(path, n_ctx=256)
+    ids = [int(t) for t in np.random.default_rng(1).integers(0, 300, size=90)]
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            m.reset()
+            m.forward(ids[:10])
+            full = m.forward(ids[10:90], all_logits=True, taps=[0, 1]).logits
+            m.rewind(10)
+            for i in range(10, 90):
+                assert torch.equal(m.forward([ids[i]]).logits[0], full[i - 10]), f"{arch} row {i} at {threads}"
+            m.rewind(10)
+            for i in range(10, 90, 9):
+                chunk = m.forward(ids[i : i + 9], all_logits=True).logits
+                assert torch.equal(chunk, full[i - 10 : i - 10 + chunk.shape[0]])
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_fused_taps_equal_torch_taps_layout(tiny_q):
+    arch, path = tiny_q
+    m = load_model(path, n_ctx=256)
+    ids = list(range(3, 20))
+    out = m.forward(ids, all_logits=True, taps=[0, 1, m.n_layers])
+    assert out.hidden.shape == (len(ids), 3 * m.hidden_size)
+    emb = m.embed[ids] * m.cfg.embed_scale
+    assert torch.equal(out.hidden[:, : m.hidden_size], emb)  # tap 0 is the embedding row
+
+
+# ----------------------------------------------------------------------------- without a compiler
+
+
+def test_no_compiler_falls_back_with_a_reason(monkeypatch, tmp_path):
+    monkeypatch.setattr(kernels, "_tried", False)
+    monkeypatch.setattr(kernels, "_lib", None)
+    monkeypatch.setattr(kernels, "_reason", None)
+    monkeypatch.setattr(kernels.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CC", raising=False)
+    assert kernels.lib() is None
+    assert "no C compiler" in kernels.unavailable_reason()
+    path = write_tiny_model(tmp_path / "q.gguf", "llama", quant="Q4_0", d_model=64, ffn_dim=128, vocab_size=320)
+    m = load_model(path)
+    assert m.fused is None and m.blocks[0].qkv.fmt == "int4"
+    assert m.forward([1, 2, 3]).logits.shape == (1, m.vocab_size)
+
+
+def test_switch_off_by_environment(monkeypatch):
+    monkeypatch.setattr(kernels, "_tried", False)
+    monkeypatch.setattr(kernels, "_lib", None)
+    monkeypatch.setenv("TSSPEC_KERNELS", "0")
+    assert kernels.lib() is None and "TSSPEC_KERNELS=0" in kernels.unavailable_reason()

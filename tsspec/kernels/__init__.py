@@ -1,0 +1,275 @@
+"""Native kernels over GGUF blocks (``qgemm.c``), compiled on first use and cached.
+
+The C source is built with the machine's C compiler (``cc``/``gcc``; ``-O3 -march=native -fopenmp``)
+into ``$TSSPEC_CACHE/kernels/`` (default ``~/.cache/tsspec/kernels/``) under a name that hashes the
+source, the flags, the compiler and the CPU's feature flags, so a rebuilt tree or another CPU gets
+its own artifact and a cached one is reused. The build is atomic (temporary file, then rename).
+
+Where no compiler is found, the build fails, or ``TSSPEC_KERNELS=0`` is set, ``lib()`` returns
+None, ``unavailable_reason()`` says why, and the weight seam falls back to its pure-torch formats.
+
+OpenMP: the library links ``libgomp.so.1``; torch's CPU wheel ships and loads a library of that
+soname first, so the dynamic loader binds both to one OpenMP runtime (one thread pool, no two
+pools spinning against each other on a 2-core machine). torch is imported before loading for that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SOURCE = Path(__file__).with_name("qgemm.c")
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
+
+# GGUF type name -> the C enum in qgemm.c
+TYPE_IDS = {"F32": 0, "F16": 1, "BF16": 2, "Q4_0": 3, "Q4_1": 4, "Q5_0": 5, "Q8_0": 6, "Q4_K": 7, "Q6_K": 8}
+QUANT_BLOCK = 32  # activation block: input rows are quantized per 32 elements
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_reason: str | None = None
+_tried = False
+_force_off = False  # tests set this to exercise the pure-torch fallback in one process
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("TSSPEC_CACHE")
+    root = Path(base) if base else Path.home() / ".cache" / "tsspec"
+    return root / "kernels"
+
+
+def _compiler() -> str | None:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(cc: str) -> Path:
+    src = SOURCE.read_bytes()
+    try:
+        ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        ver = ""
+    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + ver.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    out = cache_dir() / f"qgemm-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".qgemm-", suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            msg = (r.stderr or r.stdout).strip().splitlines()
+            raise RuntimeError(f"{cc} failed: {msg[0] if msg else 'exit ' + str(r.returncode)}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    c_long, c_int, vp = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
+    lib.tsq_simd.restype = c_int
+    lib.tsq_xblock_bytes.restype = c_int
+    lib.tsq_row_bytes.restype = c_long
+    lib.tsq_row_bytes.argtypes = [c_int, c_long]
+    lib.tsq_quantize.restype = None
+    lib.tsq_quantize.argtypes = [vp, c_long, c_long, vp]
+    lib.tsq_dequant_rows.restype = None
+    lib.tsq_dequant_rows.argtypes = [c_int, vp, c_long, c_long, vp, c_long, vp]
+    lib.tsq_matmul.restype = c_int
+    lib.tsq_matmul.argtypes = [c_int, vp, c_long, c_long, c_long, vp, vp, c_long, vp, c_long, c_int, c_int]
+
+
+def lib() -> ctypes.CDLL | None:
+    """The loaded kernel library, building it on first use; None when unavailable."""
+    global _lib, _reason, _tried
+    if _force_off:
+        return None
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        try:
+            if os.environ.get("TSSPEC_KERNELS", "1").strip().lower() in ("0", "off", "false", "no"):
+                raise RuntimeError("disabled by TSSPEC_KERNELS=0")
+            cc = _compiler()
+            if cc is None:
+                raise RuntimeError("no C compiler found (install gcc, or set CC)")
+            path = _build(cc)
+            h = ctypes.CDLL(str(path))
+            _declare(h)
+            _check_layouts(h)
+            _lib = h
+        except Exception as e:  # noqa: BLE001 - any failure means: use the pure-torch formats
+            _reason = str(e) or type(e).__name__
+            _lib = None
+        _tried = True
+        return _lib
+
+
+def available() -> bool:
+    return lib() is not None
+
+
+def unavailable_reason() -> str | None:
+    if lib() is None and _force_off:
+        return "switched off for this process"
+    return _reason
+
+
+def simd() -> bool:
+    h = lib()
+    return bool(h and h.tsq_simd())
+
+
+def supported(type_name: str) -> bool:
+    return type_name in TYPE_IDS
+
+
+def row_bytes(type_name: str, k: int) -> int:
+    n = lib().tsq_row_bytes(TYPE_IDS[type_name], k)
+    if n < 0:
+        raise ValueError(f"a {type_name} row of {k} elements is not whole blocks")
+    return n
+
+
+def _ptr(a) -> int:
+    if isinstance(a, torch.Tensor):
+        return a.data_ptr()
+    return a.ctypes.data
+
+
+def quantize(x: torch.Tensor) -> torch.Tensor:
+    """x float32 [m, k] (contiguous, k % 32 == 0) -> its int8 blocks, as an opaque byte tensor."""
+    h = lib()
+    m, k = x.shape
+    out = torch.empty(m * (k // QUANT_BLOCK) * h.tsq_xblock_bytes(), dtype=torch.uint8)
+    h.tsq_quantize(_ptr(x), m, k, _ptr(out))
+    return out
+
+
+def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Tensor | None, y: torch.Tensor,
+           col0: int = 0, *, threads: int | None = None, use_simd: bool = True) -> None:
+    """y[:, col0 : col0 + n] = x @ W.T for W the GGUF rows ``w`` (uint8 [n, row_bytes]).
+
+    x float32 [m, k] contiguous; ``xq`` its ``quantize`` blocks (quantized types); y float32
+    [m, >= col0 + n] contiguous."""
+    h = lib()
+    n, rb = w.shape
+    m = x.shape[0]
+    ldy = y.shape[1]
+    nt = threads if threads is not None else torch.get_num_threads()
+    rc = h.tsq_matmul(TYPE_IDS[type_name], _ptr(w), rb, n, k, _ptr(x), 0 if xq is None else _ptr(xq), m,
+                      _ptr(y) + 4 * col0, ldy, nt, 1 if use_simd else 0)
+    if rc != 0:
+        raise ValueError(f"{type_name}: cannot multiply rows of {k} elements")
+
+
+def dequant_rows(type_name: str, w: np.ndarray, k: int, ids) -> torch.Tensor:
+    """Rows ``ids`` of the GGUF weight ``w`` (uint8 [rows, row_bytes]) as float32 [len(ids), k]."""
+    h = lib()
+    idx = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
+    out = torch.empty(len(idx), k, dtype=torch.float32)
+    h.tsq_dequant_rows(TYPE_IDS[type_name], _ptr(w), w.shape[1], k, idx.ctypes.data, len(idx), _ptr(out))
+    return out
+
+
+# ----------------------------------------------------------------------------- fused blocks
+
+MAX_PARTS = 4
+
+
+class CLinear(ctypes.Structure):
+    _fields_ = [("nparts", ctypes.c_int), ("type", ctypes.c_int * MAX_PARTS),
+                ("w", ctypes.c_void_p * MAX_PARTS), ("row_bytes", ctypes.c_long * MAX_PARTS),
+                ("n", ctypes.c_long * MAX_PARTS), ("k", ctypes.c_long), ("n_total", ctypes.c_long),
+                ("bias", ctypes.c_void_p)]
+
+
+class CLayer(ctypes.Structure):
+    _fields_ = [("qkv", CLinear), ("o", CLinear), ("gate_up", CLinear), ("down", CLinear),
+                ("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("post_attn_norm", ctypes.c_void_p),
+                ("post_ffn_norm", ctypes.c_void_p), ("window", ctypes.c_long), ("rope", ctypes.c_int)]
+
+
+class CConfig(ctypes.Structure):
+    _fields_ = [("d_model", ctypes.c_long), ("n_heads", ctypes.c_long), ("n_kv", ctypes.c_long),
+                ("head_dim", ctypes.c_long), ("ffn_dim", ctypes.c_long), ("rope_half", ctypes.c_long),
+                ("rope_neox", ctypes.c_int), ("act", ctypes.c_int), ("eps", ctypes.c_float),
+                ("q_scale", ctypes.c_float)]
+
+
+def _check_layouts(h: ctypes.CDLL) -> None:
+    for fn, cls in (("tsq_sizeof_linear", CLinear), ("tsq_sizeof_layer", CLayer), ("tsq_sizeof_config", CConfig)):
+        f = getattr(h, fn)
+        f.restype = ctypes.c_int
+        if f() != ctypes.sizeof(cls):
+            raise RuntimeError(f"{fn}: C and Python layouts differ ({f()} vs {ctypes.sizeof(cls)})")
+    h.tsq_forward.restype = ctypes.c_int
+    vp, c_long, c_int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    h.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
+
+
+def c_linear(lin) -> CLinear | None:
+    """The C view of a ``Linear`` on the gguf backend (None when it is not one the block takes)."""
+    if getattr(lin, "fmt", None) != "gguf" or len(lin.parts) > MAX_PARTS:
+        return None
+    c = CLinear()
+    c.nparts = len(lin.parts)
+    for i, p in enumerate(lin.parts):
+        c.type[i] = TYPE_IDS[p.type_name]
+        c.w[i] = p.raw.ctypes.data
+        c.row_bytes[i] = p.raw.shape[1]
+        c.n[i] = p.shape[0]
+    c.k = lin.in_features
+    c.n_total = lin.out_features
+    c.bias = lin.bias.data_ptr() if lin.bias is not None else None
+    return c
+
+
+class FusedBlocks:
+    """Every block of a llama-family trunk as one C call per forward (``tsq_forward``)."""
+
+    def __init__(self, config: CConfig, layers: list[CLayer], keep: list):
+        self.config = config
+        self.layers = (CLayer * len(layers))(*layers)
+        self._keep = keep  # the tensors whose addresses the structures hold
+
+    def run(self, h: torch.Tensor, l0: int, l1: int, start: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            cos: list[torch.Tensor], sin: list[torch.Tensor]) -> None:
+        """Blocks [l0, l1) on the residual ``h`` [m, d] (float32, contiguous, updated in place)."""
+        h_lib = lib()
+        cos_p = (ctypes.c_void_p * len(cos))(*[t.data_ptr() for t in cos])
+        sin_p = (ctypes.c_void_p * len(sin))(*[t.data_ptr() for t in sin])
+        rc = h_lib.tsq_forward(ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], start,
+                               k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[2], cos_p, sin_p,
+                               torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"native block forward failed ({rc})")

@@ -1,0 +1,661 @@
+/* Products with GGUF weights as the file stores them: y[m, n] = sum_k x[m, k] * W[n, k].
+ *
+ * W is read block by block in its own GGUF layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, and the
+ * float types F32, F16, BF16): the codes and scales used are the stored ones, nothing is rounded
+ * or repacked. For the quantized types the input rows are quantized per 32-element block to int8
+ * with a float scale (as llama.cpp quantizes activations), each 32-element weight sub-block
+ * contributes  dx * (a * sum(qw * qx) + c * sum(qx))  with the integer sum exact, and the float
+ * terms are accumulated in a fixed order. Float weight types multiply the float32 input directly.
+ *
+ * Batch invariance: y[m, n] is computed by one fixed sequence of operations on row m of x and
+ * row n of W, whatever the number of rows M, the tile a row lands in, or the thread that owns n.
+ * Threads split the output columns only. So a row's result is the same in a 1-row decode and in
+ * a 9-row verify, bit for bit, which is what keeps speculative output equal to plain output.
+ *
+ * Two implementations of every type: a plain C one (the reference, and the path on CPUs without
+ * AVX-512 VNNI) and an AVX-512 VNNI/VL one. They agree to float rounding (tests compare them).
+ * Compile with -ffp-contract=off: the scalar float terms must not be fused differently in
+ * different places.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__F16C__)
+#include <immintrin.h>
+#define TSQ_SIMD 1
+#else
+#define TSQ_SIMD 0
+#endif
+
+enum { T_F32 = 0, T_F16 = 1, T_BF16 = 2, T_Q4_0 = 3, T_Q4_1 = 4, T_Q5_0 = 5, T_Q8_0 = 6, T_Q4_K = 7,
+       T_Q6_K = 8, T_COUNT = 9 };
+
+#define QB 32   /* elements per activation block and per weight sub-block */
+#define QK 256  /* elements per K-quant super-block */
+
+/* one quantized activation block */
+typedef struct {
+    int8_t q[QB];
+    float d;  /* x ~= d * q */
+    float s;  /* d * sum(q): the block's contribution to a weight offset term */
+} xblock;
+
+static const int BLOCK_ELEMS[T_COUNT] = {1, 1, 1, 32, 32, 32, 32, 256, 256};
+static const int BLOCK_BYTES[T_COUNT] = {4, 2, 2, 18, 20, 22, 34, 144, 210};
+
+int tsq_simd(void) { return TSQ_SIMD; }
+int tsq_xblock_bytes(void) { return (int)sizeof(xblock); }
+
+/* bytes of one weight row of K elements (-1 when K is not whole blocks) */
+long tsq_row_bytes(int type, long k) {
+    if (type < 0 || type >= T_COUNT || k % BLOCK_ELEMS[type]) return -1;
+    return k / BLOCK_ELEMS[type] * BLOCK_BYTES[type];
+}
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+static inline void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* ------------------------------------------------------------------ activation quantization */
+
+static void quantize_row(const float *x, long k, xblock *out) {
+    for (long b = 0; b < k / QB; b++) {
+        const float *v = x + b * QB;
+        float amax = 0.f;
+        for (int i = 0; i < QB; i++) amax = fmaxf(amax, fabsf(v[i]));
+        float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        int sum = 0;
+        for (int i = 0; i < QB; i++) {
+            int q = (int)nearbyintf(v[i] * id);
+            q = q > 127 ? 127 : (q < -127 ? -127 : q);
+            out[b].q[i] = (int8_t)q;
+            sum += q;
+        }
+        out[b].d = d;
+        out[b].s = d * (float)sum;
+    }
+}
+
+void tsq_quantize(const float *x, long m, long k, xblock *out) {
+    for (long r = 0; r < m; r++) quantize_row(x + r * k, k, out + r * (k / QB));
+}
+
+/* ------------------------------------------------------------------ dequantization (reference) */
+
+/* one row of K elements to float32, exactly as ggml dequantizes it */
+static void dequant_row(int type, const uint8_t *w, long k, float *y) {
+    switch (type) {
+    case T_F32: memcpy(y, w, k * 4); return;
+    case T_F16: for (long i = 0; i < k; i++) y[i] = f16_to_f32(rd16(w + 2 * i)); return;
+    case T_BF16: for (long i = 0; i < k; i++) y[i] = bf16_to_f32(rd16(w + 2 * i)); return;
+    default: break;
+    }
+    long nb = k / BLOCK_ELEMS[type];
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * BLOCK_BYTES[type];
+        float *o = y + b * BLOCK_ELEMS[type];
+        if (type == T_Q4_0) {
+            float d = f16_to_f32(rd16(p));
+            for (int j = 0; j < 16; j++) {
+                o[j] = ((p[2 + j] & 0xF) - 8) * d;
+                o[j + 16] = ((p[2 + j] >> 4) - 8) * d;
+            }
+        } else if (type == T_Q4_1) {
+            float d = f16_to_f32(rd16(p)), m = f16_to_f32(rd16(p + 2));
+            for (int j = 0; j < 16; j++) {
+                o[j] = (p[4 + j] & 0xF) * d + m;
+                o[j + 16] = (p[4 + j] >> 4) * d + m;
+            }
+        } else if (type == T_Q5_0) {
+            float d = f16_to_f32(rd16(p));
+            uint32_t qh = rd32(p + 2);
+            for (int j = 0; j < 16; j++) {
+                int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+                o[j] = (((p[6 + j] & 0xF) | h0) - 16) * d;
+                o[j + 16] = (((p[6 + j] >> 4) | h1) - 16) * d;
+            }
+        } else if (type == T_Q8_0) {
+            float d = f16_to_f32(rd16(p));
+            for (int j = 0; j < 32; j++) o[j] = (int8_t)p[2 + j] * d;
+        } else if (type == T_Q4_K) {
+            float d = f16_to_f32(rd16(p)), dmin = f16_to_f32(rd16(p + 2));
+            const uint8_t *sc = p + 4, *q = p + 16;
+            for (int j = 0; j < 4; j++) {
+                int s0, m0, s1, m1;
+                scale_min_k4(2 * j, sc, &s0, &m0);
+                scale_min_k4(2 * j + 1, sc, &s1, &m1);
+                float d1 = d * s0, c1 = dmin * m0, d2 = d * s1, c2 = dmin * m1;
+                for (int l = 0; l < 32; l++) o[64 * j + l] = d1 * (q[32 * j + l] & 0xF) - c1;
+                for (int l = 0; l < 32; l++) o[64 * j + 32 + l] = d2 * (q[32 * j + l] >> 4) - c2;
+            }
+        } else if (type == T_Q6_K) {
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            float d = f16_to_f32(rd16(p + 208));
+            for (int h = 0; h < 2; h++) {
+                for (int l = 0; l < 32; l++) {
+                    int is = l / 16;
+                    int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    o[l] = d * sc[is] * q1;
+                    o[l + 32] = d * sc[is + 2] * q2;
+                    o[l + 64] = d * sc[is + 4] * q3;
+                    o[l + 96] = d * sc[is + 6] * q4;
+                }
+                o += 128; ql += 64; qh += 32; sc += 8;
+            }
+        }
+    }
+}
+
+/* rows ids[0..n) of a [rows, K] weight to float32 out [n, K] (embedding lookups, tests) */
+void tsq_dequant_rows(int type, const uint8_t *w, long row_bytes, long k, const int64_t *ids, long n,
+                      float *out) {
+    for (long i = 0; i < n; i++) dequant_row(type, w + ids[i] * row_bytes, k, out + i * k);
+}
+
+/* ------------------------------------------------------------------ weight sub-blocks
+ * A weight row is a sequence of 32-element sub-blocks. Sub-block j gives int8 codes c[32]
+ * (signed, or unsigned 0..15 for the types with a min) and float scales such that
+ * w = a * c + off. For Q6_K the two 16-element halves have their own scale (a0, a1). */
+
+typedef struct {
+    int8_t c[QB];
+    float a0, a1; /* scale of elements 0-15 and 16-31 (equal except Q6_K) */
+    float off;    /* additive offset (Q4_1 min, Q4_K -dmin*m), 0 otherwise */
+    int is_unsigned;
+} subblock;
+
+static inline void get_subblock(int type, const uint8_t *w, long j, subblock *s) {
+    s->off = 0.f;
+    s->is_unsigned = 0;
+    if (type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0) {
+        const uint8_t *p = w + j * BLOCK_BYTES[type];
+        float d = f16_to_f32(rd16(p));
+        s->a0 = s->a1 = d;
+        if (type == T_Q4_0) {
+            for (int i = 0; i < 16; i++) { s->c[i] = (p[2 + i] & 0xF) - 8; s->c[i + 16] = (p[2 + i] >> 4) - 8; }
+        } else if (type == T_Q4_1) {
+            s->off = f16_to_f32(rd16(p + 2));
+            s->is_unsigned = 1;
+            for (int i = 0; i < 16; i++) { s->c[i] = p[4 + i] & 0xF; s->c[i + 16] = p[4 + i] >> 4; }
+        } else if (type == T_Q5_0) {
+            uint32_t qh = rd32(p + 2);
+            for (int i = 0; i < 16; i++) {
+                s->c[i] = (int8_t)(((p[6 + i] & 0xF) | (((qh >> i) << 4) & 0x10)) - 16);
+                s->c[i + 16] = (int8_t)(((p[6 + i] >> 4) | ((qh >> (i + 12)) & 0x10)) - 16);
+            }
+        } else {
+            memcpy(s->c, p + 2, 32);
+        }
+        return;
+    }
+    const uint8_t *p = w + (j / 8) * BLOCK_BYTES[type];
+    int t = (int)(j % 8);
+    if (type == T_Q4_K) {
+        float d = f16_to_f32(rd16(p)), dmin = f16_to_f32(rd16(p + 2));
+        int sc, m;
+        scale_min_k4(t, p + 4, &sc, &m);
+        s->a0 = s->a1 = d * sc;
+        s->off = -(dmin * m);
+        s->is_unsigned = 1;
+        const uint8_t *q = p + 16 + 32 * (t / 2);
+        for (int i = 0; i < 32; i++) s->c[i] = (t & 1) ? (q[i] >> 4) : (q[i] & 0xF);
+    } else { /* Q6_K: half h = t / 4, quarter u = t % 4 */
+        int h = t / 4, u = t % 4;
+        const uint8_t *ql = p + 64 * h + (u & 1) * 32, *qh = p + 128 + 32 * h;
+        const int8_t *sc = (const int8_t *)(p + 192) + 8 * h + 2 * u;
+        float d = f16_to_f32(rd16(p + 208));
+        s->a0 = d * sc[0];
+        s->a1 = d * sc[1];
+        for (int i = 0; i < 32; i++) {
+            int lo = (u < 2) ? (ql[i] & 0xF) : (ql[i] >> 4);
+            int hi = (qh[i] >> (2 * u)) & 3;
+            s->c[i] = (int8_t)((lo | (hi << 4)) - 32);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ reference products */
+
+static float dot_ref_q(int type, const uint8_t *w, long k, const xblock *x) {
+    float acc = 0.f, off = 0.f;
+    subblock s;
+    for (long j = 0; j < k / QB; j++) {
+        get_subblock(type, w, j, &s);
+        int lo = 0, hi = 0;
+        for (int i = 0; i < 16; i++) lo += s.c[i] * x[j].q[i];
+        for (int i = 16; i < 32; i++) hi += s.c[i] * x[j].q[i];
+        acc += (float)lo * (s.a0 * x[j].d) + (float)hi * (s.a1 * x[j].d);
+        off += s.off * x[j].s;
+    }
+    return acc + off;
+}
+
+static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
+    float acc = 0.f;
+    for (long i = 0; i < k; i++) {
+        float v = type == T_F32 ? ((const float *)w)[i]
+                : type == T_F16 ? f16_to_f32(rd16(w + 2 * i)) : bf16_to_f32(rd16(w + 2 * i));
+        acc += v * x[i];
+    }
+    return acc;
+}
+
+/* ------------------------------------------------------------------ AVX-512 VNNI products */
+#if TSQ_SIMD
+#define TILE 4
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One weight sub-block against the rows of a tile: the per-row step shared by every type.
+ * c: codes (int8; unsigned 0..63 when uns), av: per-lane scale (a0 in lanes 0-3, a1 in 4-7). */
+#define ROW_STEP(r)                                                                                   \
+    do {                                                                                              \
+        const xblock *xb = x + (r) * xstride + j;                                                     \
+        __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);                                      \
+        __m256i p = _mm256_dpbusd_epi32(zero, cu, uns ? xq : _mm256_sign_epi8(xq, c));                \
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(av, _mm256_set1_ps(xb->d)), acc[r]); \
+        if (uns) off[r] += o * xb->s;                                                                 \
+    } while (0)
+
+static inline __attribute__((always_inline)) void
+dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, const xblock *x, long xstride, float *y,
+             long ldy) {
+    __m256 acc[TILE];
+    float off[TILE];
+    for (int r = 0; r < tr; r++) { acc[r] = _mm256_setzero_ps(); off[r] = 0.f; }
+    const __m256i zero = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0F);
+    const int uns = (type == T_Q4_1 || type == T_Q4_K);
+    if (type <= T_Q8_0) {
+        const int bb = BLOCK_BYTES[type];
+        for (long j = 0; j < k / QB; j++) {
+            const uint8_t *p = w + j * bb;
+            __m256 av = _mm256_set1_ps(_cvtsh_ss(rd16(p)));
+            float o = 0.f;
+            __m256i c;
+            if (type == T_Q8_0) {
+                c = _mm256_loadu_si256((const __m256i *)(p + 2));
+            } else {
+                const uint8_t *qs = p + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 6);
+                __m128i t = _mm_loadu_si128((const __m128i *)qs);
+                c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
+                if (type == T_Q4_0) {
+                    c = _mm256_sub_epi8(c, _mm256_set1_epi8(8));
+                } else if (type == T_Q4_1) {
+                    o = _cvtsh_ss(rd16(p + 2));
+                } else { /* Q5_0: bit i of qh is element i's fifth bit */
+                    __mmask32 hb = (__mmask32)rd32(p + 2);
+                    c = _mm256_or_si256(c, _mm256_maskz_mov_epi8(hb, _mm256_set1_epi8(0x10)));
+                    c = _mm256_sub_epi8(c, _mm256_set1_epi8(16));
+                }
+            }
+            __m256i cu = uns ? c : _mm256_abs_epi8(c);
+            for (int r = 0; r < tr; r++) ROW_STEP(r);
+        }
+    } else if (type == T_Q4_K) {
+        for (long sb = 0; sb < k / QK; sb++) {
+            const uint8_t *p = w + sb * 144;
+            float d = _cvtsh_ss(rd16(p)), dmin = _cvtsh_ss(rd16(p + 2));
+            for (int t = 0; t < 8; t++) {
+                const long j = sb * 8 + t;
+                int sc, m;
+                scale_min_k4(t, p + 4, &sc, &m);
+                __m256 av = _mm256_set1_ps(d * sc);
+                float o = -(dmin * m);
+                __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * (t / 2)));
+                __m256i c = (t & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
+                __m256i cu = c;
+                for (int r = 0; r < tr; r++) ROW_STEP(r);
+            }
+        }
+    } else { /* Q6_K */
+        const __m256i m3 = _mm256_set1_epi8(3), b32 = _mm256_set1_epi8(32);
+        for (long sb = 0; sb < k / QK; sb++) {
+            const uint8_t *p = w + sb * 210;
+            const int8_t *scs = (const int8_t *)(p + 192);
+            float d = _cvtsh_ss(rd16(p + 208));
+            const float o = 0.f;
+            for (int h = 0; h < 2; h++) {
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+                for (int u = 0; u < 4; u++) {
+                    const long j = sb * 8 + 4 * h + u;
+                    const int8_t *sc = scs + 8 * h + 2 * u;
+                    __m256 av = _mm256_set_m128(_mm_set1_ps(d * sc[1]), _mm_set1_ps(d * sc[0]));
+                    __m256i ql = (u & 1) ? ql1 : ql0;
+                    __m256i lo = (u < 2) ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), m3);
+                    __m256i c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), b32);
+                    __m256i cu = _mm256_abs_epi8(c);
+                    for (int r = 0; r < tr; r++) ROW_STEP(r);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(acc[r]) + off[r];
+}
+
+#define DOT_Q_TYPE(T)                                                                                 \
+    static void dot_q_##T(const uint8_t *w, long k, const xblock *x, long xs, int tr, float *y, long ldy) { \
+        switch (tr) {                                                                                 \
+        case 1: dot_simd_q_t(T, 1, w, k, x, xs, y, ldy); break;                                      \
+        case 2: dot_simd_q_t(T, 2, w, k, x, xs, y, ldy); break;                                      \
+        case 3: dot_simd_q_t(T, 3, w, k, x, xs, y, ldy); break;                                      \
+        default: dot_simd_q_t(T, 4, w, k, x, xs, y, ldy); break;                                     \
+        }                                                                                             \
+    }
+DOT_Q_TYPE(T_Q4_0)
+DOT_Q_TYPE(T_Q4_1)
+DOT_Q_TYPE(T_Q5_0)
+DOT_Q_TYPE(T_Q8_0)
+DOT_Q_TYPE(T_Q4_K)
+DOT_Q_TYPE(T_Q6_K)
+
+typedef void (*dot_q_fn)(const uint8_t *, long, const xblock *, long, int, float *, long);
+
+static void dot_simd_q(int type, const uint8_t *w, long k, const xblock *x, long xstride, int tr, float *y,
+                       long ldy) {
+    static const dot_q_fn fns[T_COUNT] = {0, 0, 0, dot_q_T_Q4_0, dot_q_T_Q4_1, dot_q_T_Q5_0, dot_q_T_Q8_0,
+                                          dot_q_T_Q4_K, dot_q_T_Q6_K};
+    fns[type](w, k, x, xstride, tr, y, ldy);
+}
+
+static inline __m256 load8_f(int type, const uint8_t *w, long i) {
+    if (type == T_F32) return _mm256_loadu_ps((const float *)w + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)(w + 2 * i));
+    if (type == T_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static void dot_simd_f(int type, const uint8_t *w, long k, const float *x, long xstride, int tr, float *y,
+                       long ldy) {
+    __m256 acc[TILE];
+    float tail[TILE];
+    for (int r = 0; r < tr; r++) { acc[r] = _mm256_setzero_ps(); tail[r] = 0.f; }
+    long k8 = k & ~7L;
+    for (long i = 0; i < k8; i += 8) {
+        __m256 wv = load8_f(type, w, i);
+        for (int r = 0; r < tr; r++)
+            acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * xstride + i), acc[r]);
+    }
+    for (long i = k8; i < k; i++) {
+        float v = type == T_F32 ? ((const float *)w)[i]
+                : type == T_F16 ? f16_to_f32(rd16(w + 2 * i)) : bf16_to_f32(rd16(w + 2 * i));
+        for (int r = 0; r < tr; r++) tail[r] += v * x[r * xstride + i];
+    }
+    for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(acc[r]) + tail[r];
+}
+#endif
+
+/* ------------------------------------------------------------------ driver */
+
+static int is_float_type(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
+
+/* y[m, n] (row stride ldy) = x[m, :] . W[n, :] for W [n_rows, k] of `type` with rows row_bytes
+ * apart. For quantized types `xq` holds x quantized by tsq_quantize ([m, k/32] blocks) and `x`
+ * is unused; for float types `x` is float32 [m, k]. use_simd = 0 forces the reference. */
+int tsq_matmul(int type, const uint8_t *w, long row_bytes, long n_rows, long k, const float *x,
+               const xblock *xq, long m, float *y, long ldy, int n_threads, int use_simd) {
+    if (type < 0 || type >= T_COUNT || k % (is_float_type(type) ? 1 : QB) || k % BLOCK_ELEMS[type])
+        return -1;
+    int fl = is_float_type(type);
+    long nb = k / QB;
+#if !TSQ_SIMD
+    use_simd = 0;
+#endif
+    if (n_threads < 1) n_threads = 1;
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
+    for (long n = 0; n < n_rows; n++) {
+        const uint8_t *wr = w + n * row_bytes;
+        if (!use_simd) {
+            for (long r = 0; r < m; r++)
+                y[r * ldy + n] = fl ? dot_ref_f(type, wr, k, x + r * k) : dot_ref_q(type, wr, k, xq + r * nb);
+            continue;
+        }
+#if TSQ_SIMD
+        for (long r = 0; r < m; r += TILE) {
+            int tr = (int)(m - r < TILE ? m - r : TILE);
+            if (fl)
+                dot_simd_f(type, wr, k, x + r * k, k, tr, y + r * ldy + n, ldy);
+            else
+                dot_simd_q(type, wr, k, xq + r * nb, nb, tr, y + r * ldy + n, ldy);
+        }
+#endif
+    }
+    return 0;
+}
+
+/* ================================================================== a whole transformer block
+ * One llama-family block (llama, qwen2, qwen3, gemma3) for m rows at positions start..start+m-1,
+ * in place on the residual h [m, d]. The same arithmetic as tsspec/models/base.py's torch path
+ * (its reference), without a Python dispatch per operation. Every row is computed on its own:
+ * norms, rope and activations per row, attention per (row, head) over the row's own key range in
+ * a fixed order, products through tsq_matmul. So the block is batch invariant like its parts. */
+
+#define MAX_PARTS 4
+
+typedef struct {
+    int nparts;
+    int type[MAX_PARTS];
+    const uint8_t *w[MAX_PARTS];
+    long row_bytes[MAX_PARTS];
+    long n[MAX_PARTS];
+    long k, n_total;
+    const float *bias; /* [n_total] or NULL */
+} tsq_linear;
+
+typedef struct {
+    tsq_linear qkv, o, gate_up, down;
+    const float *attn_norm, *ffn_norm;
+    const float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm; /* NULL when absent */
+    long window; /* sliding window (0: global attention) */
+    int rope;    /* index of this layer's rope tables */
+} tsq_layer;
+
+typedef struct {
+    long d_model, n_heads, n_kv, head_dim, ffn_dim, rope_half;
+    int rope_neox, act; /* act: 0 silu, 1 gelu (tanh) */
+    float eps, q_scale;
+} tsq_config;
+
+int tsq_sizeof_linear(void) { return (int)sizeof(tsq_linear); }
+int tsq_sizeof_layer(void) { return (int)sizeof(tsq_layer); }
+int tsq_sizeof_config(void) { return (int)sizeof(tsq_config); }
+
+static int any_quant(const tsq_linear *L) {
+    for (int i = 0; i < L->nparts; i++)
+        if (!is_float_type(L->type[i])) return 1;
+    return 0;
+}
+
+/* y [m, n_total] = x [m, k] W.T (+ bias); xq: scratch of m * k/32 blocks */
+static int linear_apply(const tsq_linear *L, const float *x, long m, float *y, xblock *xq, int nt) {
+    if (any_quant(L)) tsq_quantize(x, m, L->k, xq);
+    long col = 0;
+    for (int i = 0; i < L->nparts; i++) {
+        int rc = tsq_matmul(L->type[i], L->w[i], L->row_bytes[i], L->n[i], L->k, x, xq, m, y + col,
+                            L->n_total, nt, 1);
+        if (rc) return rc;
+        col += L->n[i];
+    }
+    if (L->bias)
+        for (long r = 0; r < m; r++)
+            for (long j = 0; j < L->n_total; j++) y[r * L->n_total + j] += L->bias[j];
+    return 0;
+}
+
+/* out = x * rsqrt(mean(x^2) + eps) * w over n elements (out may alias x) */
+static void rms_norm_row(const float *x, const float *w, long n, float eps, float *out) {
+    double ss = 0.0;
+    for (long i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (long i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+static void rope_row(float *v, const float *c, const float *s, long half, int neox) {
+    for (long i = 0; i < half; i++) {
+        long ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+        float a = v[ia], b = v[ib];
+        v[ia] = a * c[i] - b * s[i];
+        v[ib] = b * c[i] + a * s[i];
+    }
+}
+
+/* dot product in 8 independent lanes then a fixed reduction: vectorizable, order fixed */
+static inline float dot8(const float *a, const float *b, long n) {
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) l[j] += a[i + j] * b[i + j];
+    float t = 0.f;
+    for (; i < n; i++) t += a[i] * b[i];
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + t;
+}
+
+static inline float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long start,
+                float *kc, float *vc, long cap, const float *const *cos_t, const float *const *sin_t,
+                int nt) {
+    const long d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv, f = c->ffn_dim;
+    const long qd = nh * hd, kvd = nkv * hd, rep = nh / nkv;
+    if (nt < 1) nt = 1;
+    long kmax = d > qd ? d : qd;
+    if (f > kmax) kmax = f;
+    float *x = malloc(sizeof(float) * m * kmax);
+    float *qkv = malloc(sizeof(float) * m * (qd + 2 * kvd));
+    float *att = malloc(sizeof(float) * m * qd);
+    float *gu = malloc(sizeof(float) * m * 2 * f);
+    float *y = malloc(sizeof(float) * m * d);
+    xblock *xq = malloc(sizeof(xblock) * m * (kmax / QB + 1));
+    int rc = 0;
+    if (!x || !qkv || !att || !gu || !y || !xq) { rc = -2; goto done; }
+    for (int li = l0; li < l1 && !rc; li++) {
+        const tsq_layer *L = layers + li;
+        float *kl = kc + (long)li * nkv * cap * hd, *vl = vc + (long)li * nkv * cap * hd;
+        const float *ct = cos_t[L->rope], *st = sin_t[L->rope];
+        for (long r = 0; r < m; r++) rms_norm_row(h + r * d, L->attn_norm, d, c->eps, x + r * d);
+        if ((rc = linear_apply(&L->qkv, x, m, qkv, xq, nt))) break;
+        const long w3 = qd + 2 * kvd;
+        for (long r = 0; r < m; r++) {
+            float *q = qkv + r * w3, *k = q + qd, *v = k + kvd;
+            long pos = start + r;
+            for (long hh = 0; hh < nh; hh++) {
+                if (L->q_norm) rms_norm_row(q + hh * hd, L->q_norm, hd, c->eps, q + hh * hd);
+                rope_row(q + hh * hd, ct + pos * c->rope_half, st + pos * c->rope_half, c->rope_half, c->rope_neox);
+                for (long i = 0; i < hd; i++) q[hh * hd + i] *= c->q_scale;
+            }
+            for (long hh = 0; hh < nkv; hh++) {
+                if (L->k_norm) rms_norm_row(k + hh * hd, L->k_norm, hd, c->eps, k + hh * hd);
+                rope_row(k + hh * hd, ct + pos * c->rope_half, st + pos * c->rope_half, c->rope_half, c->rope_neox);
+                memcpy(kl + (hh * cap + pos) * hd, k + hh * hd, sizeof(float) * hd);
+                memcpy(vl + (hh * cap + pos) * hd, v + hh * hd, sizeof(float) * hd);
+            }
+        }
+#pragma omp parallel num_threads(nt) if (nt > 1 && m * nh > 1)
+        {
+            float *sc = malloc(sizeof(float) * (start + m));
+#pragma omp for schedule(static)
+            for (long t = 0; t < m * nh; t++) {
+                long r = t / nh, hh = t % nh, g = hh / rep, pos = start + r;
+                long lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
+                const float *q = qkv + r * w3 + hh * hd;
+                const float *kb = kl + g * cap * hd, *vb = vl + g * cap * hd;
+                float mx = -INFINITY;
+                for (long j = lo; j <= pos; j++) {
+                    sc[j] = dot8(q, kb + j * hd, hd);
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                float sum = 0.f;
+                for (long j = lo; j <= pos; j++) {
+                    sc[j] = expf(sc[j] - mx);
+                    sum += sc[j];
+                }
+                float *o = att + r * qd + hh * hd;
+                for (long i = 0; i < hd; i++) o[i] = 0.f;
+                for (long j = lo; j <= pos; j++) {
+                    float p = sc[j] / sum;
+                    const float *vv = vb + j * hd;
+                    for (long i = 0; i < hd; i++) o[i] += p * vv[i];
+                }
+            }
+            free(sc);
+        }
+        if ((rc = linear_apply(&L->o, att, m, y, xq, nt))) break;
+        for (long r = 0; r < m; r++) {
+            if (L->post_attn_norm) rms_norm_row(y + r * d, L->post_attn_norm, d, c->eps, y + r * d);
+            for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
+            rms_norm_row(h + r * d, L->ffn_norm, d, c->eps, x + r * d);
+        }
+        if ((rc = linear_apply(&L->gate_up, x, m, gu, xq, nt))) break;
+        for (long r = 0; r < m; r++) {
+            const float *g = gu + r * 2 * f, *u = g + f;
+            float *a = x + r * f;
+            for (long i = 0; i < f; i++) {
+                float gv = g[i];
+                float act = c->act == 1 ? gelu_tanh(gv) : gv / (1.0f + expf(-gv));
+                a[i] = act * u[i];
+            }
+        }
+        if ((rc = linear_apply(&L->down, x, m, y, xq, nt))) break;
+        for (long r = 0; r < m; r++) {
+            if (L->post_ffn_norm) rms_norm_row(y + r * d, L->post_ffn_norm, d, c->eps, y + r * d);
+            for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
+        }
+    }
+done:
+    free(x); free(qkv); free(att); free(gu); free(y); free(xq);
+    return rc;
+}
