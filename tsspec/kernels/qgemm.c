@@ -343,17 +343,27 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, const xbloc
     } else if (type == T_Q4_K) {
         for (long sb = 0; sb < k / QK; sb++) {
             const uint8_t *p = w + sb * 144;
-            float d = _cvtsh_ss(rd16(p)), dmin = _cvtsh_ss(rd16(p + 2));
-            for (int t = 0; t < 8; t++) {
-                const long j = sb * 8 + t;
-                int sc, m;
-                scale_min_k4(t, p + 4, &sc, &m);
-                __m256 av = _mm256_set1_ps(d * sc);
-                float o = -(dmin * m);
-                __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * (t / 2)));
-                __m256i c = (t & 1) ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
-                __m256i cu = c;
-                for (int r = 0; r < tr; r++) ROW_STEP(r);
+            const float d = _cvtsh_ss(rd16(p)), dmin = _cvtsh_ss(rd16(p + 2));
+            /* the 8 sub-block scales and mins, decoded once per super-block */
+            const uint8_t *q6 = p + 4;
+            float as[8], os[8];
+            for (int t = 0; t < 4; t++) {
+                as[t] = d * (float)(q6[t] & 63);
+                os[t] = -(dmin * (float)(q6[t + 4] & 63));
+                as[t + 4] = d * (float)((q6[t + 8] & 0xF) | ((q6[t] >> 6) << 4));
+                os[t + 4] = -(dmin * (float)((q6[t + 8] >> 4) | ((q6[t + 4] >> 6) << 4)));
+            }
+            for (int pr = 0; pr < 4; pr++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * pr));
+                for (int half = 0; half < 2; half++) {
+                    const int t = 2 * pr + half;
+                    const long j = sb * 8 + t;
+                    const __m256 av = _mm256_broadcast_ss(as + t);
+                    const float o = os[t];
+                    const __m256i c = half ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
+                    const __m256i cu = c;
+                    for (int r = 0; r < tr; r++) ROW_STEP(r);
+                }
             }
         }
     } else { /* Q6_K */
