@@ -73,7 +73,18 @@ def load_session(model: str | None, *, weights: str | None, ctx_size: int | None
         g = GGUFFile(path)
         target = load_model(g, fmt=weights, n_ctx=ctx_size)
         tokenizer = Tokenizer.from_metadata(g.metadata)
+    _notice_without_kernels(weights)
     return g, target, tokenizer
+
+
+def _notice_without_kernels(weights: str | None) -> None:
+    """One line when "auto" had to fall back to the slower pure-torch formats."""
+    from . import kernels
+    from .weights import default_format
+
+    if (weights or default_format()) == "auto" and not kernels.simd():
+        why = kernels.unavailable_reason() or "this CPU lacks AVX-512 VNNI"
+        err.print(f"[yellow]note:[/] native kernels unavailable ({why}); using the pure-torch weight formats (slower)")
 
 
 def build_speculation(opts, target):
@@ -191,7 +202,7 @@ def generate(
     chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object passed to the chat template, e.g. \'{"enable_thinking": false}\'.'),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's)."),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores)."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="In-memory weight format: auto (default: int4 kernels for the file's Q4 tensors, bf16 for the rest), bf16, f32 (plain reference) or int4 (lossy for non-Q4 tensors). Env: TSSPEC_WEIGHTS."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="In-memory weight format: auto (default: the file's own GGUF blocks on the native kernels; pure torch without a C compiler), bf16, f32 (plain reference) or int4 (lossy for non-Q4 tensors). Env: TSSPEC_WEIGHTS."),
     spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC)."),
     mtp_spec: Optional[bool] = typer.Option(None, "--mtp-spec/--no-mtp-spec", help="Legacy spelling of --spec/--no-spec."),
     spec_type: Optional[str] = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE."),

@@ -133,7 +133,8 @@ def gguf_native(type_name: str, shape: tuple[int, ...]) -> bool:
     """Whether the native kernels multiply a tensor of this type and numpy shape [N, K] as stored."""
     from . import kernels
 
-    if len(shape) != 2 or not kernels.supported(type_name) or not kernels.available():
+    # the plain-C path is only a reference: without AVX-512 VNNI the torch formats are faster
+    if len(shape) != 2 or not kernels.supported(type_name) or not kernels.simd():
         return False
     if type_name in kernels.FLOAT_TYPES:
         return True
