@@ -60,13 +60,14 @@ def gguf_dense(type_name: str, raw: np.ndarray, k: int) -> np.ndarray:
     return np.asarray(dequantize(raw.reshape(-1), GGMLQuantizationType[type_name]), np.float32).reshape(-1, k)
 
 
-def quantized_input(x: torch.Tensor) -> np.ndarray:
-    """x as the kernels quantize it (per 32: d * q), float64, to build the exact reference."""
-    xb = x.double().reshape(x.shape[0], -1, 32)
+def quantized_input(x: torch.Tensor, block: int = 32, qmax: int = 127) -> np.ndarray:
+    """x as the kernels quantize it (per ``block``: d * q, |q| <= qmax), float64, to build the exact
+    reference."""
+    xb = x.double().reshape(x.shape[0], -1, block)
     amax = xb.abs().amax(-1, keepdim=True)
-    d = (amax.float() / 127).double()
-    iscale = torch.where(amax > 0, 127 / amax.float(), torch.zeros_like(amax.float())).double()
-    q = torch.clamp(torch.round((xb.float() * iscale.float()).double()), -127, 127)
+    d = (amax.float() / qmax).double()
+    iscale = torch.where(amax > 0, qmax / amax.float(), torch.zeros_like(amax.float())).double()
+    q = torch.clamp(torch.round((xb.float() * iscale.float()).double()), -qmax, qmax)
     return (q * d).reshape(x.shape).numpy()
 
 
@@ -85,18 +86,19 @@ def test_product_matches_references(type_name):
     n, k, m = 96, 768, 5
     raw = random_blocks(type_name, n, k, seed=2)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(3)) * 2
-    xq = None if type_name in FLOAT_TYPES else kernels.quantize(x)
+    kind = kernels.act_kind(type_name)
+    xq = None if kind == 0 else kernels.quantize(x, kind)
     fast, ref = torch.zeros(m, n), torch.zeros(m, n)
     kernels.matmul(type_name, raw, k, x, xq, fast)
     kernels.matmul(type_name, raw, k, x, xq, ref, use_simd=False)
     w = gguf_dense(type_name, raw, k).astype(np.float64)
-    xin = x.double().numpy() if type_name in FLOAT_TYPES else quantized_input(x)
+    xin = x.double().numpy() if kind == 0 else (quantized_input(x) if kind == 1 else quantized_input(x, 256, 4095))
     exact = torch.from_numpy(xin @ w.T)
     scale = float(torch.from_numpy(np.abs(xin) @ np.abs(w).T).max())
     assert float((ref.double() - exact).abs().max()) <= 1e-5 * scale
     assert float((fast.double() - exact).abs().max()) <= 1e-5 * scale
     # the quantization is what costs accuracy: against the unquantized product the error is larger
-    if type_name not in FLOAT_TYPES:
+    if kind:
         plain = x.double() @ torch.from_numpy(w).T
         assert float((fast.double() - plain).abs().max()) <= 0.02 * scale
 
@@ -105,6 +107,7 @@ def test_product_matches_references(type_name):
 def test_product_is_batch_invariant(type_name):
     n, k = 80, 512
     raw = random_blocks(type_name, n, k, seed=4)
+    kind = kernels.act_kind(type_name)
     x = torch.randn(65, k, generator=torch.Generator().manual_seed(5))
     before = torch.get_num_threads()
     try:
@@ -113,11 +116,11 @@ def test_product_is_batch_invariant(type_name):
             singles = torch.zeros(65, n)
             for i in range(65):
                 xi = x[i : i + 1].contiguous()
-                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi), singles[i : i + 1])
+                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi, kind), singles[i : i + 1])
             for rows in [*range(1, 18), 33, 65]:
                 xr = x[:rows].contiguous()
                 y = torch.zeros(rows, n)
-                kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr), y)
+                kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr, kind), y)
                 assert torch.equal(y, singles[:rows]), f"{type_name}: {rows} rows at {threads} threads"
     finally:
         torch.set_num_threads(before)

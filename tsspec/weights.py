@@ -317,12 +317,13 @@ class Linear:
 
             x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
             y = torch.empty(m, self.out_features, dtype=torch.float32)
-            xq = None
+            forms: dict[int, torch.Tensor | None] = {0: None}  # the input forms the parts need
             col = 0
             for p in self.parts:
-                if xq is None and p.type_name not in kernels.FLOAT_TYPES:
-                    xq = kernels.quantize(x)
-                kernels.matmul(p.type_name, p.raw, self.in_features, x, xq, y, col)
+                kind = kernels.act_kind(p.type_name)
+                if kind not in forms:
+                    forms[kind] = kernels.quantize(x, kind)
+                kernels.matmul(p.type_name, p.raw, self.in_features, x, forms[kind], y, col)
                 col += p.shape[0]
             return y if self.bias is None else y.add_(self.bias)
         xp = pad_rows(x, self.min_rows, self.multiple)

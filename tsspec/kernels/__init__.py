@@ -99,6 +99,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_row_bytes.argtypes = [c_int, c_long]
     lib.tsq_quantize.restype = None
     lib.tsq_quantize.argtypes = [vp, c_long, c_long, vp]
+    lib.tsq_quantize_k.restype = None
+    lib.tsq_quantize_k.argtypes = [vp, c_long, c_long, vp]
+    lib.tsq_act_kind.restype = c_int
+    lib.tsq_act_kind.argtypes = [c_int]
     lib.tsq_dequant_rows.restype = None
     lib.tsq_dequant_rows.argtypes = [c_int, vp, c_long, c_long, vp, c_long, vp]
     lib.tsq_matmul.restype = c_int
@@ -165,10 +169,23 @@ def _ptr(a) -> int:
     return a.ctypes.data
 
 
-def quantize(x: torch.Tensor) -> torch.Tensor:
-    """x float32 [m, k] (contiguous, k % 32 == 0) -> its int8 blocks, as an opaque byte tensor."""
+SUPER_BLOCK = 256  # K-quant types take their input quantized per 256 elements
+
+
+def act_kind(type_name: str) -> int:
+    """The input form a weight type multiplies: 0 float32, 1 int8 per 32, 2 13-bit per 256."""
+    return lib().tsq_act_kind(TYPE_IDS[type_name])
+
+
+def quantize(x: torch.Tensor, kind: int = 1) -> torch.Tensor:
+    """x float32 [m, k] (contiguous) -> its integer form ``kind`` (1: int8 per 32; 2: 13-bit per
+    256 with the block sums the K-quants need), as an opaque byte tensor."""
     h = lib()
     m, k = x.shape
+    if kind == 2:
+        out = torch.empty(m * (2 * k + k // SUPER_BLOCK * 100), dtype=torch.uint8)
+        h.tsq_quantize_k(_ptr(x), m, k, _ptr(out))
+        return out
     out = torch.empty(m * (k // QUANT_BLOCK) * h.tsq_xblock_bytes(), dtype=torch.uint8)
     h.tsq_quantize(_ptr(x), m, k, _ptr(out))
     return out
@@ -178,8 +195,8 @@ def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Ten
            col0: int = 0, *, threads: int | None = None, use_simd: bool = True) -> None:
     """y[:, col0 : col0 + n] = x @ W.T for W the GGUF rows ``w`` (uint8 [n, row_bytes]).
 
-    x float32 [m, k] contiguous; ``xq`` its ``quantize`` blocks (quantized types); y float32
-    [m, >= col0 + n] contiguous."""
+    x float32 [m, k] contiguous; ``xq`` its ``quantize(x, act_kind(type_name))`` form (quantized
+    types); y float32 [m, >= col0 + n] contiguous."""
     h = lib()
     n, rb = w.shape
     m = x.shape[0]

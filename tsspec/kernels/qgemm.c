@@ -36,6 +36,7 @@ enum { T_F32 = 0, T_F16 = 1, T_BF16 = 2, T_Q4_0 = 3, T_Q4_1 = 4, T_Q5_0 = 5, T_Q
 
 #define QB 32   /* elements per activation block and per weight sub-block */
 #define QK 256  /* elements per K-quant super-block */
+#define ROW_CHUNK 32 /* input rows per pass over the weights */
 
 /* one quantized activation block */
 typedef struct {
@@ -118,6 +119,63 @@ static void quantize_row(const float *x, long k, xblock *out) {
 
 void tsq_quantize(const float *x, long m, long k, xblock *out) {
     for (long r = 0; r < m; r++) quantize_row(x + r * k, k, out + r * (k / QB));
+}
+
+/* Activation rows for the K-quant types, quantized per 256-element super-block to 13-bit
+ * integers (|q| <= 4095, one float scale each): the integer sub-block scales of Q4_K/Q6_K then
+ * apply inside the integer sums (16-bit products, vpmaddwd) and one float multiply serves a whole
+ * super-block. 13 bits keep an outlier channel from flattening its 255 neighbours (int8 per 256,
+ * llama.cpp's q8_K, cost up to 6.5 in the logits against transformers on qwen2.5-coder-1.5b) and
+ * keep every int32 sum below 2^31 (proof in dot_simd_k_t). Row r occupies XK_BYTES(k) bytes:
+ * q int16 [k], d float [k/256], b32 int32 [k/32] (sums of q per 32), b16 int32 [k/16] (per 16). */
+#define XK_MAX 4095
+#define XK_BYTES(k) (2 * (k) + (k) / QK * 100)
+typedef struct {
+    const int16_t *q;
+    const float *d;
+    const int32_t *b32, *b16;
+} xkrow;
+
+static inline xkrow xk_row(const uint8_t *buf, long k, long r) {
+    const uint8_t *base = buf + r * XK_BYTES(k);
+    long ns = k / QK;
+    xkrow v = {(const int16_t *)base, (const float *)(base + 2 * k), (const int32_t *)(base + 2 * k + 4 * ns),
+               (const int32_t *)(base + 2 * k + 36 * ns)};
+    return v;
+}
+
+void tsq_quantize_k(const float *x, long m, long k, uint8_t *out) {
+    long ns = k / QK;
+    for (long r = 0; r < m; r++) {
+        const float *xr = x + r * k;
+        uint8_t *base = out + r * XK_BYTES(k);
+        int16_t *q = (int16_t *)base;
+        float *dd = (float *)(base + 2 * k);
+        int32_t *b32 = (int32_t *)(base + 2 * k + 4 * ns), *b16 = (int32_t *)(base + 2 * k + 36 * ns);
+        for (long sb = 0; sb < ns; sb++) {
+            const float *v = xr + sb * QK;
+            float amax = 0.f;
+            for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(v[i]));
+            float id = amax > 0.f ? (float)XK_MAX / amax : 0.f;
+            dd[sb] = amax / (float)XK_MAX;
+            for (int i = 0; i < QK; i++) {
+                int qi = (int)nearbyintf(v[i] * id);
+                q[sb * QK + i] = (int16_t)(qi > XK_MAX ? XK_MAX : (qi < -XK_MAX ? -XK_MAX : qi));
+            }
+            for (int t = 0; t < 16; t++) {
+                int sum = 0;
+                for (int i = 0; i < 16; i++) sum += q[sb * QK + 16 * t + i];
+                b16[sb * 16 + t] = sum;
+            }
+            for (int t = 0; t < 8; t++) b32[sb * 8 + t] = b16[sb * 16 + 2 * t] + b16[sb * 16 + 2 * t + 1];
+        }
+    }
+}
+
+/* which input form a weight type multiplies: 0 float32, 1 per-32 blocks, 2 per-256 super-blocks */
+int tsq_act_kind(int type) {
+    if (type == T_F32 || type == T_F16 || type == T_BF16) return 0;
+    return (type == T_Q4_K || type == T_Q6_K) ? 2 : 1;
 }
 
 /* ------------------------------------------------------------------ dequantization (reference) */
@@ -274,6 +332,53 @@ static float dot_ref_q(int type, const uint8_t *w, long k, const xblock *x) {
     return acc + off;
 }
 
+/* Q4_K / Q6_K against per-256 input: integer sums per super-block, one float step each */
+static float dot_ref_k(int type, const uint8_t *w, long k, xkrow x) {
+    float acc = 0.f, off = 0.f;
+    for (long sb = 0; sb < k / QK; sb++) {
+        const int16_t *xq = x.q + sb * QK;
+        const float dx = x.d[sb];
+        if (type == T_Q4_K) {
+            const uint8_t *p = w + sb * 144;
+            float d = f16_to_f32(rd16(p)), dmin = f16_to_f32(rd16(p + 2));
+            int total = 0, mins = 0;
+            for (int t = 0; t < 8; t++) {
+                int sc, m;
+                scale_min_k4(t, p + 4, &sc, &m);
+                const uint8_t *q = p + 16 + 32 * (t / 2);
+                int isum = 0;
+                for (int i = 0; i < 32; i++) isum += ((t & 1) ? (q[i] >> 4) : (q[i] & 0xF)) * xq[32 * t + i];
+                total += sc * isum;
+                mins += m * x.b32[sb * 8 + t];
+            }
+            acc += (float)total * (d * dx);
+            off += (float)mins * (-(dmin * dx));
+        } else {
+            const uint8_t *p = w + sb * 210;
+            const int8_t *scs = (const int8_t *)(p + 192);
+            float d = f16_to_f32(rd16(p + 208));
+            int total = 0, corr = 0;
+            for (int t = 0; t < 8; t++) {
+                int h = t / 4, u = t % 4;
+                const uint8_t *ql = p + 64 * h + (u & 1) * 32, *qh = p + 128 + 32 * h;
+                for (int half = 0; half < 2; half++) {
+                    int isum = 0;
+                    for (int i = 16 * half; i < 16 * half + 16; i++) {
+                        int lo = (u < 2) ? (ql[i] & 0xF) : (ql[i] >> 4);
+                        isum += (lo | (((qh[i] >> (2 * u)) & 3) << 4)) * xq[32 * t + i];
+                    }
+                    int sc = scs[8 * h + 2 * u + half];
+                    total += sc * isum;
+                    corr += sc * x.b16[sb * 16 + 2 * t + half];
+                }
+            }
+            acc += (float)total * (d * dx);
+            off += (float)corr * (-32.f * (d * dx));
+        }
+    }
+    return acc + off;
+}
+
 static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
     float acc = 0.f;
     for (long i = 0; i < k; i++) {
@@ -340,59 +445,110 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, const xbloc
             __m256i cu = uns ? c : _mm256_abs_epi8(c);
             for (int r = 0; r < tr; r++) ROW_STEP(r);
         }
-    } else if (type == T_Q4_K) {
-        for (long sb = 0; sb < k / QK; sb++) {
-            const uint8_t *p = w + sb * 144;
-            const float d = _cvtsh_ss(rd16(p)), dmin = _cvtsh_ss(rd16(p + 2));
-            /* the 8 sub-block scales and mins, decoded once per super-block */
-            const uint8_t *q6 = p + 4;
-            float as[8], os[8];
-            for (int t = 0; t < 4; t++) {
-                as[t] = d * (float)(q6[t] & 63);
-                os[t] = -(dmin * (float)(q6[t + 4] & 63));
-                as[t + 4] = d * (float)((q6[t + 8] & 0xF) | ((q6[t] >> 6) << 4));
-                os[t + 4] = -(dmin * (float)((q6[t + 8] >> 4) | ((q6[t + 4] >> 6) << 4)));
-            }
-            for (int pr = 0; pr < 4; pr++) {
-                __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * pr));
-                for (int half = 0; half < 2; half++) {
-                    const int t = 2 * pr + half;
-                    const long j = sb * 8 + t;
-                    const __m256 av = _mm256_broadcast_ss(as + t);
-                    const float o = os[t];
-                    const __m256i c = half ? _mm256_and_si256(_mm256_srli_epi16(q, 4), m4) : _mm256_and_si256(q, m4);
-                    const __m256i cu = c;
-                    for (int r = 0; r < tr; r++) ROW_STEP(r);
-                }
-            }
-        }
-    } else { /* Q6_K */
-        const __m256i m3 = _mm256_set1_epi8(3), b32 = _mm256_set1_epi8(32);
-        for (long sb = 0; sb < k / QK; sb++) {
-            const uint8_t *p = w + sb * 210;
-            const int8_t *scs = (const int8_t *)(p + 192);
-            float d = _cvtsh_ss(rd16(p + 208));
-            const float o = 0.f;
-            for (int h = 0; h < 2; h++) {
-                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
-                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-                for (int u = 0; u < 4; u++) {
-                    const long j = sb * 8 + 4 * h + u;
-                    const int8_t *sc = scs + 8 * h + 2 * u;
-                    __m256 av = _mm256_set_m128(_mm_set1_ps(d * sc[1]), _mm_set1_ps(d * sc[0]));
-                    __m256i ql = (u & 1) ? ql1 : ql0;
-                    __m256i lo = (u < 2) ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), m3);
-                    __m256i c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), b32);
-                    __m256i cu = _mm256_abs_epi8(c);
-                    for (int r = 0; r < tr; r++) ROW_STEP(r);
-                }
-            }
-        }
     }
     for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(acc[r]) + off[r];
 }
+
+/* Q4_K / Q6_K against 13-bit per-256 input rows. Each 32-element sub-block's codes are widened
+ * to int16 and multiplied by its integer sub-scale once (shared by every input row); per input row
+ * two vpdpwssd add the products into int32 lanes, and one float FMA per super-block applies
+ * d * dx. Bounds: Q4_K |code*scale| <= 15*63, Q6_K <= 63*128; |x| <= 4095; a lane sums 32
+ * products per super-block: 32 * 8064 * 4095 < 2^31. Offsets (Q4_K mins, Q6_K's -32) go through
+ * the input's block sums, in float. */
+static inline __attribute__((always_inline)) void
+dot_simd_k_t(const int type, const int tr, const uint8_t *w, long k, const uint8_t *x, float *y, long ldy,
+             long r0) {
+    __m256 acc[TILE];
+    float off[TILE];
+    xkrow xr[TILE];
+    for (int r = 0; r < tr; r++) {
+        acc[r] = _mm256_setzero_ps();
+        off[r] = 0.f;
+        xr[r] = xk_row(x, k, r0 + r);
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (long sb = 0; sb < k / QK; sb++) {
+        __m256i sumi[TILE];
+        for (int r = 0; r < tr; r++) sumi[r] = _mm256_setzero_si256();
+#define K_SUB(codes, t, sclo, schi)                                                                   \
+    do {                                                                                              \
+        const __m256i wa = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes)), sclo); \
+        const __m256i wb = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1)), schi); \
+        for (int r = 0; r < tr; r++) {                                                                \
+            const int16_t *xq = xr[r].q + sb * QK + 32 * (t);                                        \
+            sumi[r] = _mm256_dpwssd_epi32(sumi[r], wa, _mm256_loadu_si256((const __m256i *)xq));        \
+            sumi[r] = _mm256_dpwssd_epi32(sumi[r], wb, _mm256_loadu_si256((const __m256i *)(xq + 16))); \
+        }                                                                                             \
+    } while (0)
+        if (type == T_Q4_K) {
+            const uint8_t *p = w + sb * 144;
+            const float d = _cvtsh_ss(rd16(p)), dmin = _cvtsh_ss(rd16(p + 2));
+            const uint8_t *q6 = p + 4;
+            int sc[8], mn[8];
+            for (int t = 0; t < 4; t++) {
+                sc[t] = q6[t] & 63;
+                mn[t] = q6[t + 4] & 63;
+                sc[t + 4] = (q6[t + 8] & 0xF) | ((q6[t] >> 6) << 4);
+                mn[t + 4] = (q6[t + 8] >> 4) | ((q6[t + 4] >> 6) << 4);
+            }
+            for (int pr = 0; pr < 4; pr++) {
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * pr));
+                const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                const __m256i s0 = _mm256_set1_epi16((short)sc[2 * pr]), s1 = _mm256_set1_epi16((short)sc[2 * pr + 1]);
+                K_SUB(lo, 2 * pr, s0, s0);
+                K_SUB(hi, 2 * pr + 1, s1, s1);
+            }
+            for (int r = 0; r < tr; r++) {
+                const float dx = xr[r].d[sb];
+                const int32_t *b32 = xr[r].b32 + sb * 8;
+                int mins = 0;
+                for (int t = 0; t < 8; t++) mins += mn[t] * b32[t];
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * dx), acc[r]);
+                off[r] += (float)mins * (-(dmin * dx));
+            }
+        } else { /* Q6_K */
+            const uint8_t *p = w + sb * 210;
+            const int8_t *scs = (const int8_t *)(p + 192);
+            const float d = _cvtsh_ss(rd16(p + 208));
+            const __m256i m3 = _mm256_set1_epi8(3);
+            for (int h = 0; h < 2; h++) {
+                const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
+                const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
+                const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+                for (int u = 0; u < 4; u++) {
+                    const int8_t *sc = scs + 8 * h + 2 * u;
+                    const __m256i ql = (u & 1) ? ql1 : ql0;
+                    const __m256i lo = (u < 2) ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), m3);
+                    const __m256i c = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)); /* 0..63 */
+                    K_SUB(c, 4 * h + u, _mm256_set1_epi16(sc[0]), _mm256_set1_epi16(sc[1]));
+                }
+            }
+            for (int r = 0; r < tr; r++) {
+                const float dx = xr[r].d[sb];
+                const int32_t *b16 = xr[r].b16 + sb * 16;
+                int corr = 0; /* the -32 of every code: sum over halves of scale * input sum */
+                for (int t = 0; t < 16; t++) corr += scs[t] * b16[t];
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * dx), acc[r]);
+                off[r] += (float)corr * (-32.f * (d * dx));
+            }
+        }
+#undef K_SUB
+    }
+    for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(acc[r]) + off[r];
+}
+
+#define DOT_K_TYPE(T)                                                                                 \
+    static void dot_k_##T(const uint8_t *w, long k, const uint8_t *x, long r0, int tr, float *y, long ldy) { \
+        switch (tr) {                                                                                 \
+        case 1: dot_simd_k_t(T, 1, w, k, x, y, ldy, r0); break;                                      \
+        case 2: dot_simd_k_t(T, 2, w, k, x, y, ldy, r0); break;                                      \
+        case 3: dot_simd_k_t(T, 3, w, k, x, y, ldy, r0); break;                                      \
+        default: dot_simd_k_t(T, 4, w, k, x, y, ldy, r0); break;                                     \
+        }                                                                                             \
+    }
+DOT_K_TYPE(T_Q4_K)
+DOT_K_TYPE(T_Q6_K)
 
 #define DOT_Q_TYPE(T)                                                                                 \
     static void dot_q_##T(const uint8_t *w, long k, const xblock *x, long xs, int tr, float *y, long ldy) { \
@@ -407,15 +563,13 @@ DOT_Q_TYPE(T_Q4_0)
 DOT_Q_TYPE(T_Q4_1)
 DOT_Q_TYPE(T_Q5_0)
 DOT_Q_TYPE(T_Q8_0)
-DOT_Q_TYPE(T_Q4_K)
-DOT_Q_TYPE(T_Q6_K)
 
 typedef void (*dot_q_fn)(const uint8_t *, long, const xblock *, long, int, float *, long);
 
 static void dot_simd_q(int type, const uint8_t *w, long k, const xblock *x, long xstride, int tr, float *y,
                        long ldy) {
     static const dot_q_fn fns[T_COUNT] = {0, 0, 0, dot_q_T_Q4_0, dot_q_T_Q4_1, dot_q_T_Q5_0, dot_q_T_Q8_0,
-                                          dot_q_T_Q4_K, dot_q_T_Q6_K};
+                                          0, 0};
     fns[type](w, k, x, xstride, tr, y, ldy);
 }
 
@@ -454,7 +608,10 @@ static int is_float_type(int type) { return type == T_F32 || type == T_F16 || ty
  * apart. For quantized types `xq` holds x quantized by tsq_quantize ([m, k/32] blocks) and `x`
  * is unused; for float types `x` is float32 [m, k]. use_simd = 0 forces the reference. */
 int tsq_matmul(int type, const uint8_t *w, long row_bytes, long n_rows, long k, const float *x,
-               const xblock *xq, long m, float *y, long ldy, int n_threads, int use_simd) {
+               const void *xqv, long m, float *y, long ldy, int n_threads, int use_simd) {
+    const xblock *xq = (const xblock *)xqv;          /* per-32 input (legacy types) */
+    const uint8_t *xk = (const uint8_t *)xqv;        /* per-256 input (K-quants) */
+    const int kq = tsq_act_kind(type) == 2;
     if (type < 0 || type >= T_COUNT || k % (is_float_type(type) ? 1 : QB) || k % BLOCK_ELEMS[type])
         return -1;
     int fl = is_float_type(type);
@@ -463,23 +620,32 @@ int tsq_matmul(int type, const uint8_t *w, long row_bytes, long n_rows, long k, 
     use_simd = 0;
 #endif
     if (n_threads < 1) n_threads = 1;
+    /* Input rows in chunks that stay in L1/L2 while every weight row streams past them (a long
+     * prefill); within a chunk, tiles of TILE rows share each unpacked weight block. Neither
+     * changes the operations any one output element goes through. */
+    for (long c0 = 0; c0 < m; c0 += ROW_CHUNK) {
+        const long c1 = m - c0 < ROW_CHUNK ? m : c0 + ROW_CHUNK;
 #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
-    for (long n = 0; n < n_rows; n++) {
-        const uint8_t *wr = w + n * row_bytes;
-        if (!use_simd) {
-            for (long r = 0; r < m; r++)
-                y[r * ldy + n] = fl ? dot_ref_f(type, wr, k, x + r * k) : dot_ref_q(type, wr, k, xq + r * nb);
-            continue;
-        }
+        for (long n = 0; n < n_rows; n++) {
+            const uint8_t *wr = w + n * row_bytes;
+            if (!use_simd) {
+                for (long r = c0; r < c1; r++)
+                    y[r * ldy + n] = fl ? dot_ref_f(type, wr, k, x + r * k)
+                                   : kq ? dot_ref_k(type, wr, k, xk_row(xk, k, r)) : dot_ref_q(type, wr, k, xq + r * nb);
+                continue;
+            }
 #if TSQ_SIMD
-        for (long r = 0; r < m; r += TILE) {
-            int tr = (int)(m - r < TILE ? m - r : TILE);
-            if (fl)
-                dot_simd_f(type, wr, k, x + r * k, k, tr, y + r * ldy + n, ldy);
-            else
-                dot_simd_q(type, wr, k, xq + r * nb, nb, tr, y + r * ldy + n, ldy);
-        }
+            for (long r = c0; r < c1; r += TILE) {
+                int tr = (int)(c1 - r < TILE ? c1 - r : TILE);
+                if (fl)
+                    dot_simd_f(type, wr, k, x + r * k, k, tr, y + r * ldy + n, ldy);
+                else if (kq)
+                    (type == T_Q4_K ? dot_k_T_Q4_K : dot_k_T_Q6_K)(wr, k, xk, r, tr, y + r * ldy + n, ldy);
+                else
+                    dot_simd_q(type, wr, k, xq + r * nb, nb, tr, y + r * ldy + n, ldy);
+            }
 #endif
+        }
     }
     return 0;
 }
@@ -521,19 +687,16 @@ int tsq_sizeof_linear(void) { return (int)sizeof(tsq_linear); }
 int tsq_sizeof_layer(void) { return (int)sizeof(tsq_layer); }
 int tsq_sizeof_config(void) { return (int)sizeof(tsq_config); }
 
-static int any_quant(const tsq_linear *L) {
-    for (int i = 0; i < L->nparts; i++)
-        if (!is_float_type(L->type[i])) return 1;
-    return 0;
-}
-
-/* y [m, n_total] = x [m, k] W.T (+ bias); xq: scratch of m * k/32 blocks */
-static int linear_apply(const tsq_linear *L, const float *x, long m, float *y, xblock *xq, int nt) {
-    if (any_quant(L)) tsq_quantize(x, m, L->k, xq);
+/* y [m, n_total] = x [m, k] W.T (+ bias); xq, xk: scratch for the two quantized input forms */
+static int linear_apply(const tsq_linear *L, const float *x, long m, float *y, xblock *xq, uint8_t *xk, int nt) {
+    int have32 = 0, have256 = 0;
     long col = 0;
     for (int i = 0; i < L->nparts; i++) {
-        int rc = tsq_matmul(L->type[i], L->w[i], L->row_bytes[i], L->n[i], L->k, x, xq, m, y + col,
-                            L->n_total, nt, 1);
+        int kind = tsq_act_kind(L->type[i]);
+        if (kind == 1 && !have32) { tsq_quantize(x, m, L->k, xq); have32 = 1; }
+        if (kind == 2 && !have256) { tsq_quantize_k(x, m, L->k, xk); have256 = 1; }
+        int rc = tsq_matmul(L->type[i], L->w[i], L->row_bytes[i], L->n[i], L->k, x,
+                            kind == 2 ? (const void *)xk : (const void *)xq, m, y + col, L->n_total, nt, 1);
         if (rc) return rc;
         col += L->n[i];
     }
@@ -590,14 +753,15 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
     float *gu = malloc(sizeof(float) * m * 2 * f);
     float *y = malloc(sizeof(float) * m * d);
     xblock *xq = malloc(sizeof(xblock) * m * (kmax / QB + 1));
+    uint8_t *xk = malloc((size_t)XK_BYTES(kmax + QK) * m);
     int rc = 0;
-    if (!x || !qkv || !att || !gu || !y || !xq) { rc = -2; goto done; }
+    if (!x || !qkv || !att || !gu || !y || !xq || !xk) { rc = -2; goto done; }
     for (int li = l0; li < l1 && !rc; li++) {
         const tsq_layer *L = layers + li;
         float *kl = kc + (long)li * nkv * cap * hd, *vl = vc + (long)li * nkv * cap * hd;
         const float *ct = cos_t[L->rope], *st = sin_t[L->rope];
         for (long r = 0; r < m; r++) rms_norm_row(h + r * d, L->attn_norm, d, c->eps, x + r * d);
-        if ((rc = linear_apply(&L->qkv, x, m, qkv, xq, nt))) break;
+        if ((rc = linear_apply(&L->qkv, x, m, qkv, xq, xk, nt))) break;
         const long w3 = qd + 2 * kvd;
         for (long r = 0; r < m; r++) {
             float *q = qkv + r * w3, *k = q + qd, *v = k + kvd;
@@ -643,13 +807,13 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
             }
             free(sc);
         }
-        if ((rc = linear_apply(&L->o, att, m, y, xq, nt))) break;
+        if ((rc = linear_apply(&L->o, att, m, y, xq, xk, nt))) break;
         for (long r = 0; r < m; r++) {
             if (L->post_attn_norm) rms_norm_row(y + r * d, L->post_attn_norm, d, c->eps, y + r * d);
             for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
             rms_norm_row(h + r * d, L->ffn_norm, d, c->eps, x + r * d);
         }
-        if ((rc = linear_apply(&L->gate_up, x, m, gu, xq, nt))) break;
+        if ((rc = linear_apply(&L->gate_up, x, m, gu, xq, xk, nt))) break;
         for (long r = 0; r < m; r++) {
             const float *g = gu + r * 2 * f, *u = g + f;
             float *a = x + r * f;
@@ -659,13 +823,13 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
                 a[i] = act * u[i];
             }
         }
-        if ((rc = linear_apply(&L->down, x, m, y, xq, nt))) break;
+        if ((rc = linear_apply(&L->down, x, m, y, xq, xk, nt))) break;
         for (long r = 0; r < m; r++) {
             if (L->post_ffn_norm) rms_norm_row(y + r * d, L->post_ffn_norm, d, c->eps, y + r * d);
             for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
         }
     }
 done:
-    free(x); free(qkv); free(att); free(gu); free(y); free(xq);
+    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(xk);
     return rc;
 }
