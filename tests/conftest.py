@@ -3,8 +3,22 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Threads for the real-model modules (TSSPEC_TEST_THREADS, default 1). Results do not depend on it,
+# but on a loaded machine OpenMP oversubscription makes multi-threaded runs up to ~40x slower.
+REAL_MODEL_THREADS = int(os.environ.get("TSSPEC_TEST_THREADS", "1"))
+
+
+@pytest.fixture(scope="module")
+def real_model_threads():
+    n = torch.get_num_threads()
+    torch.set_num_threads(REAL_MODEL_THREADS)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

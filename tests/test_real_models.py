@@ -22,7 +22,6 @@ Stated tolerances:
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -34,23 +33,12 @@ from tsspec.spec.loop import decode
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.stats import SpecStats
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("real_model_threads")]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reference"
 ALL_MODELS = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 MODELS = [m for m in ALL_MODELS if (FIXTURES / f"{m}.json").exists()]
 N_CTX = 512
-# Threads for this module (TSSPEC_TEST_THREADS, default 1). Results do not depend on it, but on a
-# loaded machine OpenMP oversubscription makes multi-threaded runs up to ~40x slower.
-THREADS = int(os.environ.get("TSSPEC_TEST_THREADS", "1"))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _threads():
-    n = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
-    yield
-    torch.set_num_threads(n)
 
 
 def reference(name: str) -> list[dict]:

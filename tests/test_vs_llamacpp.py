@@ -41,7 +41,6 @@ Runtime: ~95 s for the four models on one thread (qwen2.5-coder-1.5b is about ha
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +52,7 @@ from tsspec.models import load_model
 from tsspec.sampling import Sampler
 from tsspec.spec.loop import decode
 
-pytestmark = pytest.mark.real_model
+pytestmark = [pytest.mark.real_model, pytest.mark.usefixtures("real_model_threads")]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 ALL_MODELS = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
@@ -64,17 +63,6 @@ TIE_REGION = 1.0  # nats: llama.cpp top-2 gaps below this count as "near-tie pos
 DELTA_P95_MAX = 2 * NEAR_TIE
 MIN_PREFIX = 16
 MIN_SHARE = 0.6
-# Threads for this module (TSSPEC_TEST_THREADS, default 1), as in test_real_models.py: results do
-# not depend on it, and on a shared machine oversubscription only slows the run down.
-THREADS = int(os.environ.get("TSSPEC_TEST_THREADS", "1"))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _threads():
-    n = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
-    yield
-    torch.set_num_threads(n)
 
 
 def fixture(name: str) -> dict:
