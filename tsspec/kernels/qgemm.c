@@ -737,6 +737,16 @@ static void rope_row(float *v, const float *c, const float *s, long half, int ne
 
 /* dot product in 8 independent lanes then a fixed reduction: vectorizable, order fixed */
 static inline float dot8(const float *a, const float *b, long n) {
+#if TSQ_SIMD
+    if (n % 16 == 0) { /* two FMA chains, then a fixed reduction */
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        for (long i = 0; i < n; i += 16) {
+            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        }
+        return hsum8(_mm256_add_ps(s0, s1));
+    }
+#endif
     float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     long i = 0;
     for (; i + 8 <= n; i += 8)
@@ -744,6 +754,33 @@ static inline float dot8(const float *a, const float *b, long n) {
     float t = 0.f;
     for (; i < n; i++) t += a[i] * b[i];
     return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + t;
+}
+
+/* o[0..hd) = sum over j in [lo, hi] of p[j] * v[j * hd + i], accumulated in j order */
+static inline void weighted_sum(const float *p, const float *v, long lo, long hi, long hd, float *o) {
+#if TSQ_SIMD
+    if (hd % 32 == 0) { /* 32 outputs at a time stay in registers across all positions */
+        for (long i0 = 0; i0 < hd; i0 += 32) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (long j = lo; j <= hi; j++) {
+                const float *vv = v + j * hd + i0;
+                const __m256 pj = _mm256_set1_ps(p[j]);
+                a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv), a0);
+                a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv + 8), a1);
+                a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv + 16), a2);
+                a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv + 24), a3);
+            }
+            _mm256_storeu_ps(o + i0, a0);
+            _mm256_storeu_ps(o + i0 + 8, a1);
+            _mm256_storeu_ps(o + i0 + 16, a2);
+            _mm256_storeu_ps(o + i0 + 24, a3);
+        }
+        return;
+    }
+#endif
+    for (long i = 0; i < hd; i++) o[i] = 0.f;
+    for (long j = lo; j <= hi; j++)
+        for (long i = 0; i < hd; i++) o[i] += p[j] * v[j * hd + i];
 }
 
 static inline float gelu_tanh(float x) {
@@ -810,12 +847,8 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
                     sum += sc[j];
                 }
                 float *o = att + r * qd + hh * hd;
-                for (long i = 0; i < hd; i++) o[i] = 0.f;
-                for (long j = lo; j <= pos; j++) {
-                    float p = sc[j] / sum;
-                    const float *vv = vb + j * hd;
-                    for (long i = 0; i < hd; i++) o[i] += p * vv[i];
-                }
+                for (long j = lo; j <= pos; j++) sc[j] = sc[j] / sum;
+                weighted_sum(sc, vb, lo, pos, hd, o);
             }
             free(sc);
         }
