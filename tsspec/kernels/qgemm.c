@@ -267,64 +267,33 @@ void tsq_dequant_rows(int type, const uint8_t *w, long row_bytes, long k, const 
 }
 
 /* ------------------------------------------------------------------ weight sub-blocks
- * A weight row is a sequence of 32-element sub-blocks. Sub-block j gives int8 codes c[32]
- * (signed, or unsigned 0..15 for the types with a min) and float scales such that
- * w = a * c + off. For Q6_K the two 16-element halves have their own scale (a0, a1). */
+ * A legacy-type weight row (Q4_0, Q4_1, Q5_0, Q8_0) is a sequence of 32-element blocks. Block j
+ * gives int8 codes c[32] (signed; unsigned 0..15 for Q4_1) and float scale and offset such that
+ * w = a * c + off. (The K-quants have their own reference, dot_ref_k.) */
 
 typedef struct {
     int8_t c[QB];
-    float a0, a1; /* scale of elements 0-15 and 16-31 (equal except Q6_K) */
-    float off;    /* additive offset (Q4_1 min, Q4_K -dmin*m), 0 otherwise */
-    int is_unsigned;
+    float a;   /* the block's scale */
+    float off; /* additive offset (Q4_1's min), 0 otherwise */
 } subblock;
 
 static inline void get_subblock(int type, const uint8_t *w, long j, subblock *s) {
+    const uint8_t *p = w + j * BLOCK_BYTES[type];
+    s->a = f16_to_f32(rd16(p));
     s->off = 0.f;
-    s->is_unsigned = 0;
-    if (type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0) {
-        const uint8_t *p = w + j * BLOCK_BYTES[type];
-        float d = f16_to_f32(rd16(p));
-        s->a0 = s->a1 = d;
-        if (type == T_Q4_0) {
-            for (int i = 0; i < 16; i++) { s->c[i] = (p[2 + i] & 0xF) - 8; s->c[i + 16] = (p[2 + i] >> 4) - 8; }
-        } else if (type == T_Q4_1) {
-            s->off = f16_to_f32(rd16(p + 2));
-            s->is_unsigned = 1;
-            for (int i = 0; i < 16; i++) { s->c[i] = p[4 + i] & 0xF; s->c[i + 16] = p[4 + i] >> 4; }
-        } else if (type == T_Q5_0) {
-            uint32_t qh = rd32(p + 2);
-            for (int i = 0; i < 16; i++) {
-                s->c[i] = (int8_t)(((p[6 + i] & 0xF) | (((qh >> i) << 4) & 0x10)) - 16);
-                s->c[i + 16] = (int8_t)(((p[6 + i] >> 4) | ((qh >> (i + 12)) & 0x10)) - 16);
-            }
-        } else {
-            memcpy(s->c, p + 2, 32);
+    if (type == T_Q4_0) {
+        for (int i = 0; i < 16; i++) { s->c[i] = (p[2 + i] & 0xF) - 8; s->c[i + 16] = (p[2 + i] >> 4) - 8; }
+    } else if (type == T_Q4_1) {
+        s->off = f16_to_f32(rd16(p + 2));
+        for (int i = 0; i < 16; i++) { s->c[i] = p[4 + i] & 0xF; s->c[i + 16] = p[4 + i] >> 4; }
+    } else if (type == T_Q5_0) {
+        uint32_t qh = rd32(p + 2);
+        for (int i = 0; i < 16; i++) {
+            s->c[i] = (int8_t)(((p[6 + i] & 0xF) | (((qh >> i) << 4) & 0x10)) - 16);
+            s->c[i + 16] = (int8_t)(((p[6 + i] >> 4) | ((qh >> (i + 12)) & 0x10)) - 16);
         }
-        return;
-    }
-    const uint8_t *p = w + (j / 8) * BLOCK_BYTES[type];
-    int t = (int)(j % 8);
-    if (type == T_Q4_K) {
-        float d = f16_to_f32(rd16(p)), dmin = f16_to_f32(rd16(p + 2));
-        int sc, m;
-        scale_min_k4(t, p + 4, &sc, &m);
-        s->a0 = s->a1 = d * sc;
-        s->off = -(dmin * m);
-        s->is_unsigned = 1;
-        const uint8_t *q = p + 16 + 32 * (t / 2);
-        for (int i = 0; i < 32; i++) s->c[i] = (t & 1) ? (q[i] >> 4) : (q[i] & 0xF);
-    } else { /* Q6_K: half h = t / 4, quarter u = t % 4 */
-        int h = t / 4, u = t % 4;
-        const uint8_t *ql = p + 64 * h + (u & 1) * 32, *qh = p + 128 + 32 * h;
-        const int8_t *sc = (const int8_t *)(p + 192) + 8 * h + 2 * u;
-        float d = f16_to_f32(rd16(p + 208));
-        s->a0 = d * sc[0];
-        s->a1 = d * sc[1];
-        for (int i = 0; i < 32; i++) {
-            int lo = (u < 2) ? (ql[i] & 0xF) : (ql[i] >> 4);
-            int hi = (qh[i] >> (2 * u)) & 3;
-            s->c[i] = (int8_t)((lo | (hi << 4)) - 32);
-        }
+    } else { /* Q8_0 */
+        memcpy(s->c, p + 2, 32);
     }
 }
 
@@ -335,10 +304,9 @@ static float dot_ref_q(int type, const uint8_t *w, long k, const xblock *x) {
     subblock s;
     for (long j = 0; j < k / QB; j++) {
         get_subblock(type, w, j, &s);
-        int lo = 0, hi = 0;
-        for (int i = 0; i < 16; i++) lo += s.c[i] * x[j].q[i];
-        for (int i = 16; i < 32; i++) hi += s.c[i] * x[j].q[i];
-        acc += (float)lo * (s.a0 * x[j].d) + (float)hi * (s.a1 * x[j].d);
+        int isum = 0;
+        for (int i = 0; i < QB; i++) isum += s.c[i] * x[j].q[i];
+        acc += (float)isum * (s.a * x[j].d);
         off += s.off * x[j].s;
     }
     return acc + off;
@@ -412,8 +380,8 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* One weight sub-block against the rows of a tile: the per-row step shared by every type.
- * c: codes (int8; unsigned 0..63 when uns), av: per-lane scale (a0 in lanes 0-3, a1 in 4-7). */
+/* One weight block against the rows of a tile: the per-row step shared by the legacy types.
+ * c: codes (int8; unsigned 0..15 when uns), av: the block's scale, o: its offset. */
 #define ROW_STEP(r)                                                                                   \
     do {                                                                                              \
         const xblock *xb = x + (r) * xstride + j;                                                     \
@@ -550,39 +518,38 @@ dot_simd_k_t(const int type, const int tr, const uint8_t *w, long k, const uint8
     for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(acc[r]) + off[r];
 }
 
-#define DOT_K_TYPE(T)                                                                                 \
-    static void dot_k_##T(const uint8_t *w, long k, const uint8_t *x, long r0, int tr, float *y, long ldy) { \
-        switch (tr) {                                                                                 \
-        case 1: dot_simd_k_t(T, 1, w, k, x, y, ldy, r0); break;                                      \
-        case 2: dot_simd_k_t(T, 2, w, k, x, y, ldy, r0); break;                                      \
-        case 3: dot_simd_k_t(T, 3, w, k, x, y, ldy, r0); break;                                      \
-        default: dot_simd_k_t(T, 4, w, k, x, y, ldy, r0); break;                                     \
-        }                                                                                             \
+/* The kernels are specialised for a compile-time tile height; this maps a runtime one onto them. */
+#define FOR_TILE(tr, CALL)                                                                            \
+    switch (tr) {                                                                                     \
+    case 1: CALL(1); break;                                                                           \
+    case 2: CALL(2); break;                                                                           \
+    case 3: CALL(3); break;                                                                           \
+    default: CALL(4); break;                                                                          \
     }
-DOT_K_TYPE(T_Q4_K)
-DOT_K_TYPE(T_Q6_K)
 
-#define DOT_Q_TYPE(T)                                                                                 \
-    static void dot_q_##T(const uint8_t *w, long k, const xblock *x, long xs, int tr, float *y, long ldy) { \
-        switch (tr) {                                                                                 \
-        case 1: dot_simd_q_t(T, 1, w, k, x, xs, y, ldy); break;                                      \
-        case 2: dot_simd_q_t(T, 2, w, k, x, xs, y, ldy); break;                                      \
-        case 3: dot_simd_q_t(T, 3, w, k, x, xs, y, ldy); break;                                      \
-        default: dot_simd_q_t(T, 4, w, k, x, xs, y, ldy); break;                                     \
-        }                                                                                             \
+static void dot_simd_k(int type, const uint8_t *w, long k, const uint8_t *x, long r0, int tr, float *y, long ldy) {
+#define K4(n) dot_simd_k_t(T_Q4_K, n, w, k, x, y, ldy, r0)
+#define K6(n) dot_simd_k_t(T_Q6_K, n, w, k, x, y, ldy, r0)
+    if (type == T_Q4_K) { FOR_TILE(tr, K4) } else { FOR_TILE(tr, K6) }
+#undef K4
+#undef K6
+}
+
+static void dot_simd_q(int type, const uint8_t *w, long k, const xblock *x, long xs, int tr, float *y, long ldy) {
+#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, x, xs, y, ldy)
+#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, x, xs, y, ldy)
+#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, x, xs, y, ldy)
+#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, x, xs, y, ldy)
+    switch (type) {
+    case T_Q4_0: FOR_TILE(tr, Q40) break;
+    case T_Q4_1: FOR_TILE(tr, Q41) break;
+    case T_Q5_0: FOR_TILE(tr, Q50) break;
+    default: FOR_TILE(tr, Q80) break;
     }
-DOT_Q_TYPE(T_Q4_0)
-DOT_Q_TYPE(T_Q4_1)
-DOT_Q_TYPE(T_Q5_0)
-DOT_Q_TYPE(T_Q8_0)
-
-typedef void (*dot_q_fn)(const uint8_t *, long, const xblock *, long, int, float *, long);
-
-static void dot_simd_q(int type, const uint8_t *w, long k, const xblock *x, long xstride, int tr, float *y,
-                       long ldy) {
-    static const dot_q_fn fns[T_COUNT] = {0, 0, 0, dot_q_T_Q4_0, dot_q_T_Q4_1, dot_q_T_Q5_0, dot_q_T_Q8_0,
-                                          0, 0};
-    fns[type](w, k, x, xstride, tr, y, ldy);
+#undef Q40
+#undef Q41
+#undef Q50
+#undef Q80
 }
 
 static inline __m256 load8_f(int type, const uint8_t *w, long i) {
@@ -652,7 +619,7 @@ int tsq_matmul(int type, const uint8_t *w, long row_bytes, long n_rows, long k, 
                 if (fl)
                     dot_simd_f(type, wr, k, x + r * k, k, tr, y + r * ldy + n, ldy);
                 else if (kq)
-                    (type == T_Q4_K ? dot_k_T_Q4_K : dot_k_T_Q6_K)(wr, k, xk, r, tr, y + r * ldy + n, ldy);
+                    dot_simd_k(type, wr, k, xk, r, tr, y + r * ldy + n, ldy);
                 else
                     dot_simd_q(type, wr, k, xq + r * nb, nb, tr, y + r * ldy + n, ldy);
             }
