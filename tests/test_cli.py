@@ -175,3 +175,12 @@ def test_declined_speculator_is_one_line(model):
 
 def test_no_prompt(model):
     one_error_line(run("generate", "-m", model, input=""), 2, "no prompt")
+
+
+def test_bad_kernels_switch_is_one_line(model, monkeypatch):
+    from tsspec import kernels
+
+    monkeypatch.setattr(kernels, "_tried", False)  # the value is read when the library is first wanted
+    monkeypatch.setattr(kernels, "_lib", None)
+    r = run("generate", "-m", model, "-n", "2", "-p", "hi", env={"TSSPEC_KERNELS": "maybe"})
+    one_error_line(r, 2, "TSSPEC_KERNELS")

@@ -130,15 +130,18 @@ class GGUFWeight:
 
 
 def gguf_native(type_name: str, shape: tuple[int, ...]) -> bool:
-    """Whether the native kernels multiply a tensor of this type and numpy shape [N, K] as stored."""
+    """Whether the native kernels multiply a tensor of this type and numpy shape [N, K] as stored
+    (the plain-C path is only their reference: without AVX-512 VNNI the torch formats are faster)."""
     from . import kernels
 
-    # the plain-C path is only a reference: without AVX-512 VNNI the torch formats are faster
-    if len(shape) != 2 or not kernels.supported(type_name) or not kernels.simd():
-        return False
-    if type_name in kernels.FLOAT_TYPES:
-        return True
-    return shape[1] % kernels.QUANT_BLOCK == 0 and kernels.lib().tsq_row_bytes(kernels.TYPE_IDS[type_name], shape[1]) > 0
+    return len(shape) == 2 and kernels.takes(type_name, shape[1])
+
+
+def load_format(fmt: str | None) -> str:
+    """The format to load a weight with, given a requested one or a ``Linear``'s backend name
+    (drafters load in their trunk's format: a trunk on the ``gguf`` backend was loaded as "auto")."""
+    fmt = fmt or default_format()
+    return "auto" if fmt == "gguf" else fmt
 
 
 def int4_quantize(w: np.ndarray) -> Int4Weight:
@@ -239,19 +242,21 @@ class Linear:
     """
 
     __slots__ = ("weight", "scales_and_zeros", "bias", "fmt", "min_rows", "multiple", "out_features",
-                 "in_features", "parts")
+                 "in_features", "parts", "kinds")
 
     def __init__(self, weight, bias=None, fmt: str | None = None):
-        fmt = fmt or default_format()
+        fmt = load_format(fmt)
         self.scales_and_zeros = None
         self.parts: list[GGUFWeight] | None = None
-        if isinstance(weight, list):  # several GGUF weights stacked along N (from ``concat``)
-            weight = weight if len(weight) > 1 else weight[0]
-        if isinstance(weight, (GGUFWeight, list)):
-            parts = weight if isinstance(weight, list) else [weight]
-            if fmt in ("auto", "gguf") and all(gguf_native(p.type_name, p.shape) for p in parts):
+        # a GGUFWeight, or several stacked along N (from ``concat``)
+        parts = weight if isinstance(weight, list) else [weight] if isinstance(weight, GGUFWeight) else None
+        if parts is not None:
+            if fmt == "auto" and all(gguf_native(p.type_name, p.shape) for p in parts):
+                from . import kernels
+
                 self.fmt = "gguf"
                 self.parts = parts
+                self.kinds = [kernels.act_kind(p.type_name) for p in parts]  # each part's input form
                 self.out_features = sum(p.shape[0] for p in parts)
                 self.in_features = parts[0].shape[1]
                 self.weight = parts[0].raw
@@ -259,7 +264,7 @@ class Linear:
                 self.min_rows, self.multiple = 1, 1
                 return
             weight = _fallback_weight(parts, fmt)
-            if fmt in ("auto", "gguf"):
+            if fmt == "auto":
                 fmt = "int4" if isinstance(weight, Int4Weight) else _fallback_dense_format(parts)
         if isinstance(weight, Int4Weight):
             if fmt in ("auto", "int4"):
@@ -268,7 +273,7 @@ class Linear:
                 self.weight, self.scales_and_zeros = _pack_int4(weight)
             else:
                 weight = weight.dense()
-        elif fmt in ("auto", "int4", "gguf"):
+        elif fmt in ("auto", "int4"):
             fmt = "bf16"
         self.fmt = fmt
         if fmt != "int4":
@@ -319,8 +324,7 @@ class Linear:
             y = torch.empty(m, self.out_features, dtype=torch.float32)
             forms: dict[int, torch.Tensor | None] = {0: None}  # the input forms the parts need
             col = 0
-            for p in self.parts:
-                kind = kernels.act_kind(p.type_name)
+            for p, kind in zip(self.parts, self.kinds):
                 if kind not in forms:
                     forms[kind] = kernels.quantize(x, kind)
                 kernels.matmul(p.type_name, p.raw, self.in_features, x, forms[kind], y, col)
@@ -370,7 +374,7 @@ class Linear:
 def _fallback_weight(parts: list[GGUFWeight], fmt: str):
     """GGUF weights the native kernels cannot take (or "bf16"/"f32" asked): Int4Weight for 4-bit
     types under "auto" (torch's int4 kernel), else the exact float32 values."""
-    if fmt in ("auto", "gguf") and all(int4_supported(p.type_name, p.shape) for p in parts):
+    if fmt == "auto" and all(int4_supported(p.type_name, p.shape) for p in parts):
         try:
             ws = [int4_from_gguf(p.type_name, p.raw.reshape(-1), p.shape) for p in parts]
             return Int4Weight(*(np.concatenate([getattr(x, f) for x in ws], axis=0) for f in ("q", "a", "b")))

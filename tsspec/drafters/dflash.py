@@ -88,7 +88,7 @@ from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
 from ..models.base import apply_rope, rms_norm
 from ..spec.protocols import DraftHeadKind
-from ..weights import Linear, to_tensor
+from ..weights import Linear, load_format, to_tensor
 
 ARCH = "dflash"
 ENV_SELECTOR = "TS_DFLASH_SELECTOR"
@@ -694,8 +694,7 @@ def load(g: GGUFFile, target, options=None, *, fmt: str | None = None) -> DFlash
     if tcfg is not None and getattr(tcfg, "layers", None):
         trunk_base = tcfg.layers[0].rope_base
     cfg = read_config(g, trunk_base)
-    fmt = fmt or getattr(getattr(target, "lm_head", None), "fmt", None)
-    fmt = "auto" if fmt == "gguf" else fmt  # the native-kernel backend is what "auto" loads
+    fmt = load_format(fmt or getattr(getattr(target, "lm_head", None), "fmt", None))
 
     def t(n: str) -> np.ndarray:
         return g.tensor(n)

@@ -29,7 +29,7 @@ import torch
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..spec.protocols import DraftHeadKind
-from ..weights import Linear, default_format, to_tensor
+from ..weights import Linear, load_format, to_tensor
 from ..models.base import KVCache, rms_norm
 from ..models.qwen35 import AttnLayer, ffn, gated_attention, load_attn_layer
 
@@ -57,7 +57,7 @@ class NextNHead:
 
     @classmethod
     def from_gguf(cls, g: GGUFFile, target, *, layer: int | None = None, fmt: str | None = None) -> "NextNHead":
-        fmt = fmt or default_format()
+        fmt = load_format(fmt)
         layer = nextn_layer_index(g) if layer is None else layer
         if layer is None:
             raise ModelFileError(f"{g.path.name}: no NextN/MTP block (blk.N.nextn.eh_proj.weight)")
@@ -164,6 +164,6 @@ def load(g: GGUFFile, target, options) -> NextNDrafter:
     """Bind a NextN/MTP-only GGUF to ``target`` (shapes must match; embeddings/head are borrowed)."""
     fmt = None
     lm = getattr(target, "lm_head", None)
-    if lm is not None:  # the trunk's format; its native-kernel backend is what "auto" loads
-        fmt = "auto" if lm.fmt == "gguf" else lm.fmt
+    if lm is not None:  # the trunk's format
+        fmt = load_format(lm.fmt)
     return NextNDrafter(NextNHead.from_gguf(g, target, fmt=fmt))

@@ -107,6 +107,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_dequant_rows.argtypes = [c_int, vp, c_long, c_long, vp, c_long, vp]
     lib.tsq_matmul.restype = c_int
     lib.tsq_matmul.argtypes = [c_int, vp, c_long, c_long, c_long, vp, vp, c_long, vp, c_long, c_int, c_int]
+    lib.tsq_forward.restype = c_int
+    lib.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
+
+
+def _enabled() -> bool:
+    """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
+    from ..options import _parse_bool
+
+    raw = os.environ.get("TSSPEC_KERNELS", "")
+    return True if not raw.strip() else _parse_bool("TSSPEC_KERNELS", raw)
 
 
 def lib() -> ctypes.CDLL | None:
@@ -116,11 +126,12 @@ def lib() -> ctypes.CDLL | None:
         return None
     if _tried:
         return _lib
+    enabled = _enabled()  # raises on a bad value, before anything is cached
     with _lock:
         if _tried:
             return _lib
         try:
-            if os.environ.get("TSSPEC_KERNELS", "1").strip().lower() in ("0", "off", "false", "no"):
+            if not enabled:
                 raise RuntimeError("disabled by TSSPEC_KERNELS=0")
             cc = _compiler()
             if cc is None:
@@ -152,15 +163,11 @@ def simd() -> bool:
     return bool(h and h.tsq_simd())
 
 
-def supported(type_name: str) -> bool:
-    return type_name in TYPE_IDS
-
-
-def row_bytes(type_name: str, k: int) -> int:
-    n = lib().tsq_row_bytes(TYPE_IDS[type_name], k)
-    if n < 0:
-        raise ValueError(f"a {type_name} row of {k} elements is not whole blocks")
-    return n
+def takes(type_name: str, k: int) -> bool:
+    """Whether the SIMD kernels multiply rows of ``k`` elements of this GGUF type as stored."""
+    if type_name not in TYPE_IDS or not simd():
+        return False
+    return lib().tsq_row_bytes(TYPE_IDS[type_name], k) > 0 and (type_name in FLOAT_TYPES or k % QUANT_BLOCK == 0)
 
 
 def _ptr(a) -> int:
@@ -249,9 +256,6 @@ def _check_layouts(h: ctypes.CDLL) -> None:
         f.restype = ctypes.c_int
         if f() != ctypes.sizeof(cls):
             raise RuntimeError(f"{fn}: C and Python layouts differ ({f()} vs {ctypes.sizeof(cls)})")
-    h.tsq_forward.restype = ctypes.c_int
-    vp, c_long, c_int = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    h.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
 
 
 def c_linear(lin) -> CLinear | None:

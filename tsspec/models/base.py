@@ -423,7 +423,7 @@ def fused_blocks(model: "TransformerModel"):
     off the gguf backend (bf16/f32/int4 formats, unsupported quant types) or the kernels are missing."""
     from .. import kernels
 
-    if not kernels.available() or not kernels.simd():
+    if not kernels.simd():
         return None
     cfg = model.cfg
     if cfg.activation not in ("silu", "gelu_tanh") or cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
@@ -485,10 +485,10 @@ def load_weight(g: GGUFFile, names: Sequence[str], fmt: str | None) -> list:
 def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = False) -> list[Block]:
     """Read the standard llama-family block tensors (``blk.N.*``) into fused Linears.
 
-    With fmt "auto" a Linear is int4 when all its tensors are Q4_0/Q4_1/Q4_K, bf16 otherwise."""
-    from ..weights import default_format
+    With fmt "auto" a Linear keeps its tensors' GGUF blocks (see ``Linear`` for the backends)."""
+    from ..weights import load_format
 
-    fmt = fmt or default_format()
+    fmt = load_format(fmt)
 
     def t(name: str) -> np.ndarray:
         return g.tensor(name)
@@ -559,9 +559,9 @@ def load_embedding(g: GGUFFile, cfg: ArchConfig, fmt: str) -> tuple[Embedding, L
 
 
 def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, *, bias: bool = False) -> TransformerModel:
-    from ..weights import default_format
+    from ..weights import load_format
 
-    fmt = fmt or default_format()
+    fmt = load_format(fmt)
     blocks = load_blocks(g, cfg, fmt, bias=bias)
     embed, lm_head = load_embedding(g, cfg, fmt)
     out_norm = to_tensor(g.tensor("output_norm.weight"), torch.float32)

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..spec.protocols import ForwardOutput
-from ..weights import Linear, default_format, to_tensor
+from ..weights import Linear, load_format, to_tensor
 from .base import (
     ArchConfig,
     KVCache,
@@ -524,7 +524,7 @@ def load_gdn_layer(g: GGUFFile, p: str, hy: HybridSpec, fmt: str, projections) -
 
 
 def build_hybrid(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, projections) -> HybridModel:
-    fmt = fmt or default_format()
+    fmt = load_format(fmt)
     hy: HybridSpec = cfg.extra["hybrid"]
     layers = []
     for i in range(cfg.n_layers):
