@@ -27,7 +27,7 @@ of every round. ``--json OUT`` writes every sample with
 provenance (git commit and dirty files, torch version, TSSPEC_WEIGHTS, CPU, the llama.cpp build, the
 model files' sha256 and the command line).
 
-llama.cpp: ``bash /work/shared/tools/build_llamacpp.sh`` builds it and prints its bin directory
+llama.cpp: ``bash ../shared/tools/build_llamacpp.sh`` builds it and prints its bin directory
 (default ``$LLAMA_CPP_DIR/build/bin`` or ``~/.cache/tsspec-peer/llama.cpp/build/bin``).
 """
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import shlex
@@ -47,8 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tsspec.bench.llama_server import llama_tool
+from tsspec.bench.stats import geometric_mean
+from tsspec.hub import recorded_sha256
+
 REPO = Path(__file__).resolve().parents[1]
-BUILD_SCRIPT = "bash /work/shared/tools/build_llamacpp.sh"
 HIGHLIGHT_ROWS = {5: "k=4", 9: "k=8"}
 TSSPEC, LLAMA = "tsspec", "llama.cpp"
 
@@ -135,12 +137,6 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def geomean(values: Sequence[float]) -> float:
-    if not values or any(v <= 0 or not math.isfinite(v) for v in values):
-        raise ValueError("geomean needs positive finite values")
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def compare(tsspec: Sequence[float], llama: Sequence[float]) -> dict[str, Any]:
     """Paired per-round throughputs (tok/s) -> medians, ratio of medians and per-round ratios.
 
@@ -156,7 +152,7 @@ def compare(tsspec: Sequence[float], llama: Sequence[float]) -> dict[str, Any]:
         "round_ratios": per_round,
         "round_ratio_min": min(per_round),
         "round_ratio_max": max(per_round),
-        "round_ratio_geomean": geomean(per_round),
+        "round_ratio_geomean": geometric_mean(per_round),
     }
 
 
@@ -182,14 +178,6 @@ def cpu_model(cpuinfo: str) -> str:
     return ""
 
 
-def parse_sha256_sidecar(text: str) -> str | None:
-    """``<hex>  <name>`` (sha256sum format) -> the hex digest, or None if it is not one."""
-    parts = text.split()
-    if parts and len(parts[0]) == 64 and all(c in "0123456789abcdefABCDEF" for c in parts[0]):
-        return parts[0].lower()
-    return None
-
-
 def parse_porcelain(text: str) -> list[str]:
     """``git status --porcelain`` text -> its ``XY path`` entries, as ``"XY path"`` strings."""
     return [line.rstrip() for line in text.splitlines() if len(line) > 3]
@@ -200,20 +188,6 @@ def fmt_ratio(x: float | None) -> str:
 
 
 # ============================================================================ environment
-
-
-def find_llama_bench(bin_dir: str | None) -> Path:
-    """The llama-bench binary in ``bin_dir`` (or the default build dir); ScriptError if absent."""
-    if bin_dir:
-        d = Path(bin_dir).expanduser()
-    else:
-        root = os.environ.get("LLAMA_CPP_DIR") or str(Path.home() / ".cache" / "tsspec-peer" / "llama.cpp")
-        d = Path(root).expanduser() / "build" / "bin"
-    exe = d / "llama-bench"
-    if not (exe.is_file() and os.access(exe, os.X_OK)):
-        raise ScriptError(f"llama-bench not found in {d}; build llama.cpp with `{BUILD_SCRIPT}` "
-                          f"(prints the bin dir) or pass --llama-bin DIR")
-    return exe
 
 
 def _run(argv: Sequence[str], cwd: Path | None = None) -> str | None:
@@ -237,14 +211,6 @@ def read_cpu_model() -> str:
         return cpu_model(Path("/proc/cpuinfo").read_text(errors="replace")) or platform.processor()
     except OSError:
         return platform.processor()
-
-
-def model_sha256(path: Path) -> str | None:
-    side = path.with_name(path.name + ".sha256")
-    try:
-        return parse_sha256_sidecar(side.read_text(encoding="ascii", errors="replace"))
-    except OSError:
-        return None
 
 
 def provenance(args: argparse.Namespace, llama_bench: Path) -> dict[str, Any]:
@@ -391,7 +357,7 @@ def bench_model(name: str, args: argparse.Namespace, exe: Path, log: Callable[[s
     need = max(args.prompt_tokens, args.prefill_tokens if args.prefill else 0,
                args.curve_context + args.curve_rows if args.curve else 0)
     tb = TsspecBench.load(name, path, need)
-    out: dict[str, Any] = {"path": str(path), "sha256": model_sha256(path), "tsspec_weight_mb": tb.weight_mb}
+    out: dict[str, Any] = {"path": str(path), "sha256": recorded_sha256(path), "tsspec_weight_mb": tb.weight_mb}
     builds: list[LlamaBenchResult] = []
 
     def llama(n_prompt: int, n_gen: int) -> list[float]:
@@ -506,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = [m for m in models if m not in KNOWN_MODELS]
         if unknown:
             raise ScriptError(f"unknown model {', '.join(map(repr, unknown))} (known: {', '.join(KNOWN_MODELS)})")
-        exe = find_llama_bench(args.llama_bin)
+        exe = llama_tool("llama-bench", args.llama_bin)
         import torch
 
         torch.set_num_threads(args.threads)

@@ -38,7 +38,6 @@ import argparse
 import datetime as _dt
 import json
 import math
-import os
 import re
 import socket
 import subprocess
@@ -50,10 +49,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tsspec.bench.llama_server import llama_tool
+from tsspec.errors import TsspecError
+from tsspec.hub import KNOWN_MODELS, recorded_sha256
+
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "tests" / "fixtures" / "reference"
 OUT = REPO / "tests" / "fixtures" / "llamacpp"
-ALL_MODELS = ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+ALL_MODELS = list(KNOWN_MODELS)
 THREADS = 2
 N_CTX = 1024
 
@@ -82,21 +85,6 @@ class ScriptError(Exception):
 # ============================================================================ environment
 
 
-def llama_bin_dir(arg: str | None) -> Path:
-    if arg:
-        return Path(arg).expanduser()
-    root = os.environ.get("LLAMA_CPP_DIR") or str(Path.home() / ".cache" / "tsspec-peer" / "llama.cpp")
-    return Path(root).expanduser() / "build" / "bin"
-
-
-def find_server(bin_dir: Path) -> Path:
-    exe = bin_dir / "llama-server"
-    if not (exe.is_file() and os.access(exe, os.X_OK)):
-        raise ScriptError(f"llama-server not found in {bin_dir}; build llama.cpp with "
-                          f"`bash /work/shared/tools/build_llamacpp.sh` or pass --llama-bin DIR")
-    return exe
-
-
 def server_version(exe: Path) -> dict[str, Any]:
     """``llama-server --version`` -> {"build_number", "build_commit", "version_text"}."""
     try:
@@ -107,17 +95,6 @@ def server_version(exe: Path) -> dict[str, Any]:
     m = re.search(r"build (\d+)(?:,? \(?commit ([^)\s]+))?", text)
     return {"build_number": int(m.group(1)) if m else None, "build_commit": m.group(2) if m else None,
             "version_text": text}
-
-
-def model_sha256(path: Path) -> str | None:
-    """The digest in the ``<file>.sha256`` sidecar (``sha256sum`` format) next to the model."""
-    try:
-        parts = path.with_name(path.name + ".sha256").read_text(encoding="ascii").split()
-    except (OSError, UnicodeDecodeError):
-        return None
-    if parts and re.fullmatch(r"[0-9a-fA-F]{64}", parts[0]):
-        return parts[0].lower()
-    return None
 
 
 def free_port() -> int:
@@ -332,7 +309,7 @@ def record(name: str, exe: Path, version: dict, n_tokens: int, out_dir: Path) ->
             "llama_cpp_version": version["version_text"],
             "server_build_info": props.get("build_info"),
             "model_file": path.name,
-            "model_sha256": model_sha256(path),
+            "model_sha256": recorded_sha256(path),
             "server_argv": [Path(a).name if a in (str(exe), str(path)) else a for a in argv],
             "request": {k: v for k, v in request_body([], n_tokens).items() if k != "prompt"},
             "server_generation_settings": settings,
@@ -356,20 +333,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-bin", default=None, help="directory holding llama-server")
     ap.add_argument("--out", default=str(OUT), help="fixture directory (default tests/fixtures/llamacpp)")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(REPO))
     try:
-        from tsspec.hub import KNOWN_MODELS
-
         unknown = [m for m in args.models if m not in KNOWN_MODELS]
         if unknown:
             raise ScriptError(f"unknown model(s) {unknown}; known: {', '.join(KNOWN_MODELS)}")
         if args.tokens <= 0:
             raise ScriptError("--tokens must be positive")
-        exe = find_server(llama_bin_dir(args.llama_bin))
+        exe = llama_tool("llama-server", args.llama_bin)
         version = server_version(exe)
         for m in args.models:
             record(m, exe, version, args.tokens, Path(args.out))
-    except ScriptError as e:
+    except (ScriptError, TsspecError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

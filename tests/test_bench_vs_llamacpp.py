@@ -85,20 +85,26 @@ def test_cpu_model():
     assert bvl.cpu_model("processor : 0\n") == ""
 
 
-def test_parse_sha256_sidecar():
+def test_recorded_sha256_reads_the_sidecar(tmp_path):
+    from tsspec.hub import recorded_sha256
+
     h = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-    assert bvl.parse_sha256_sidecar(f"{h}  smollm2-135m.gguf\n") == h
-    assert bvl.parse_sha256_sidecar(h.upper()) == h
-    assert bvl.parse_sha256_sidecar("") is None and bvl.parse_sha256_sidecar("xyz  f") is None
+    model = tmp_path / "m.gguf"
+    assert recorded_sha256(model) is None
+    (tmp_path / "m.gguf.sha256").write_text(f"{h.upper()}  m.gguf\n")
+    assert recorded_sha256(model) == h
 
 
-def test_find_llama_bench_missing(tmp_path):
-    with pytest.raises(bvl.ScriptError, match="build_llamacpp.sh"):
-        bvl.find_llama_bench(str(tmp_path))
+def test_llama_tool_missing_names_the_build(tmp_path):
+    from tsspec.bench.llama_server import llama_tool
+    from tsspec.errors import BadInput
+
+    with pytest.raises(BadInput, match="build_llamacpp.sh"):
+        llama_tool("llama-bench", tmp_path)
     exe = tmp_path / "llama-bench"
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
-    assert bvl.find_llama_bench(str(tmp_path)) == exe
+    assert llama_tool("llama-bench", tmp_path) == exe
 
 
 def test_parse_porcelain_keeps_leading_status_column():

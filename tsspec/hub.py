@@ -220,6 +220,12 @@ def _read_sidecar(side: Path) -> str | None:
     return text[0].lower() if text else None
 
 
+def recorded_sha256(path: str | os.PathLike) -> str | None:
+    """The digest in the ``<file>.sha256`` sidecar next to a model file (None if there is none)."""
+    p = Path(path)
+    return _read_sidecar(p.with_name(p.name + ".sha256"))
+
+
 def _write_sidecar(name: str, sha256: str) -> None:
     # Written via a temp file + replace so a crash never leaves a half-written sidecar.
     side = sidecar_path(name)

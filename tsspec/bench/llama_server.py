@@ -12,15 +12,33 @@ Only loopback addresses are accepted: this compares engines on one machine.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import BadInput, TsspecError
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+PEER_BUILD = "bash ../shared/tools/build_llamacpp.sh"  # builds the peer and prints its bin directory
+
+
+def llama_tool(name: str, bin_dir: str | os.PathLike | None = None) -> Path:
+    """The llama.cpp executable ``name`` (llama-bench, llama-server, ...) in ``bin_dir``, else where
+    the peer build puts it ($LLAMA_CPP_DIR/build/bin or ~/.cache/tsspec-peer/llama.cpp/build/bin)."""
+    if bin_dir:
+        d = Path(bin_dir).expanduser()
+    else:
+        root = os.environ.get("LLAMA_CPP_DIR") or str(Path.home() / ".cache" / "tsspec-peer" / "llama.cpp")
+        d = Path(root).expanduser() / "build" / "bin"
+    exe = d / name
+    if not (exe.is_file() and os.access(exe, os.X_OK)):
+        raise BadInput(f"{name} not found in {d}; build llama.cpp with `{PEER_BUILD}` (it prints the bin "
+                       "directory) or pass --llama-bin DIR")
+    return exe
 
 
 def check_url(url: str) -> str:
