@@ -132,6 +132,7 @@ def one_error_line(r, code, needle):
         ("empty", 3, "GGUF"),
         ("unknown_arch", 3, "mamba9"),
         ("missing_tensor", 3, "missing tensor"),
+        ("shape_mismatch", 3, "ffn_gate"),
     ],
 )
 def test_bad_model_files(bad, which, code, needle):

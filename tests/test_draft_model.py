@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tiny import write_bad_files, write_tiny_model
+from tiny import rewrite_metadata, write_bad_files, write_tiny_model
 from tsspec.drafters import load_drafter
 from tsspec.drafters.draft_model import check_vocab, load as load_draft_model
 from tsspec.errors import BadInput, ModelFileError
@@ -217,34 +217,6 @@ def test_sampling_draft_carries_the_sampler_distribution(files, trunk):
 # ----------------------------------------------------------------------------- compatibility
 
 
-def _rewrite(src: Path, dst: Path, edit) -> Path:
-    """Copy an F32 GGUF, letting ``edit(metadata dict)`` change its key/values."""
-    import gguf
-
-    r = gguf.GGUFReader(str(src))
-    arch = r.fields["general.architecture"].contents()
-    kv = {}
-    for key, field in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        kv[key] = (field.contents(), field.types[0], field.types[-1])
-    edit(kv)
-    w = gguf.GGUFWriter(str(dst), arch)
-    for key, (value, vtype, sub) in kv.items():
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(key, value, vtype, sub_type=sub)
-        else:
-            w.add_key_value(key, value, vtype)
-    for t in r.tensors:
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        w.add_tensor(t.name, np.array(t.data, dtype=np.float32).reshape(shape))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 def test_vocabulary_size_mismatch_is_one_clear_error(files, trunk):
     with pytest.raises(BadInput) as e:
         load_drafter(files["vocab400"], trunk, SpecOptions())
@@ -261,7 +233,7 @@ def test_changed_token_is_named(files, trunk, tmp_path):
         toks[120] = "zebra"
         kv["tokenizer.ggml.tokens"] = (toks, vt, sub)
 
-    bad = _rewrite(files["related"], tmp_path / "changed.gguf", edit)
+    bad = rewrite_metadata(files["related"], tmp_path / "changed.gguf", edit)
     with pytest.raises(BadInput, match=r"at token 120: 'zebra' vs 'x'"):
         load_drafter(bad, trunk, SpecOptions())
 
@@ -271,7 +243,7 @@ def test_special_id_mismatch_is_refused(files, trunk, tmp_path):
         _, vt, sub = kv["tokenizer.ggml.eos_token_id"]
         kv["tokenizer.ggml.eos_token_id"] = (258, vt, sub)
 
-    bad = _rewrite(files["related"], tmp_path / "eos.gguf", edit)
+    bad = rewrite_metadata(files["related"], tmp_path / "eos.gguf", edit)
     with pytest.raises(BadInput, match="draft model eos token id differs from the trunk's: 258 vs 256"):
         load_drafter(bad, trunk, SpecOptions())
 
@@ -306,7 +278,7 @@ def test_larger_embedding_than_token_list_is_allowed(files, trunk, tmp_path):
             value, vt, sub = kv[key]
             kv[key] = (list(value)[:300], vt, sub)
 
-    wide = _rewrite(src, tmp_path / "wide_cut.gguf", edit)
+    wide = rewrite_metadata(src, tmp_path / "wide_cut.gguf", edit)
     drafter = load_drafter(wide, trunk, SpecOptions())
     assert drafter.model.vocab_size == 304
     assert any("304 rows for 300 tokens" in n for n in drafter.notes)

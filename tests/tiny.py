@@ -295,13 +295,42 @@ def finish_gguf(w, tensors: dict, path: Path, quant: str | None = None) -> Path:
     return path
 
 
+def rewrite_metadata(src: Path, dst: Path, edit) -> Path:
+    """Copy an F32 GGUF, letting ``edit(metadata dict)`` change its key/values."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    arch = r.fields["general.architecture"].contents()
+    kv = {}
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        kv[key] = (field.contents(), field.types[0], field.types[-1])
+    edit(kv)
+    w = gguf.GGUFWriter(str(dst), arch)
+    for key, (value, vtype, sub) in kv.items():
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, value, vtype, sub_type=sub)
+        else:
+            w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        w.add_tensor(t.name, np.array(t.data, dtype=np.float32).reshape(shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
 def write_bad_files(dir) -> dict[str, Path]:
     """Files the loader must refuse, by what is wrong with them.
 
     ``truncated``: a tiny model cut in the middle of its tensor data; ``bad_magic``: right size,
     wrong first four bytes; ``empty``: zero bytes; ``unknown_arch``: a valid GGUF whose
     ``general.architecture`` is ``mamba9``; ``missing_tensor``: a llama file without
-    ``blk.1.ffn_down.weight``.
+    ``blk.1.ffn_down.weight``; ``shape_mismatch``: a llama file whose metadata says a smaller FFN
+    than its tensors have.
     """
     import gguf
 
@@ -333,6 +362,12 @@ def write_bad_files(dir) -> dict[str, Path]:
 
     out["missing_tensor"] = d / "missing_tensor.gguf"
     _copy_without_tensor(good, out["missing_tensor"], "blk.1.ffn_down.weight")
+
+    def smaller_ffn(kv):
+        value, vtype, sub = kv["llama.feed_forward_length"]
+        kv["llama.feed_forward_length"] = (int(value) // 2, vtype, sub)
+
+    out["shape_mismatch"] = rewrite_metadata(good, d / "shape_mismatch.gguf", smaller_ffn)
     good.unlink()
     return out
 

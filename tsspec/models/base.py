@@ -250,6 +250,8 @@ class KVCache:
 class TransformerModel:
     """A llama-family trunk; architectures differ only by config and tensor names."""
 
+    FUSABLE = True  # its blocks are ``Block``s the native fused forward runs (not a hybrid's)
+
     def __init__(self, cfg: ArchConfig, blocks: list[Block], embed: torch.Tensor, out_norm: torch.Tensor,
                  lm_head: Linear, n_ctx: int | None = None, path=None):
         self.cfg = cfg
@@ -275,7 +277,9 @@ class TransformerModel:
         self._rope_bases = sorted({spec.rope_base for spec in cfg.layers})
         # every block in one native call per forward when the weights are all on the gguf backend
         # (``fused`` None: the torch path below, which is also the reference the fused one is tested against)
-        self.fused = fused_blocks(self) if type(self) is TransformerModel else None
+        if self.FUSABLE:
+            check_block_shapes(self)
+        self.fused = fused_blocks(self) if self.FUSABLE else None
 
     # -- SpecTarget surface ------------------------------------------------------------------
     @property
@@ -416,6 +420,30 @@ class TransformerModel:
         if not _shares_storage(self.lm_head, self.embed):
             n += self.lm_head.nbytes()
         return n
+
+
+def check_block_shapes(model: "TransformerModel") -> None:
+    """Every block's products and norms against the metadata: a file whose tensors disagree with
+    its hyper-parameters is refused by name here, not by a torch error (or, on the native path,
+    reads past a buffer) inside the first forward."""
+    cfg = model.cfg
+    d, f, hd = cfg.d_model, cfg.ffn_dim, cfg.head_dim
+    q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    name = model.path.name if model.path is not None else "model"
+    for li, blk in enumerate(model.blocks):
+        want = {"attn_q/k/v": (blk.qkv, q + 2 * kv, d), "attn_output": (blk.o, d, q),
+                "ffn_gate/up": (blk.gate_up, 2 * f, d), "ffn_down": (blk.down, d, f)}
+        for what, (lin, n_out, n_in) in want.items():
+            if (lin.out_features, lin.in_features) != (n_out, n_in):
+                raise ModelFileError(f"{name}: blk.{li}.{what} is {lin.out_features}x{lin.in_features}, but the "
+                                     f"metadata gives {n_out}x{n_in} (d_model {d}, ffn {f}, heads {cfg.n_heads}/"
+                                     f"{cfg.n_kv_heads} of {hd})")
+        norms = {"attn_norm": d, "ffn_norm": d, "post_attention_norm": d, "post_ffw_norm": d,
+                 "attn_q_norm": hd, "attn_k_norm": hd}
+        for what, t in zip(norms, (blk.attn_norm, blk.ffn_norm, blk.post_attn_norm, blk.post_ffn_norm,
+                                   blk.q_norm, blk.k_norm)):
+            if t is not None and t.numel() != norms[what]:
+                raise ModelFileError(f"{name}: blk.{li}.{what} has {t.numel()} elements, expected {norms[what]}")
 
 
 def fused_blocks(model: "TransformerModel"):

@@ -250,6 +250,8 @@ class _Pending:
 class HybridModel(TransformerModel):
     """A SpecTarget over interleaved GatedDeltaNet and gated attention layers."""
 
+    FUSABLE = False  # GatedDeltaNet layers: the torch path (with the native products) only
+
     def __init__(self, cfg: ArchConfig, layers: list, embed: torch.Tensor, out_norm: torch.Tensor,
                  lm_head: Linear, n_ctx: int | None = None, path=None):
         self.hy: HybridSpec = cfg.extra["hybrid"]
@@ -477,9 +479,14 @@ def _vec(g: GGUFFile, name: str) -> torch.Tensor:
     return to_tensor(g.tensor(name), torch.float32)
 
 
+def _weight(g: GGUFFile, name: str, fmt: str):
+    """One product's weight in the load format (the file's blocks under "auto")."""
+    return load_weight(g, [name], fmt)[0]
+
+
 def load_attn_layer(g: GGUFFile, p: str, fmt: str) -> AttnLayer:
     def t(name: str):
-        return load_weight(g, [name], fmt)[0]
+        return _weight(g, name, fmt)
 
     return AttnLayer(
         attn_norm=_vec(g, p + "attn_norm.weight"),
@@ -502,7 +509,7 @@ def gdn_projections_qwen35(g: GGUFFile, p: str, hy: HybridSpec) -> list[np.ndarr
 
 def load_gdn_layer(g: GGUFFile, p: str, hy: HybridSpec, fmt: str, projections) -> GDNLayer:
     def t(name: str):
-        return load_weight(g, [name], fmt)[0]
+        return _weight(g, name, fmt)
 
     mats = projections(g, p, hy)
     conv = _vec(g, p + "ssm_conv1d.weight")
