@@ -42,7 +42,7 @@ class SpecOptions:
     adaptive: bool = True  # the cost governor
 
 
-def _parse_bool(name: str, raw: str) -> bool:
+def parse_bool(name: str, raw: str) -> bool:
     v = raw.strip().lower()
     if v in ("1", "true", "yes", "on"):
         return True
@@ -54,7 +54,7 @@ def _parse_bool(name: str, raw: str) -> bool:
 def _parse(setting: str, name: str, raw: Any) -> Any:
     """Validate one value (from a flag or the environment); errors name where it came from."""
     if setting in ("enabled", "adaptive"):
-        return raw if isinstance(raw, bool) else _parse_bool(name, str(raw))
+        return raw if isinstance(raw, bool) else parse_bool(name, str(raw))
     if setting == "draft":
         try:
             n = int(str(raw).strip())

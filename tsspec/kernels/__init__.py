@@ -113,10 +113,10 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 def _enabled() -> bool:
     """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
-    from ..options import _parse_bool
+    from ..options import parse_bool
 
     raw = os.environ.get("TSSPEC_KERNELS", "")
-    return True if not raw.strip() else _parse_bool("TSSPEC_KERNELS", raw)
+    return True if not raw.strip() else parse_bool("TSSPEC_KERNELS", raw)
 
 
 def lib() -> ctypes.CDLL | None:
