@@ -1,9 +1,10 @@
 """The native GGUF kernels (tsspec/kernels/qgemm.c) against plain references.
 
 * dequantization of every supported type equals gguf-py's, bit for bit (random blocks);
-* the AVX-512 product equals the plain C reference to float rounding, and both equal a float64
+* the AVX-512 product equals the plain C reference bit for bit, and both equal a float64
   product of gguf-py's dequantized weights with the quantized input;
 * batch invariance: a row's result is the same bits for 1..17, 33 and 65 rows, at 1 and 2 threads;
+* weights repacked for the products (code bits transposed per group) give the same bits;
 * the fused block forward agrees with the torch block path on the same weights, and N rows equal
   N single steps bitwise through it;
 * without a compiler the library reports why, and models fall back to the torch formats.
@@ -92,7 +93,7 @@ def test_product_matches_references(type_name):
     kernels.matmul(type_name, raw, k, x, xq, fast)
     kernels.matmul(type_name, raw, k, x, xq, ref, use_simd=False)
     w = gguf_dense(type_name, raw, k).astype(np.float64)
-    xin = x.double().numpy() if kind == 0 else (quantized_input(x) if kind == 1 else quantized_input(x, 256, 4095))
+    xin = x.double().numpy() if kind == 0 else quantized_input(x)
     exact = torch.from_numpy(xin @ w.T)
     scale = float(torch.from_numpy(np.abs(xin) @ np.abs(w).T).max())
     assert float((ref.double() - exact).abs().max()) <= 1e-5 * scale
@@ -116,14 +117,49 @@ def test_product_is_batch_invariant(type_name):
             singles = torch.zeros(65, n)
             for i in range(65):
                 xi = x[i : i + 1].contiguous()
-                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi, kind), singles[i : i + 1])
+                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi, kind) if kind else None, singles[i : i + 1])
             for rows in [*range(1, 18), 33, 65]:
                 xr = x[:rows].contiguous()
                 y = torch.zeros(rows, n)
-                kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr, kind), y)
+                kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr, kind) if kind else None, y)
                 assert torch.equal(y, singles[:rows]), f"{type_name}: {rows} rows at {threads} threads"
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES)
+@pytest.mark.parametrize("k", [512, 576, 864])
+def test_repacked_weights_give_the_same_bits(type_name, k):
+    """``repack`` permutes code bits only: products of packed rows equal the stored rows' bit for bit
+    (SIMD and reference), a short last group (576 = 4.5 groups) included; repacking twice restores."""
+    if k % 256 and type_name in ("Q4_K", "Q6_K"):
+        k = 768
+    n = 40
+    raw = random_blocks(type_name, n, k, seed=7)
+    packed = kernels.repack(type_name, raw, k)
+    if k >= 128:
+        assert not np.array_equal(packed, raw)  # something moved
+    np.testing.assert_array_equal(kernels.repack(type_name, packed, k), raw)
+    x = torch.randn(6, k, generator=torch.Generator().manual_seed(8))
+    xq = kernels.quantize(x, 1)
+    for use_simd in (True, False):
+        plain, fast = torch.zeros(6, n), torch.zeros(6, n)
+        kernels.matmul(type_name, raw, k, x, xq, plain, use_simd=use_simd)
+        kernels.matmul(type_name, packed, k, x, xq, fast, packed=True, use_simd=use_simd)
+        assert torch.equal(plain, fast), f"{type_name} k={k} simd={use_simd}"
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES)
+def test_simd_equals_reference_bitwise(type_name):
+    """The reference performs the SIMD path's float steps lane by lane, so the two agree exactly."""
+    n, k = 33, 1024 if type_name in ("Q4_K", "Q6_K") else 608
+    raw = random_blocks(type_name, n, k, seed=9)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(10))
+    xq = kernels.quantize(x, 1)
+    fast, ref = torch.zeros(5, n), torch.zeros(5, n)
+    kernels.matmul(type_name, raw, k, x, xq, fast)
+    kernels.matmul(type_name, raw, k, x, xq, ref, use_simd=False)
+    assert torch.equal(fast, ref)
 
 
 # ----------------------------------------------------------------------------- fused blocks

@@ -107,10 +107,28 @@ class GGUFWeight:
     [N, row_bytes] (a private contiguous copy), logical shape [N, K]. Multiplied by the native
     kernels (``tsspec.kernels``) without dequantizing; ``dense()`` is the exact float32 value."""
 
-    __slots__ = ("type_name", "raw", "shape")
+    __slots__ = ("type_name", "raw", "shape", "packed")
 
-    def __init__(self, type_name: str, raw: np.ndarray, shape: tuple[int, int]):
+    def __init__(self, type_name: str, raw: np.ndarray, shape: tuple[int, int], packed: bool = False):
         self.type_name, self.raw, self.shape = type_name, raw, (int(shape[0]), int(shape[1]))
+        self.packed = packed  # raw as kernels.repack stores it (same values, code bits transposed)
+
+    def for_products(self) -> "GGUFWeight":
+        """This weight as the native products read it fastest (``kernels.repack``; float types and
+        packed weights as they are)."""
+        from . import kernels
+
+        if self.packed or self.type_name in kernels.FLOAT_TYPES:
+            return self
+        return GGUFWeight(self.type_name, kernels.repack(self.type_name, self.raw, self.shape[1]), self.shape, True)
+
+    def stored(self) -> np.ndarray:
+        """raw in the file's own layout"""
+        if not self.packed:
+            return self.raw
+        from . import kernels
+
+        return kernels.repack(self.type_name, self.raw, self.shape[1])
 
     @classmethod
     def from_file(cls, type_name: str, flat: np.ndarray, shape: tuple[int, int]) -> "GGUFWeight":
@@ -121,11 +139,11 @@ class GGUFWeight:
         from . import kernels
 
         if kernels.available():
-            return kernels.dequant_rows(self.type_name, self.raw, self.shape[1], range(self.shape[0])).numpy()
+            return kernels.dequant_rows(self.type_name, self.stored(), self.shape[1], range(self.shape[0])).numpy()
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        flat = dequantize(self.raw.reshape(-1), GGMLQuantizationType[self.type_name])
+        flat = dequantize(self.stored().reshape(-1), GGMLQuantizationType[self.type_name])
         return np.asarray(flat, np.float32).reshape(self.shape)
 
 
@@ -255,7 +273,7 @@ class Linear:
                 from . import kernels
 
                 self.fmt = "gguf"
-                self.parts = parts
+                self.parts = [p.for_products() for p in parts]  # repacked once, here, not per call
                 self.kinds = [kernels.act_kind(p.type_name) for p in parts]  # each part's input form
                 self.out_features = sum(p.shape[0] for p in parts)
                 self.in_features = parts[0].shape[1]
@@ -303,7 +321,7 @@ class Linear:
             for w in ws:
                 if merged and merged[-1].type_name == w.type_name and merged[-1].shape[1] == w.shape[1]:
                     m = merged[-1]
-                    merged[-1] = GGUFWeight(m.type_name, np.concatenate([m.raw, w.raw]),
+                    merged[-1] = GGUFWeight(m.type_name, np.concatenate([m.stored(), w.stored()]),
                                             (m.shape[0] + w.shape[0], m.shape[1]))
                 else:
                     merged.append(w)
@@ -327,7 +345,7 @@ class Linear:
             for p, kind in zip(self.parts, self.kinds):
                 if kind not in forms:
                     forms[kind] = kernels.quantize(x, kind)
-                kernels.matmul(p.type_name, p.raw, self.in_features, x, forms[kind], y, col)
+                kernels.matmul(p.type_name, p.raw, self.in_features, x, forms[kind], y, col, packed=p.packed)
                 col += p.shape[0]
             return y if self.bias is None else y.add_(self.bias)
         xp = pad_rows(x, self.min_rows, self.multiple)
@@ -376,7 +394,7 @@ def _fallback_weight(parts: list[GGUFWeight], fmt: str):
     types under "auto" (torch's int4 kernel), else the exact float32 values."""
     if fmt == "auto" and all(int4_supported(p.type_name, p.shape) for p in parts):
         try:
-            ws = [int4_from_gguf(p.type_name, p.raw.reshape(-1), p.shape) for p in parts]
+            ws = [int4_from_gguf(p.type_name, p.stored().reshape(-1), p.shape) for p in parts]
             return Int4Weight(*(np.concatenate([getattr(x, f) for x in ws], axis=0) for f in ("q", "a", "b")))
         except ValueError:  # codes not recoverable exactly: keep the exact float weights instead
             pass

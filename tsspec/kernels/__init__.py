@@ -94,19 +94,20 @@ def _build(cc: str) -> Path:
 def _declare(lib: ctypes.CDLL) -> None:
     c_long, c_int, vp = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
     lib.tsq_simd.restype = c_int
-    lib.tsq_xblock_bytes.restype = c_int
+    lib.tsq_xrow_bytes.restype = c_long
+    lib.tsq_xrow_bytes.argtypes = [c_long]
     lib.tsq_row_bytes.restype = c_long
     lib.tsq_row_bytes.argtypes = [c_int, c_long]
     lib.tsq_quantize.restype = None
     lib.tsq_quantize.argtypes = [vp, c_long, c_long, vp]
-    lib.tsq_quantize_k.restype = None
-    lib.tsq_quantize_k.argtypes = [vp, c_long, c_long, vp]
     lib.tsq_act_kind.restype = c_int
     lib.tsq_act_kind.argtypes = [c_int]
     lib.tsq_dequant_rows.restype = None
     lib.tsq_dequant_rows.argtypes = [c_int, vp, c_long, c_long, vp, c_long, vp]
     lib.tsq_matmul.restype = c_int
-    lib.tsq_matmul.argtypes = [c_int, vp, c_long, c_long, c_long, vp, vp, c_long, vp, c_long, c_int, c_int]
+    lib.tsq_matmul.argtypes = [c_int, vp, c_int, c_long, c_long, c_long, vp, vp, c_long, vp, c_long, c_int, c_int]
+    lib.tsq_repack.restype = c_int
+    lib.tsq_repack.argtypes = [c_int, vp, c_long, c_long, c_long, vp]
     lib.tsq_forward.restype = c_int
     lib.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
 
@@ -176,31 +177,40 @@ def _ptr(a) -> int:
     return a.ctypes.data
 
 
-SUPER_BLOCK = 256  # K-quant types take their input quantized per 256 elements
-
-
 def act_kind(type_name: str) -> int:
-    """The input form a weight type multiplies: 0 float32, 1 int8 per 32, 2 13-bit per 256."""
+    """The input form a weight type multiplies: 0 float32, 1 int8 per 32 elements (in groups of 128
+    laid out for the products; see ``xgroup`` in qgemm.c)."""
     return lib().tsq_act_kind(TYPE_IDS[type_name])
 
 
 def quantize(x: torch.Tensor, kind: int = 1) -> torch.Tensor:
-    """x float32 [m, k] (contiguous) -> its integer form ``kind`` (1: int8 per 32; 2: 13-bit per
-    256 with the block sums the K-quants need), as an opaque byte tensor."""
+    """x float32 [m, k] (contiguous, k a multiple of 32) -> the quantized form the quantized types
+    multiply, as an opaque byte tensor."""
+    if kind != 1:
+        raise ValueError(f"no quantized input form {kind}")
     h = lib()
     m, k = x.shape
-    if kind == 2:
-        out = torch.empty(m * (2 * k + k // SUPER_BLOCK * 100), dtype=torch.uint8)
-        h.tsq_quantize_k(_ptr(x), m, k, _ptr(out))
-        return out
-    out = torch.empty(m * (k // QUANT_BLOCK) * h.tsq_xblock_bytes(), dtype=torch.uint8)
+    out = torch.empty(m * h.tsq_xrow_bytes(k), dtype=torch.uint8)
     h.tsq_quantize(_ptr(x), m, k, _ptr(out))
     return out
 
 
+def repack(type_name: str, w: np.ndarray, k: int) -> np.ndarray:
+    """A copy of the GGUF rows ``w`` (uint8 [n, row_bytes]) stored for the products: each whole group
+    of 128 elements with its code bits transposed (``tsq_repack``), values unchanged. ``matmul`` takes
+    it with ``packed=True``; repacking a packed copy gives the stored layout back."""
+    if type_name in FLOAT_TYPES:
+        raise ValueError(f"{type_name}: float weights are not repacked")
+    out = np.empty_like(w)
+    if lib().tsq_repack(TYPE_IDS[type_name], _ptr(np.ascontiguousarray(w)), w.shape[1], w.shape[0], k, _ptr(out)):
+        raise ValueError(f"{type_name}: cannot repack rows of {k} elements")
+    return out
+
+
 def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Tensor | None, y: torch.Tensor,
-           col0: int = 0, *, threads: int | None = None, use_simd: bool = True) -> None:
-    """y[:, col0 : col0 + n] = x @ W.T for W the GGUF rows ``w`` (uint8 [n, row_bytes]).
+           col0: int = 0, *, packed: bool = False, threads: int | None = None, use_simd: bool = True) -> None:
+    """y[:, col0 : col0 + n] = x @ W.T for W the GGUF rows ``w`` (uint8 [n, row_bytes]; ``packed``:
+    as ``repack`` stores them).
 
     x float32 [m, k] contiguous; ``xq`` its ``quantize(x, act_kind(type_name))`` form (quantized
     types); y float32 [m, >= col0 + n] contiguous."""
@@ -209,7 +219,7 @@ def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Ten
     m = x.shape[0]
     ldy = y.shape[1]
     nt = threads if threads is not None else torch.get_num_threads()
-    rc = h.tsq_matmul(TYPE_IDS[type_name], _ptr(w), rb, n, k, _ptr(x), 0 if xq is None else _ptr(xq), m,
+    rc = h.tsq_matmul(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, rb, n, k, _ptr(x), 0 if xq is None else _ptr(xq), m,
                       _ptr(y) + 4 * col0, ldy, nt, 1 if use_simd else 0)
     if rc != 0:
         raise ValueError(f"{type_name}: cannot multiply rows of {k} elements")
@@ -230,7 +240,7 @@ MAX_PARTS = 4
 
 
 class CLinear(ctypes.Structure):
-    _fields_ = [("nparts", ctypes.c_int), ("type", ctypes.c_int * MAX_PARTS),
+    _fields_ = [("nparts", ctypes.c_int), ("type", ctypes.c_int * MAX_PARTS), ("packed", ctypes.c_int * MAX_PARTS),
                 ("w", ctypes.c_void_p * MAX_PARTS), ("row_bytes", ctypes.c_long * MAX_PARTS),
                 ("n", ctypes.c_long * MAX_PARTS), ("k", ctypes.c_long), ("n_total", ctypes.c_long),
                 ("bias", ctypes.c_void_p)]
@@ -266,6 +276,7 @@ def c_linear(lin) -> CLinear | None:
     c.nparts = len(lin.parts)
     for i, p in enumerate(lin.parts):
         c.type[i] = TYPE_IDS[p.type_name]
+        c.packed[i] = 1 if p.packed else 0
         c.w[i] = p.raw.ctypes.data
         c.row_bytes[i] = p.raw.shape[1]
         c.n[i] = p.shape[0]

@@ -34,22 +34,27 @@
 enum { T_F32 = 0, T_F16 = 1, T_BF16 = 2, T_Q4_0 = 3, T_Q4_1 = 4, T_Q5_0 = 5, T_Q8_0 = 6, T_Q4_K = 7,
        T_Q6_K = 8, T_COUNT = 9 };
 
-#define QB 32   /* elements per activation block and per weight sub-block */
-#define QK 256  /* elements per K-quant super-block */
+#define QB 32   /* elements per activation block and per legacy weight block */
+#define QG 128  /* elements per input group: four activation blocks, laid out for the products */
 #define ROW_CHUNK 32 /* input rows per pass over the weights */
 
-/* one quantized activation block */
+/* One group of an input row: four 32-element blocks quantized to int8 (x ~= d * q, per block, as
+ * llama.cpp quantizes activations for its legacy types), stored interleaved. Call lane L = 4h + b
+ * the half-block h (elements 16h..16h+15) of block b; word j of the group (bytes 32j..32j+31)
+ * holds in lane L elements 32b + 16h + 4j .. +3. A weight group transposed the same way meets it
+ * in four vpdpbusd that leave in lane L the exact integer sum over one half-block: no horizontal
+ * reduction, one float step per eight half-blocks and row. Blocks past a row's end are zero. */
 typedef struct {
-    int8_t q[QB];
-    float d;  /* x ~= d * q */
-    float s;  /* d * sum(q): the block's contribution to a weight offset term */
-} xblock;
+    int8_t q[QG];
+    float d[8];   /* lane L: its block's scale */
+    int32_t s[8]; /* lane L: the sum of its 16 codes (for the weight offsets) */
+    float fs[8];  /* d * s (for Q4_1/Q4_K's float offsets) */
+} xgroup;
 
 static const int BLOCK_ELEMS[T_COUNT] = {1, 1, 1, 32, 32, 32, 32, 256, 256};
 static const int BLOCK_BYTES[T_COUNT] = {4, 2, 2, 18, 20, 22, 34, 144, 210};
 
 int tsq_simd(void) { return TSQ_SIMD; }
-int tsq_xblock_bytes(void) { return (int)sizeof(xblock); }
 
 /* bytes of one weight row of K elements (-1 when K is not whole blocks) */
 long tsq_row_bytes(int type, long k) {
@@ -99,6 +104,9 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
 
 /* ------------------------------------------------------------------ activation quantization */
 
+static inline int is_float_type(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
+static inline long n_groups(long k) { return (k + QG - 1) / QG; }
+
 /* max |v[i]| in 8 lanes (vectorizes; max is exact, so the lane split changes nothing).
  * Rounding below is rintf: round-to-nearest-even, inlined as one instruction (nearbyintf was a
  * libm call per element, ~4 ms per token on qwen2.5-coder-1.5b). */
@@ -111,85 +119,65 @@ static inline float absmax(const float *v, int n) {
     return a;
 }
 
-static void quantize_row(const float *x, long k, xblock *out) {
-    for (long b = 0; b < k / QB; b++) {
-        const float *v = x + b * QB;
-        float amax = 0.f;
-        amax = absmax(v, QB);
-        float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-        int sum = 0;
-        for (int i = 0; i < QB; i++) {
-            int q = (int)rintf(v[i] * id);
-            q = q > 127 ? 127 : (q < -127 ? -127 : q);
-            out[b].q[i] = (int8_t)q;
-            sum += q;
+static void quantize_row(const float *x, long k, xgroup *out) {
+    if (k % QG) memset(out + k / QG, 0, sizeof(xgroup));
+    for (long blk = 0; blk < k / QB; blk++) {
+        const float *v = x + blk * QB;
+        xgroup *g = out + blk / 4;
+        const int b = (int)(blk % 4);
+        const float amax = absmax(v, QB);
+        const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+#if TSQ_SIMD
+        /* the same steps, eight elements at a time: cvtps rounds to nearest even as rintf does */
+        const __m256 vid = _mm256_set1_ps(id);
+        const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+        int32_t words[8];
+        __m256i half[2];
+        for (int h = 0; h < 2; h++) {
+            const __m256i q0 = _mm256_min_epi32(hi, _mm256_max_epi32(lo, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * h), vid))));
+            const __m256i q1 = _mm256_min_epi32(hi, _mm256_max_epi32(lo, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * h + 8), vid))));
+            half[h] = _mm256_add_epi32(q0, q1);
+            _mm_storel_epi64((__m128i *)(words + 4 * h), _mm256_cvtepi32_epi8(q0));
+            _mm_storel_epi64((__m128i *)(words + 4 * h + 2), _mm256_cvtepi32_epi8(q1));
         }
-        out[b].d = d;
-        out[b].s = d * (float)sum;
+        for (int h = 0; h < 2; h++) {
+            const int L = 4 * h + b;
+            for (int j = 0; j < 4; j++) memcpy(g->q + 32 * j + 4 * L, words + 4 * h + j, 4);
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(half[h]), _mm256_extracti128_si256(half[h], 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+            const int sum = _mm_cvtsi128_si32(s4);
+            g->d[L] = d;
+            g->s[L] = sum;
+            g->fs[L] = d * (float)sum;
+        }
+#else
+        for (int h = 0; h < 2; h++) {
+            const int L = 4 * h + b;
+            int sum = 0;
+            for (int e = 0; e < 16; e++) {
+                int q = (int)rintf(v[16 * h + e] * id);
+                q = q > 127 ? 127 : (q < -127 ? -127 : q);
+                g->q[(e / 4) * 32 + 4 * L + e % 4] = (int8_t)q;
+                sum += q;
+            }
+            g->d[L] = d;
+            g->s[L] = sum;
+            g->fs[L] = d * (float)sum;
+        }
+#endif
     }
 }
 
-void tsq_quantize(const float *x, long m, long k, xblock *out) {
-    for (long r = 0; r < m; r++) quantize_row(x + r * k, k, out + r * (k / QB));
+/* bytes of one quantized input row of k elements */
+long tsq_xrow_bytes(long k) { return n_groups(k) * (long)sizeof(xgroup); }
+
+void tsq_quantize(const float *x, long m, long k, xgroup *out) {
+    for (long r = 0; r < m; r++) quantize_row(x + r * k, k, out + r * n_groups(k));
 }
 
-/* Activation rows for the K-quant types, quantized per 256-element super-block to 13-bit
- * integers (|q| <= 4095, one float scale each): the integer sub-block scales of Q4_K/Q6_K then
- * apply inside the integer sums (16-bit products, vpmaddwd) and one float multiply serves a whole
- * super-block. 13 bits keep an outlier channel from flattening its 255 neighbours (int8 per 256,
- * llama.cpp's q8_K, cost up to 6.5 in the logits against transformers on qwen2.5-coder-1.5b) and
- * keep every int32 sum below 2^31 (proof in dot_simd_k_t). Row r occupies XK_BYTES(k) bytes:
- * q int16 [k], d float [k/256], b32 int32 [k/32] (sums of q per 32), b16 int32 [k/16] (per 16). */
-#define XK_MAX 4095
-#define XK_BYTES(k) (2 * (k) + (k) / QK * 100)
-typedef struct {
-    const int16_t *q;
-    const float *d;
-    const int32_t *b32, *b16;
-} xkrow;
-
-static inline xkrow xk_row(const uint8_t *buf, long k, long r) {
-    const uint8_t *base = buf + r * XK_BYTES(k);
-    long ns = k / QK;
-    xkrow v = {(const int16_t *)base, (const float *)(base + 2 * k), (const int32_t *)(base + 2 * k + 4 * ns),
-               (const int32_t *)(base + 2 * k + 36 * ns)};
-    return v;
-}
-
-void tsq_quantize_k(const float *x, long m, long k, uint8_t *out) {
-    long ns = k / QK;
-    for (long r = 0; r < m; r++) {
-        const float *xr = x + r * k;
-        uint8_t *base = out + r * XK_BYTES(k);
-        int16_t *q = (int16_t *)base;
-        float *dd = (float *)(base + 2 * k);
-        int32_t *b32 = (int32_t *)(base + 2 * k + 4 * ns), *b16 = (int32_t *)(base + 2 * k + 36 * ns);
-        for (long sb = 0; sb < ns; sb++) {
-            const float *v = xr + sb * QK;
-            float amax = 0.f;
-            amax = absmax(v, QK);
-            float id = amax > 0.f ? (float)XK_MAX / amax : 0.f;
-            dd[sb] = amax / (float)XK_MAX;
-            for (int i = 0; i < QK; i++) {
-                int qi = (int)rintf(v[i] * id);
-                q[sb * QK + i] = (int16_t)(qi > XK_MAX ? XK_MAX : (qi < -XK_MAX ? -XK_MAX : qi));
-            }
-            for (int t = 0; t < 16; t++) {
-                int sum = 0;
-                for (int i = 0; i < 16; i++) sum += q[sb * QK + 16 * t + i];
-                b16[sb * 16 + t] = sum;
-            }
-            for (int t = 0; t < 8; t++) b32[sb * 8 + t] = b16[sb * 16 + 2 * t] + b16[sb * 16 + 2 * t + 1];
-        }
-    }
-}
-
-/* which input form a weight type multiplies: 0 float32, 1 per-32 blocks, 2 per-256 super-blocks */
-int tsq_act_kind(int type) {
-    if (type == T_F32 || type == T_F16 || type == T_BF16) return 0;
-    return (type == T_Q4_K || type == T_Q6_K) ? 2 : 1;
-}
-
+/* which input form a weight type multiplies: 0 float32, 1 the int8 groups above */
+int tsq_act_kind(int type) { return is_float_type(type) ? 0 : 1; }
 /* ------------------------------------------------------------------ dequantization (reference) */
 
 /* one row of K elements to float32, exactly as ggml dequantizes it */
@@ -266,99 +254,191 @@ void tsq_dequant_rows(int type, const uint8_t *w, long row_bytes, long k, const 
     for (long i = 0; i < n; i++) dequant_row(type, w + ids[i] * row_bytes, k, out + i * k);
 }
 
-/* ------------------------------------------------------------------ weight sub-blocks
- * A legacy-type weight row (Q4_0, Q4_1, Q5_0, Q8_0) is a sequence of 32-element blocks. Block j
- * gives int8 codes c[32] (signed; unsigned 0..15 for Q4_1) and float scale and offset such that
- * w = a * c + off. (The K-quants have their own reference, dot_ref_k.) */
-
+/* ------------------------------------------------------------------ weight groups
+ * The weights meet the input group by group: four 32-element blocks (a K-quant super-block is two
+ * groups). Codes are taken unsigned, so that vpdpbusd (unsigned x signed) multiplies them: Q4_0's
+ * c - 8 is read as c with offset 8, Q5_0's as offset 16, Q8_0's as c + 128 with offset 128, Q6_K's
+ * as offset 32. The offset comes back exactly, in integers, through the input's half-block sums:
+ * sum((c - o) q) = sum(c q) - o sum(q), o a power of two. Per lane L (= 4h + b, as in xgroup) a
+ * group has a float scale a[L] (Q4_K: d * sc, Q6_K: d * sc of that 16-element half) and, for
+ * Q4_1 and Q4_K, a float offset m[L] that multiplies the input's d * s. */
 typedef struct {
-    int8_t c[QB];
-    float a;   /* the block's scale */
-    float off; /* additive offset (Q4_1's min), 0 otherwise */
-} subblock;
+    uint8_t c[QG]; /* unsigned codes in element order; zero for blocks past the row's end */
+    float a[8], m[8];
+} wgroup;
 
-static inline void get_subblock(int type, const uint8_t *w, long j, subblock *s) {
-    const uint8_t *p = w + j * BLOCK_BYTES[type];
-    s->a = f16_to_f32(rd16(p));
-    s->off = 0.f;
-    if (type == T_Q4_0) {
-        for (int i = 0; i < 16; i++) { s->c[i] = (p[2 + i] & 0xF) - 8; s->c[i + 16] = (p[2 + i] >> 4) - 8; }
-    } else if (type == T_Q4_1) {
-        s->off = f16_to_f32(rd16(p + 2));
-        for (int i = 0; i < 16; i++) { s->c[i] = p[4 + i] & 0xF; s->c[i + 16] = p[4 + i] >> 4; }
-    } else if (type == T_Q5_0) {
-        uint32_t qh = rd32(p + 2);
-        for (int i = 0; i < 16; i++) {
-            s->c[i] = (int8_t)(((p[6 + i] & 0xF) | (((qh >> i) << 4) & 0x10)) - 16);
-            s->c[i + 16] = (int8_t)(((p[6 + i] >> 4) | ((qh >> (i + 12)) & 0x10)) - 16);
-        }
-    } else { /* Q8_0 */
-        memcpy(s->c, p + 2, 32);
+static inline int offset_shift(int type) {
+    return type == T_Q4_0 ? 3 : type == T_Q5_0 ? 4 : type == T_Q8_0 ? 7 : type == T_Q6_K ? 5 : 0;
+}
+static inline int has_min(int type) { return type == T_Q4_1 || type == T_Q4_K; }
+
+/* The code bits of weight group g as four 32-byte vectors B[b], in the order the SIMD extraction
+ * reads them (legacy and Q4_K: B[b] is block or sub-block b, element order; Q6_K: sub-block u).
+ * Q8_0 gives its stored bytes. pack_codes writes B back to the same bit positions. */
+static void unpack_block(int type, const uint8_t *p, uint8_t c[32]) { /* one legacy block */
+    if (type == T_Q8_0) { memcpy(c, p + 2, 32); return; }
+    const uint8_t *qs = p + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 6);
+    for (int i = 0; i < 16; i++) { c[i] = qs[i] & 0xF; c[i + 16] = qs[i] >> 4; }
+    if (type == T_Q5_0) { /* bit i of qh is element i's fifth bit */
+        const uint32_t qh = rd32(p + 2);
+        for (int i = 0; i < 32; i++) c[i] |= ((qh >> i) & 1) << 4;
     }
+}
+
+static void unpack_codes(int type, const uint8_t *w, long g, uint8_t B[4][32]) {
+    if (type == T_Q4_K) {
+        const uint8_t *q = w + (g / 2) * 144 + 16 + 64 * (g % 2);
+        for (int i = 0; i < 32; i++) {
+            B[0][i] = q[i] & 0xF; B[1][i] = q[i] >> 4;
+            B[2][i] = q[32 + i] & 0xF; B[3][i] = q[32 + i] >> 4;
+        }
+    } else if (type == T_Q6_K) {
+        const uint8_t *p = w + (g / 2) * 210, *ql = p + 64 * (g % 2), *qh = p + 128 + 32 * (g % 2);
+        for (int u = 0; u < 4; u++)
+            for (int i = 0; i < 32; i++) {
+                const int v = ql[32 * (u & 1) + i];
+                B[u][i] = (uint8_t)(((u < 2) ? (v & 0xF) : (v >> 4)) | (((qh[i] >> (2 * u)) & 3) << 4));
+            }
+    } else {
+        for (int b = 0; b < 4; b++) unpack_block(type, w + (4 * g + b) * BLOCK_BYTES[type], B[b]);
+    }
+}
+
+static void pack_codes(int type, uint8_t *w, long g, uint8_t B[4][32]) {
+    if (type == T_Q4_K) {
+        uint8_t *q = w + (g / 2) * 144 + 16 + 64 * (g % 2);
+        for (int i = 0; i < 32; i++) {
+            q[i] = (uint8_t)(B[0][i] | (B[1][i] << 4));
+            q[32 + i] = (uint8_t)(B[2][i] | (B[3][i] << 4));
+        }
+    } else if (type == T_Q6_K) {
+        uint8_t *p = w + (g / 2) * 210, *ql = p + 64 * (g % 2), *qh = p + 128 + 32 * (g % 2);
+        for (int i = 0; i < 32; i++) {
+            ql[i] = (uint8_t)((B[0][i] & 0xF) | ((B[2][i] & 0xF) << 4));
+            ql[32 + i] = (uint8_t)((B[1][i] & 0xF) | ((B[3][i] & 0xF) << 4));
+            qh[i] = (uint8_t)((B[0][i] >> 4) | ((B[1][i] >> 4) << 2) | ((B[2][i] >> 4) << 4) | ((B[3][i] >> 4) << 6));
+        }
+    } else {
+        for (int b = 0; b < 4; b++) {
+            uint8_t *p = w + (4 * g + b) * BLOCK_BYTES[type];
+            if (type == T_Q8_0) { memcpy(p + 2, B[b], 32); continue; }
+            uint8_t *qs = p + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 6);
+            for (int i = 0; i < 16; i++) qs[i] = (uint8_t)((B[b][i] & 0xF) | ((B[b][i + 16] & 0xF) << 4));
+            if (type == T_Q5_0) {
+                uint32_t qh = 0;
+                for (int i = 0; i < 32; i++) qh |= (uint32_t)((B[b][i] >> 4) & 1) << i;
+                memcpy(p + 2, &qh, 4);
+            }
+        }
+    }
+}
+
+/* The transpose the products apply to a group's code vectors (transpose4): 4-byte word (h, b) of
+ * out[j] is word (h, j) of B[b], h the 16-byte half. It is its own inverse. */
+static void transpose_codes(uint8_t B[4][32], uint8_t out[4][32]) {
+    for (int j = 0; j < 4; j++)
+        for (int L = 0; L < 8; L++) memcpy(&out[j][4 * L], &B[L % 4][16 * (L / 4) + 4 * j], 4);
+}
+
+/* Whole groups of a row (k elements) as the products can use them without transposing. */
+static inline long packable_groups(int type, long k) { return (type == T_Q4_K || type == T_Q6_K) ? k / 128 : k / QG; }
+
+/* Weights stored for the products: a copy of n_rows rows of `type` (row_bytes each) in which every
+ * whole group's code bits are stored transposed (transpose_codes), so the SIMD product reads the
+ * words it multiplies with the extraction alone. Scales, and a short last group, stay as they are;
+ * every value is unchanged (dequantization and products of packed rows equal the plain ones).
+ * Applying it twice gives the stored layout back. Returns -1 for a type it does not pack. */
+int tsq_repack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out) {
+    if (type < T_Q4_0 || type >= T_COUNT || tsq_row_bytes(type, k) != row_bytes) return -1;
+    if (out != w) memcpy(out, w, (size_t)row_bytes * n_rows);
+    const long ng = packable_groups(type, k);
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < n_rows; n++) {
+        uint8_t B[4][32], T[4][32];
+        uint8_t *row = out + n * row_bytes;
+        for (long g = 0; g < ng; g++) {
+            unpack_codes(type, row, g, B);
+            transpose_codes(B, T);
+            pack_codes(type, row, g, T);
+        }
+    }
+    return 0;
+}
+
+/* group g of a weight row of nblocks 32-element blocks (packed: stored by tsq_repack) */
+static void get_wgroup(int type, const uint8_t *w, long g, long nblocks, int packed, wgroup *o) {
+    memset(o, 0, sizeof *o);
+    uint8_t B[4][32];
+    const int whole = (type == T_Q4_K || type == T_Q6_K) || 4 * g + 4 <= nblocks;
+    if (whole) {
+        unpack_codes(type, w, g, B);
+        if (packed) {
+            uint8_t T[4][32];
+            transpose_codes(B, T);
+            memcpy(B, T, sizeof B);
+        }
+        memcpy(o->c, B, QG);
+    } else { /* a short last group: the blocks there are */
+        for (long b = 0; 4 * g + b < nblocks; b++) unpack_block(type, w + (4 * g + b) * BLOCK_BYTES[type], o->c + 32 * b);
+    }
+    if (type == T_Q8_0)
+        for (int i = 0; i < QG; i++) o->c[i] ^= 0x80;
+    if (type == T_Q4_K) {
+        const uint8_t *p = w + (g / 2) * 144;
+        const float d = f16_to_f32(rd16(p)), dmin = f16_to_f32(rd16(p + 2));
+        for (int b = 0; b < 4; b++) {
+            int sc, mn;
+            scale_min_k4(4 * (int)(g % 2) + b, p + 4, &sc, &mn);
+            o->a[b] = o->a[b + 4] = d * (float)sc;
+            o->m[b] = o->m[b + 4] = -(dmin * (float)mn);
+        }
+        return;
+    }
+    if (type == T_Q6_K) {
+        const uint8_t *p = w + (g / 2) * 210;
+        const int8_t *sc = (const int8_t *)(p + 192) + 8 * (g % 2);
+        const float d = f16_to_f32(rd16(p + 208));
+        for (int u = 0; u < 4; u++) {
+            o->a[u] = d * (float)sc[2 * u];
+            o->a[u + 4] = d * (float)sc[2 * u + 1];
+        }
+        return;
+    }
+    for (int b = 0; b < 4 && 4 * g + b < nblocks; b++) {
+        const uint8_t *p = w + (4 * g + b) * BLOCK_BYTES[type];
+        o->a[b] = o->a[b + 4] = f16_to_f32(rd16(p));
+        if (type == T_Q4_1) o->m[b] = o->m[b + 4] = f16_to_f32(rd16(p + 2));
+    }
+}
+
+/* The reduction of eight lanes both paths use: (0+4, 1+5, 2+6, 3+7), then pairs, then the two. */
+static inline float sum8(const float *v) {
+    const float s0 = v[0] + v[4], s1 = v[1] + v[5], s2 = v[2] + v[6], s3 = v[3] + v[7];
+    return (s0 + s2) + (s1 + s3);
 }
 
 /* ------------------------------------------------------------------ reference products */
 
-static float dot_ref_q(int type, const uint8_t *w, long k, const xblock *x) {
-    float acc = 0.f, off = 0.f;
-    subblock s;
-    for (long j = 0; j < k / QB; j++) {
-        get_subblock(type, w, j, &s);
-        int isum = 0;
-        for (int i = 0; i < QB; i++) isum += s.c[i] * x[j].q[i];
-        acc += (float)isum * (s.a * x[j].d);
-        off += s.off * x[j].s;
-    }
-    return acc + off;
-}
-
-/* Q4_K / Q6_K against per-256 input: integer sums per super-block, one float step each */
-static float dot_ref_k(int type, const uint8_t *w, long k, xkrow x) {
-    float acc = 0.f, off = 0.f;
-    for (long sb = 0; sb < k / QK; sb++) {
-        const int16_t *xq = x.q + sb * QK;
-        const float dx = x.d[sb];
-        if (type == T_Q4_K) {
-            const uint8_t *p = w + sb * 144;
-            float d = f16_to_f32(rd16(p)), dmin = f16_to_f32(rd16(p + 2));
-            int total = 0, mins = 0;
-            for (int t = 0; t < 8; t++) {
-                int sc, m;
-                scale_min_k4(t, p + 4, &sc, &m);
-                const uint8_t *q = p + 16 + 32 * (t / 2);
-                int isum = 0;
-                for (int i = 0; i < 32; i++) isum += ((t & 1) ? (q[i] >> 4) : (q[i] & 0xF)) * xq[32 * t + i];
-                total += sc * isum;
-                mins += m * x.b32[sb * 8 + t];
-            }
-            acc += (float)total * (d * dx);
-            off += (float)mins * (-(dmin * dx));
-        } else {
-            const uint8_t *p = w + sb * 210;
-            const int8_t *scs = (const int8_t *)(p + 192);
-            float d = f16_to_f32(rd16(p + 208));
-            int total = 0, corr = 0;
-            for (int t = 0; t < 8; t++) {
-                int h = t / 4, u = t % 4;
-                const uint8_t *ql = p + 64 * h + (u & 1) * 32, *qh = p + 128 + 32 * h;
-                for (int half = 0; half < 2; half++) {
-                    int isum = 0;
-                    for (int i = 16 * half; i < 16 * half + 16; i++) {
-                        int lo = (u < 2) ? (ql[i] & 0xF) : (ql[i] >> 4);
-                        isum += (lo | (((qh[i] >> (2 * u)) & 3) << 4)) * xq[32 * t + i];
-                    }
-                    int sc = scs[8 * h + 2 * u + half];
-                    total += sc * isum;
-                    corr += sc * x.b16[sb * 16 + 2 * t + half];
-                }
-            }
-            acc += (float)total * (d * dx);
-            off += (float)corr * (-32.f * (d * dx));
+/* The SIMD product's arithmetic, one lane at a time (the same float steps, so the same result) */
+static float dot_ref_q(int type, const uint8_t *w, long k, int packed, const xgroup *x) {
+    float acc[8] = {0}, accm[8] = {0};
+    const int sh = offset_shift(type), mn = has_min(type);
+    wgroup wg;
+    for (long g = 0; g < n_groups(k); g++) {
+        get_wgroup(type, w, g, k / QB, packed, &wg);
+        for (int L = 0; L < 8; L++) {
+            const int b = L % 4, h = L / 4;
+            int isum = 0;
+            for (int e = 0; e < 16; e++) isum += wg.c[32 * b + 16 * h + e] * x[g].q[(e / 4) * 32 + 4 * L + e % 4];
+            if (sh) isum -= x[g].s[L] * (1 << sh);
+            acc[L] = fmaf((float)isum, wg.a[L] * x[g].d[L], acc[L]);
+            if (mn) accm[L] = fmaf(wg.m[L], x[g].fs[L], accm[L]);
         }
     }
-    return acc + off;
+    if (mn)
+        for (int L = 0; L < 8; L++) acc[L] += accm[L];
+    return sum8(acc);
 }
-
 static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
     float acc = 0.f;
     for (long i = 0; i < k; i++) {
@@ -373,149 +453,168 @@ static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
 #if TSQ_SIMD
 #define TILE 4
 
-static inline float hsum8(__m256 v) {
+static inline float hsum8(__m256 v) { /* sum8's order */
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
 
-/* One weight block against the rows of a tile: the per-row step shared by the legacy types.
- * c: codes (int8; unsigned 0..15 when uns), av: the block's scale, o: its offset. */
-#define ROW_STEP(r)                                                                                   \
-    do {                                                                                              \
-        const xblock *xb = x + (r) * xstride + j;                                                     \
-        __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);                                      \
-        __m256i p = _mm256_dpbusd_epi32(zero, cu, uns ? xq : _mm256_sign_epi8(xq, c));                \
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(av, _mm256_set1_ps(xb->d)), acc[r]); \
-        if (uns) off[r] += o * xb->s;                                                                 \
-    } while (0)
-
-static inline __attribute__((always_inline)) void
-dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, const xblock *x, long xstride, float *y,
-             long ldy) {
-    __m256 acc[TILE];
-    float off[TILE];
-    for (int r = 0; r < tr; r++) { acc[r] = _mm256_setzero_ps(); off[r] = 0.f; }
-    const __m256i zero = _mm256_setzero_si256(), m4 = _mm256_set1_epi8(0x0F);
-    const int uns = (type == T_Q4_1 || type == T_Q4_K);
-    if (type <= T_Q8_0) {
-        const int bb = BLOCK_BYTES[type];
-        for (long j = 0; j < k / QB; j++) {
-            const uint8_t *p = w + j * bb;
-            __m256 av = _mm256_set1_ps(_cvtsh_ss(rd16(p)));
-            float o = 0.f;
-            __m256i c;
-            if (type == T_Q8_0) {
-                c = _mm256_loadu_si256((const __m256i *)(p + 2));
-            } else {
-                const uint8_t *qs = p + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 6);
-                __m128i t = _mm_loadu_si128((const __m128i *)qs);
-                c = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);
-                if (type == T_Q4_0) {
-                    c = _mm256_sub_epi8(c, _mm256_set1_epi8(8));
-                } else if (type == T_Q4_1) {
-                    o = _cvtsh_ss(rd16(p + 2));
-                } else { /* Q5_0: bit i of qh is element i's fifth bit */
-                    __mmask32 hb = (__mmask32)rd32(p + 2);
-                    c = _mm256_or_si256(c, _mm256_maskz_mov_epi8(hb, _mm256_set1_epi8(0x10)));
-                    c = _mm256_sub_epi8(c, _mm256_set1_epi8(16));
-                }
-            }
-            __m256i cu = uns ? c : _mm256_abs_epi8(c);
-            for (int r = 0; r < tr; r++) ROW_STEP(r);
-        }
-    }
-    for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(acc[r]) + off[r];
+/* W[j] = word j of the four blocks b0..b3: a 4x4 transpose of 32-bit words in each 128-bit lane */
+static inline __attribute__((always_inline)) void transpose4(__m256i b0, __m256i b1, __m256i b2, __m256i b3,
+                                                             __m256i W[4]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(b0, b1), t1 = _mm256_unpackhi_epi32(b0, b1);
+    const __m256i t2 = _mm256_unpacklo_epi32(b2, b3), t3 = _mm256_unpackhi_epi32(b2, b3);
+    W[0] = _mm256_unpacklo_epi64(t0, t2);
+    W[1] = _mm256_unpackhi_epi64(t0, t2);
+    W[2] = _mm256_unpacklo_epi64(t1, t3);
+    W[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
-/* Q4_K / Q6_K against 13-bit per-256 input rows. Each 32-element sub-block's codes are widened
- * to int16 and multiplied by its integer sub-scale once (shared by every input row); per input row
- * two vpdpwssd add the products into int32 lanes, and one float FMA per super-block applies
- * d * dx. Bounds: Q4_K |code*scale| <= 15*63, Q6_K <= 63*128; |x| <= 4095; a lane sums 32
- * products per super-block: 32 * 8064 * 4095 < 2^31. Offsets (Q4_K mins, Q6_K's -32) go through
- * the input's block sums, in float. */
+/* Weight group g as four words W[j] laid out like xgroup (a 4x4 transpose of 32-bit words within
+ * each 128-bit lane of the four blocks' code vectors), its scales a and offsets mw per lane. The
+ * same values get_wgroup gives, in registers; shared by every input row of a tile. */
 static inline __attribute__((always_inline)) void
-dot_simd_k_t(const int type, const int tr, const uint8_t *w, long k, const uint8_t *x, float *y, long ldy,
-             long r0) {
-    __m256 acc[TILE];
-    float off[TILE];
-    xkrow xr[TILE];
-    for (int r = 0; r < tr; r++) {
-        acc[r] = _mm256_setzero_ps();
-        off[r] = 0.f;
-        xr[r] = xk_row(x, k, r0 + r);
-    }
+wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, __m256i W[4], __m256 *a,
+            __m256 *mw) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    for (long sb = 0; sb < k / QK; sb++) {
-        __m256i sumi[TILE];
-        for (int r = 0; r < tr; r++) sumi[r] = _mm256_setzero_si256();
-#define K_SUB(codes, t, sclo, schi)                                                                   \
+    __m256i B[4];
+    if (type == T_Q4_K) {
+        const uint8_t *p = w + (g >> 1) * 144, *q = p + 16 + 64 * (g & 1);
+        const __m256i q0 = _mm256_loadu_si256((const __m256i *)q), q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
+        B[0] = _mm256_and_si256(q0, m4);
+        B[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
+        B[2] = _mm256_and_si256(q1, m4);
+        B[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
+        /* scale_min_k4 for sub-blocks 4gi..4gi+3, four lanes at once: A, B, C are bytes 0-3, 4-7,
+         * 8-11 of the packed scales */
+        const __m128i sb = _mm_loadu_si128((const __m128i *)(p + 4));
+        const __m128i A = _mm_cvtepu8_epi32(sb), B = _mm_cvtepu8_epi32(_mm_srli_si128(sb, 4));
+        const __m128i c63 = _mm_set1_epi32(63);
+        __m128i sc, mn;
+        if (g & 1) {
+            const __m128i C = _mm_cvtepu8_epi32(_mm_srli_si128(sb, 8));
+            sc = _mm_or_si128(_mm_and_si128(C, _mm_set1_epi32(15)), _mm_slli_epi32(_mm_srli_epi32(A, 6), 4));
+            mn = _mm_or_si128(_mm_srli_epi32(C, 4), _mm_slli_epi32(_mm_srli_epi32(B, 6), 4));
+        } else {
+            sc = _mm_and_si128(A, c63);
+            mn = _mm_and_si128(B, c63);
+        }
+        const __m256 s8 = _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(sc));
+        const __m256 m8 = _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(mn));
+        *a = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(rd16(p))), s8);
+        *mw = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(rd16(p + 2))), m8), _mm256_set1_ps(-0.f));
+    } else if (type == T_Q6_K) {
+        const uint8_t *p = w + (g >> 1) * 210;
+        const int gi = (int)(g & 1);
+        const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * gi));
+        const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(p + 64 * gi + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * gi));
+        const __m256i m3 = _mm256_set1_epi8(3);
+        for (int u = 0; u < 4; u++) {
+            const __m256i ql = (u & 1) ? ql1 : ql0;
+            const __m256i lo = (u < 2) ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), m3);
+            B[u] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        }
+        /* lane 4h + u takes sc[2u + h] */
+        const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 192 + 8 * gi)));
+        const __m256i s8 = _mm256_permutevar8x32_epi32(sc, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+        *a = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(rd16(p + 208))), _mm256_cvtepi32_ps(s8));
+        *mw = _mm256_setzero_ps();
+    } else {
+        /* the four blocks' f16 scales (and Q4_1's offsets) gathered in a vector, not through memory */
+        __m128i hs = _mm_setzero_si128(), ho = _mm_setzero_si128();
+        const int bb = BLOCK_BYTES[type];
+#define LEGACY_BLOCK(b)                                                                               \
     do {                                                                                              \
-        const __m256i wa = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(codes)), sclo); \
-        const __m256i wb = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(codes, 1)), schi); \
-        for (int r = 0; r < tr; r++) {                                                                \
-            const int16_t *xq = xr[r].q + sb * QK + 32 * (t);                                        \
-            sumi[r] = _mm256_dpwssd_epi32(sumi[r], wa, _mm256_loadu_si256((const __m256i *)xq));        \
-            sumi[r] = _mm256_dpwssd_epi32(sumi[r], wb, _mm256_loadu_si256((const __m256i *)(xq + 16))); \
+        const uint8_t *p = w + (4 * g + (b)) * bb;                                                    \
+        hs = _mm_insert_epi16(hs, rd16(p), (b));                                                      \
+        if (type == T_Q8_0) {                                                                         \
+            B[b] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80)); \
+        } else {                                                                                      \
+            const __m128i t = _mm_loadu_si128((const __m128i *)(p + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 6))); \
+            B[b] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);                  \
+            if (type == T_Q5_0) /* bit e of qh is element e's fifth bit */                            \
+                B[b] = _mm256_or_si256(B[b], _mm256_maskz_mov_epi8((__mmask32)rd32(p + 2), _mm256_set1_epi8(0x10))); \
+            if (type == T_Q4_1) ho = _mm_insert_epi16(ho, rd16(p + 2), (b));                           \
         }                                                                                             \
     } while (0)
-        if (type == T_Q4_K) {
+        if (4 * g + 4 <= nblocks) {
+            LEGACY_BLOCK(0);
+            LEGACY_BLOCK(1);
+            LEGACY_BLOCK(2);
+            LEGACY_BLOCK(3);
+        } else { /* the row's last group, short of blocks */
+            B[0] = B[1] = B[2] = B[3] = _mm256_setzero_si256();
+            if (4 * g + 0 < nblocks) LEGACY_BLOCK(0);
+            if (4 * g + 1 < nblocks) LEGACY_BLOCK(1);
+            if (4 * g + 2 < nblocks) LEGACY_BLOCK(2);
+        }
+#undef LEGACY_BLOCK
+        const __m128 s4 = _mm_cvtph_ps(hs), o4 = _mm_cvtph_ps(ho);
+        *a = _mm256_set_m128(s4, s4);
+        *mw = _mm256_set_m128(o4, o4);
+    }
+    if (packed && (type == T_Q4_K || type == T_Q6_K || 4 * g + 4 <= nblocks)) { /* stored transposed */
+        W[0] = B[0]; W[1] = B[1]; W[2] = B[2]; W[3] = B[3];
+    } else {
+        transpose4(B[0], B[1], B[2], B[3], W);
+    }
+}
+
+/* One weight row against the tr input rows of a tile (rows xstride groups apart) */
+static inline __attribute__((always_inline)) void
+dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed, const xgroup *x, long xstride,
+             float *y, long ldy) {
+    __m256 acc[TILE], accm[TILE];
+    for (int r = 0; r < tr; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = _mm256_setzero_ps(); }
+    const int sh = offset_shift(type), mn = has_min(type);
+    const long ng = n_groups(k), nblocks = k / QB;
+#define ROWS(W, a, mw, g)                                                                             \
+    for (int r = 0; r < tr; r++) {                                                                    \
+        const xgroup *xg = x + r * xstride + (g);                                                     \
+        __m256i is = _mm256_dpbusd_epi32(_mm256_setzero_si256(), W[0], _mm256_loadu_si256((const __m256i *)xg->q)); \
+        is = _mm256_dpbusd_epi32(is, W[1], _mm256_loadu_si256((const __m256i *)(xg->q + 32)));       \
+        is = _mm256_dpbusd_epi32(is, W[2], _mm256_loadu_si256((const __m256i *)(xg->q + 64)));       \
+        is = _mm256_dpbusd_epi32(is, W[3], _mm256_loadu_si256((const __m256i *)(xg->q + 96)));       \
+        if (sh) is = _mm256_sub_epi32(is, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)xg->s), sh)); \
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(a, _mm256_loadu_ps(xg->d)), acc[r]); \
+        if (mn) accm[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xg->fs), accm[r]);                        \
+    }
+    if (type == T_Q4_K) { /* a super-block (two groups) at a time: its scales unpacked once */
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        for (long sb = 0; sb < ng / 2; sb++) {
             const uint8_t *p = w + sb * 144;
-            const float d = _cvtsh_ss(rd16(p)), dmin = _cvtsh_ss(rd16(p + 2));
-            const uint8_t *q6 = p + 4;
-            int sc[8], mn[8];
-            for (int t = 0; t < 4; t++) {
-                sc[t] = q6[t] & 63;
-                mn[t] = q6[t + 4] & 63;
-                sc[t + 4] = (q6[t + 8] & 0xF) | ((q6[t] >> 6) << 4);
-                mn[t + 4] = (q6[t + 8] >> 4) | ((q6[t + 4] >> 6) << 4);
-            }
-            for (int pr = 0; pr < 4; pr++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * pr));
-                const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                const __m256i s0 = _mm256_set1_epi16((short)sc[2 * pr]), s1 = _mm256_set1_epi16((short)sc[2 * pr + 1]);
-                K_SUB(lo, 2 * pr, s0, s0);
-                K_SUB(hi, 2 * pr + 1, s1, s1);
-            }
-            for (int r = 0; r < tr; r++) {
-                const float dx = xr[r].d[sb];
-                const int32_t *b32 = xr[r].b32 + sb * 8;
-                int mins = 0;
-                for (int t = 0; t < 8; t++) mins += mn[t] * b32[t];
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * dx), acc[r]);
-                off[r] += (float)mins * (-(dmin * dx));
-            }
-        } else { /* Q6_K */
-            const uint8_t *p = w + sb * 210;
-            const int8_t *scs = (const int8_t *)(p + 192);
-            const float d = _cvtsh_ss(rd16(p + 208));
-            const __m256i m3 = _mm256_set1_epi8(3);
-            for (int h = 0; h < 2; h++) {
-                const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
-                const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
-                const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-                for (int u = 0; u < 4; u++) {
-                    const int8_t *sc = scs + 8 * h + 2 * u;
-                    const __m256i ql = (u & 1) ? ql1 : ql0;
-                    const __m256i lo = (u < 2) ? _mm256_and_si256(ql, m4) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4);
-                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * u), m3);
-                    const __m256i c = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)); /* 0..63 */
-                    K_SUB(c, 4 * h + u, _mm256_set1_epi16(sc[0]), _mm256_set1_epi16(sc[1]));
-                }
-            }
-            for (int r = 0; r < tr; r++) {
-                const float dx = xr[r].d[sb];
-                const int32_t *b16 = xr[r].b16 + sb * 16;
-                int corr = 0; /* the -32 of every code: sum over halves of scale * input sum */
-                for (int t = 0; t < 16; t++) corr += scs[t] * b16[t];
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * dx), acc[r]);
-                off[r] += (float)corr * (-32.f * (d * dx));
+            const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
+            const __m128i A = _mm_cvtepu8_epi32(v), B = _mm_cvtepu8_epi32(_mm_srli_si128(v, 4));
+            const __m128i C = _mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), c63 = _mm_set1_epi32(63);
+            const __m128i sc0 = _mm_and_si128(A, c63), mn0 = _mm_and_si128(B, c63);
+            const __m128i sc1 = _mm_or_si128(_mm_and_si128(C, _mm_set1_epi32(15)), _mm_slli_epi32(_mm_srli_epi32(A, 6), 4));
+            const __m128i mn1 = _mm_or_si128(_mm_srli_epi32(C, 4), _mm_slli_epi32(_mm_srli_epi32(B, 6), 4));
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(rd16(p))), dm = _mm256_set1_ps(-_cvtsh_ss(rd16(p + 2)));
+            for (int gi = 0; gi < 2; gi++) {
+                const __m128i sc = gi ? sc1 : sc0, mnv = gi ? mn1 : mn0;
+                const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(sc)));
+                const __m256 mw = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(mnv)));
+                const uint8_t *q = p + 16 + 64 * gi;
+                const __m256i q0 = _mm256_loadu_si256((const __m256i *)q), q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
+                __m256i W[4] = {_mm256_and_si256(q0, m4), _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4),
+                                _mm256_and_si256(q1, m4), _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4)};
+                if (!packed) transpose4(W[0], W[1], W[2], W[3], W);
+                ROWS(W, a, mw, 2 * sb + gi)
             }
         }
-#undef K_SUB
+    } else {
+        for (long g = 0; g < ng; g++) {
+            __m256i W[4];
+            __m256 a, mw;
+            wgroup_simd(type, w, g, nblocks, packed, W, &a, &mw);
+            ROWS(W, a, mw, g)
+        }
     }
-    for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(acc[r]) + off[r];
+#undef ROWS
+    for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(mn ? _mm256_add_ps(acc[r], accm[r]) : acc[r]);
 }
 
 /* The kernels are specialised for a compile-time tile height; this maps a runtime one onto them. */
@@ -527,31 +626,29 @@ dot_simd_k_t(const int type, const int tr, const uint8_t *w, long k, const uint8
     default: CALL(4); break;                                                                          \
     }
 
-static void dot_simd_k(int type, const uint8_t *w, long k, const uint8_t *x, long r0, int tr, float *y, long ldy) {
-#define K4(n) dot_simd_k_t(T_Q4_K, n, w, k, x, y, ldy, r0)
-#define K6(n) dot_simd_k_t(T_Q6_K, n, w, k, x, y, ldy, r0)
-    if (type == T_Q4_K) { FOR_TILE(tr, K4) } else { FOR_TILE(tr, K6) }
-#undef K4
-#undef K6
-}
-
-static void dot_simd_q(int type, const uint8_t *w, long k, const xblock *x, long xs, int tr, float *y, long ldy) {
-#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, x, xs, y, ldy)
-#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, x, xs, y, ldy)
-#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, x, xs, y, ldy)
-#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, x, xs, y, ldy)
+static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, long xs, int tr, float *y,
+                       long ldy) {
+#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, pk, x, xs, y, ldy)
+#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, pk, x, xs, y, ldy)
+#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, pk, x, xs, y, ldy)
+#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, pk, x, xs, y, ldy)
+#define Q4K(n) dot_simd_q_t(T_Q4_K, n, w, k, pk, x, xs, y, ldy)
+#define Q6K(n) dot_simd_q_t(T_Q6_K, n, w, k, pk, x, xs, y, ldy)
     switch (type) {
     case T_Q4_0: FOR_TILE(tr, Q40) break;
     case T_Q4_1: FOR_TILE(tr, Q41) break;
     case T_Q5_0: FOR_TILE(tr, Q50) break;
-    default: FOR_TILE(tr, Q80) break;
+    case T_Q8_0: FOR_TILE(tr, Q80) break;
+    case T_Q4_K: FOR_TILE(tr, Q4K) break;
+    default: FOR_TILE(tr, Q6K) break;
     }
 #undef Q40
 #undef Q41
 #undef Q50
 #undef Q80
+#undef Q4K
+#undef Q6K
 }
-
 static inline __m256 load8_f(int type, const uint8_t *w, long i) {
     if (type == T_F32) return _mm256_loadu_ps((const float *)w + i);
     __m128i h = _mm_loadu_si128((const __m128i *)(w + 2 * i));
@@ -581,20 +678,16 @@ static void dot_simd_f(int type, const uint8_t *w, long k, const float *x, long 
 
 /* ------------------------------------------------------------------ driver */
 
-static int is_float_type(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
-
 /* y[m, n] (row stride ldy) = x[m, :] . W[n, :] for W [n_rows, k] of `type` with rows row_bytes
- * apart. For quantized types `xq` holds x quantized by tsq_quantize ([m, k/32] blocks) and `x`
+ * apart. For quantized types `xq` holds x quantized by tsq_quantize (m rows of xgroups) and `x`
  * is unused; for float types `x` is float32 [m, k]. use_simd = 0 forces the reference. */
-int tsq_matmul(int type, const uint8_t *w, long row_bytes, long n_rows, long k, const float *x,
+int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k, const float *x,
                const void *xqv, long m, float *y, long ldy, int n_threads, int use_simd) {
-    const xblock *xq = (const xblock *)xqv;          /* per-32 input (legacy types) */
-    const uint8_t *xk = (const uint8_t *)xqv;        /* per-256 input (K-quants) */
-    const int kq = tsq_act_kind(type) == 2;
+    const xgroup *xq = (const xgroup *)xqv;
     if (type < 0 || type >= T_COUNT || k % (is_float_type(type) ? 1 : QB) || k % BLOCK_ELEMS[type])
         return -1;
-    int fl = is_float_type(type);
-    long nb = k / QB;
+    const int fl = is_float_type(type);
+    const long ng = n_groups(k);
 #if !TSQ_SIMD
     use_simd = 0;
 #endif
@@ -610,7 +703,7 @@ int tsq_matmul(int type, const uint8_t *w, long row_bytes, long n_rows, long k, 
             if (!use_simd) {
                 for (long r = c0; r < c1; r++)
                     y[r * ldy + n] = fl ? dot_ref_f(type, wr, k, x + r * k)
-                                   : kq ? dot_ref_k(type, wr, k, xk_row(xk, k, r)) : dot_ref_q(type, wr, k, xq + r * nb);
+                                   : dot_ref_q(type, wr, k, packed, xq + r * ng);
                 continue;
             }
 #if TSQ_SIMD
@@ -618,10 +711,8 @@ int tsq_matmul(int type, const uint8_t *w, long row_bytes, long n_rows, long k, 
                 int tr = (int)(c1 - r < TILE ? c1 - r : TILE);
                 if (fl)
                     dot_simd_f(type, wr, k, x + r * k, k, tr, y + r * ldy + n, ldy);
-                else if (kq)
-                    dot_simd_k(type, wr, k, xk, r, tr, y + r * ldy + n, ldy);
                 else
-                    dot_simd_q(type, wr, k, xq + r * nb, nb, tr, y + r * ldy + n, ldy);
+                    dot_simd_q(type, wr, k, packed, xq + r * ng, ng, tr, y + r * ldy + n, ldy);
             }
 #endif
         }
@@ -641,6 +732,7 @@ int tsq_matmul(int type, const uint8_t *w, long row_bytes, long n_rows, long k, 
 typedef struct {
     int nparts;
     int type[MAX_PARTS];
+    int packed[MAX_PARTS]; /* 1: w stored by tsq_repack */
     const uint8_t *w[MAX_PARTS];
     long row_bytes[MAX_PARTS];
     long n[MAX_PARTS];
@@ -666,16 +758,15 @@ int tsq_sizeof_linear(void) { return (int)sizeof(tsq_linear); }
 int tsq_sizeof_layer(void) { return (int)sizeof(tsq_layer); }
 int tsq_sizeof_config(void) { return (int)sizeof(tsq_config); }
 
-/* y [m, n_total] = x [m, k] W.T (+ bias); xq, xk: scratch for the two quantized input forms */
-static int linear_apply(const tsq_linear *L, const float *x, long m, float *y, xblock *xq, uint8_t *xk, int nt) {
-    int have32 = 0, have256 = 0;
+/* y [m, n_total] = x [m, k] W.T (+ bias); xq: scratch for the quantized input */
+static int linear_apply(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt) {
+    int have = 0;
     long col = 0;
     for (int i = 0; i < L->nparts; i++) {
         int kind = tsq_act_kind(L->type[i]);
-        if (kind == 1 && !have32) { tsq_quantize(x, m, L->k, xq); have32 = 1; }
-        if (kind == 2 && !have256) { tsq_quantize_k(x, m, L->k, xk); have256 = 1; }
-        int rc = tsq_matmul(L->type[i], L->w[i], L->row_bytes[i], L->n[i], L->k, x,
-                            kind == 2 ? (const void *)xk : (const void *)xq, m, y + col, L->n_total, nt, 1);
+        if (kind == 1 && !have) { tsq_quantize(x, m, L->k, xq); have = 1; }
+        int rc = tsq_matmul(L->type[i], L->w[i], L->packed[i], L->row_bytes[i], L->n[i], L->k, x,
+                            xq, m, y + col, L->n_total, nt, 1);
         if (rc) return rc;
         col += L->n[i];
     }
@@ -768,16 +859,15 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
     float *att = malloc(sizeof(float) * m * qd);
     float *gu = malloc(sizeof(float) * m * 2 * f);
     float *y = malloc(sizeof(float) * m * d);
-    xblock *xq = malloc(sizeof(xblock) * m * (kmax / QB + 1));
-    uint8_t *xk = malloc((size_t)XK_BYTES(kmax + QK) * m);
+    xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
     int rc = 0;
-    if (!x || !qkv || !att || !gu || !y || !xq || !xk) { rc = -2; goto done; }
+    if (!x || !qkv || !att || !gu || !y || !xq) { rc = -2; goto done; }
     for (int li = l0; li < l1 && !rc; li++) {
         const tsq_layer *L = layers + li;
         float *kl = kc + (long)li * nkv * cap * hd, *vl = vc + (long)li * nkv * cap * hd;
         const float *ct = cos_t[L->rope], *st = sin_t[L->rope];
         for (long r = 0; r < m; r++) rms_norm_row(h + r * d, L->attn_norm, d, c->eps, x + r * d);
-        if ((rc = linear_apply(&L->qkv, x, m, qkv, xq, xk, nt))) break;
+        if ((rc = linear_apply(&L->qkv, x, m, qkv, xq, nt))) break;
         const long w3 = qd + 2 * kvd;
         for (long r = 0; r < m; r++) {
             float *q = qkv + r * w3, *k = q + qd, *v = k + kvd;
@@ -819,13 +909,13 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
             }
             free(sc);
         }
-        if ((rc = linear_apply(&L->o, att, m, y, xq, xk, nt))) break;
+        if ((rc = linear_apply(&L->o, att, m, y, xq, nt))) break;
         for (long r = 0; r < m; r++) {
             if (L->post_attn_norm) rms_norm_row(y + r * d, L->post_attn_norm, d, c->eps, y + r * d);
             for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
             rms_norm_row(h + r * d, L->ffn_norm, d, c->eps, x + r * d);
         }
-        if ((rc = linear_apply(&L->gate_up, x, m, gu, xq, xk, nt))) break;
+        if ((rc = linear_apply(&L->gate_up, x, m, gu, xq, nt))) break;
         for (long r = 0; r < m; r++) {
             const float *g = gu + r * 2 * f, *u = g + f;
             float *a = x + r * f;
@@ -835,13 +925,13 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
                 a[i] = act * u[i];
             }
         }
-        if ((rc = linear_apply(&L->down, x, m, y, xq, xk, nt))) break;
+        if ((rc = linear_apply(&L->down, x, m, y, xq, nt))) break;
         for (long r = 0; r < m; r++) {
             if (L->post_ffn_norm) rms_norm_row(y + r * d, L->post_ffn_norm, d, c->eps, y + r * d);
             for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
         }
     }
 done:
-    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(xk);
+    free(x); free(qkv); free(att); free(gu); free(y); free(xq);
     return rc;
 }
