@@ -1,11 +1,13 @@
 /* Products with GGUF weights as the file stores them: y[m, n] = sum_k x[m, k] * W[n, k].
  *
- * W is read block by block in its own GGUF layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, and the
- * float types F32, F16, BF16): the codes and scales used are the stored ones, nothing is rounded
- * or repacked. For the quantized types the input rows are quantized per 32-element block to int8
- * with a float scale (as llama.cpp quantizes activations), each 32-element weight sub-block
- * contributes  dx * (a * sum(qw * qx) + c * sum(qx))  with the integer sum exact, and the float
- * terms are accumulated in a fixed order. Float weight types multiply the float32 input directly.
+ * W is read in its own GGUF block layout (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, and the float types
+ * F32, F16, BF16): the codes and scales used are the stored ones, nothing is rounded. (tsq_repack
+ * may permute the code bits within each 128-element group once, at load, so the SIMD product
+ * needs no shuffles; it changes no value.) For the quantized types the input rows are quantized
+ * per 32-element block to int8 with a float scale (as llama.cpp quantizes activations for its
+ * legacy types) and laid out in groups of 128 (xgroup); each 16-element half-block contributes
+ * dx * a * sum(qw * qx) (+ m * dx * sum(qx) for Q4_1/Q4_K) with the integer sum exact, and the float
+ * terms are accumulated in eight lanes in a fixed order. Float types multiply the float32 input.
  *
  * Batch invariance: y[m, n] is computed by one fixed sequence of operations on row m of x and
  * row n of W, whatever the number of rows M, the tile a row lands in, or the thread that owns n.
@@ -13,9 +15,10 @@
  * a 9-row verify, bit for bit, which is what keeps speculative output equal to plain output.
  *
  * Two implementations of every type: a plain C one (the reference, and the path on CPUs without
- * AVX-512 VNNI) and an AVX-512 VNNI/VL one. They agree to float rounding (tests compare them).
- * Compile with -ffp-contract=off: the scalar float terms must not be fused differently in
- * different places.
+ * AVX-512 VNNI) and an AVX-512 VNNI/VL one. For the quantized types the reference performs the
+ * SIMD path's float steps lane by lane and equals it bit for bit; for the float types they agree
+ * to rounding (tests compare both). Compile with -ffp-contract=off: the scalar float terms must
+ * not be fused differently in different places.
  */
 #include <math.h>
 #include <stdint.h>
