@@ -128,6 +128,34 @@ def test_product_is_batch_invariant(type_name):
 
 
 @pytest.mark.parametrize("type_name", QUANT_TYPES)
+def test_long_rows_blocked_and_chunked_are_batch_invariant(type_name):
+    """Past one tile of rows the product runs in blocks of weight rows, and a tile too long for L1
+    in k-chunks with its accumulators parked: 4096 inputs and 130 weight rows take both paths
+    (several blocks, several chunks) and must still give every row its single-row bits."""
+    n, k = 130, 4096
+    raw = kernels.repack(type_name, random_blocks(type_name, n, k, seed=11), k)
+    x = torch.randn(33, k, generator=torch.Generator().manual_seed(12))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        singles = torch.zeros(33, n)
+        for i in range(33):
+            xi = x[i : i + 1].contiguous()
+            kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi, 1), singles[i : i + 1], packed=True)
+        for rows in (5, 8, 9, 17, 33):
+            xr = x[:rows].contiguous()
+            y = torch.zeros(rows, n)
+            kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr, 1), y, packed=True)
+            assert torch.equal(y, singles[:rows]), f"{type_name}: {rows} rows"
+        ref = torch.zeros(9, n)
+        kernels.matmul(type_name, raw, k, x[:9].contiguous(), kernels.quantize(x[:9].contiguous(), 1), ref,
+                       packed=True, use_simd=False)
+        assert torch.equal(ref, singles[:9])
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES)
 @pytest.mark.parametrize("k", [512, 576, 864])
 def test_repacked_weights_give_the_same_bits(type_name, k):
     """``repack`` permutes code bits only: products of packed rows equal the stored rows' bit for bit

@@ -566,14 +566,22 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
     }
 }
 
-/* One weight row against the tr input rows of a tile (rows xstride groups apart) */
+/* One weight row against the tr input rows of a tile (rows xstride groups apart), over groups
+ * [g0, g1). With a state [tr][16] the accumulators start from it unless g0 == 0 and are parked
+ * there unless g1 is the row's end, so a product taken in k-chunks does the same float steps as
+ * one taken whole. */
 static inline __attribute__((always_inline)) void
 dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed, const xgroup *x, long xstride,
-             float *y, long ldy) {
-    __m256 acc[TILE], accm[TILE];
-    for (int r = 0; r < tr; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = _mm256_setzero_ps(); }
-    const int sh = offset_shift(type), mn = has_min(type);
+             const int chunked, long g0, long g1, float *state, float *y, long ldy) {
     const long ng = n_groups(k), nblocks = k / QB;
+    if (!chunked) { g0 = 0; g1 = ng; }
+    const int first = !chunked || g0 == 0, last = !chunked || g1 == ng;
+    __m256 acc[TILE], accm[TILE];
+    for (int r = 0; r < tr; r++) {
+        acc[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 16 * r);
+        accm[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 16 * r + 8);
+    }
+    const int sh = offset_shift(type), mn = has_min(type);
 #define ROWS(W, a, mw, g)                                                                             \
     for (int r = 0; r < tr; r++) {                                                                    \
         const xgroup *xg = x + r * xstride + (g);                                                     \
@@ -587,7 +595,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     }
     if (type == T_Q4_K) { /* a super-block (two groups) at a time: its scales unpacked once */
         const __m256i m4 = _mm256_set1_epi8(0x0F);
-        for (long sb = 0; sb < ng / 2; sb++) {
+        for (long sb = g0 / 2; sb < g1 / 2; sb++) {
             const uint8_t *p = w + sb * 144;
             const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
             const __m128i A = _mm_cvtepu8_epi32(v), B = _mm_cvtepu8_epi32(_mm_srli_si128(v, 4));
@@ -609,7 +617,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
             }
         }
     } else {
-        for (long g = 0; g < ng; g++) {
+        for (long g = g0; g < g1; g++) {
             __m256i W[4];
             __m256 a, mw;
             wgroup_simd(type, w, g, nblocks, packed, W, &a, &mw);
@@ -617,6 +625,13 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
         }
     }
 #undef ROWS
+    if (!last) {
+        for (int r = 0; r < tr; r++) {
+            _mm256_storeu_ps(state + 16 * r, acc[r]);
+            _mm256_storeu_ps(state + 16 * r + 8, accm[r]);
+        }
+        return;
+    }
     for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(mn ? _mm256_add_ps(acc[r], accm[r]) : acc[r]);
 }
 
@@ -629,22 +644,35 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     default: CALL(4); break;                                                                          \
     }
 
-static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, long xs, int tr, float *y,
-                       long ldy) {
-#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, pk, x, xs, y, ldy)
-#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, pk, x, xs, y, ldy)
-#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, pk, x, xs, y, ldy)
-#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, pk, x, xs, y, ldy)
-#define Q4K(n) dot_simd_q_t(T_Q4_K, n, w, k, pk, x, xs, y, ldy)
-#define Q6K(n) dot_simd_q_t(T_Q6_K, n, w, k, pk, x, xs, y, ldy)
-    switch (type) {
-    case T_Q4_0: FOR_TILE(tr, Q40) break;
-    case T_Q4_1: FOR_TILE(tr, Q41) break;
-    case T_Q5_0: FOR_TILE(tr, Q50) break;
-    case T_Q8_0: FOR_TILE(tr, Q80) break;
-    case T_Q4_K: FOR_TILE(tr, Q4K) break;
-    default: FOR_TILE(tr, Q6K) break;
+static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, long xs, int tr, long g0,
+                       long g1, float *st, float *y, long ldy) {
+#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
+#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
+#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
+#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
+#define Q4K(n) dot_simd_q_t(T_Q4_K, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
+#define Q6K(n) dot_simd_q_t(T_Q6_K, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
+#define ALL_TYPES                                                                                     \
+    switch (type) {                                                                                   \
+    case T_Q4_0: FOR_TILE(tr, Q40) break;                                                             \
+    case T_Q4_1: FOR_TILE(tr, Q41) break;                                                             \
+    case T_Q5_0: FOR_TILE(tr, Q50) break;                                                             \
+    case T_Q8_0: FOR_TILE(tr, Q80) break;                                                             \
+    case T_Q4_K: FOR_TILE(tr, Q4K) break;                                                             \
+    default: FOR_TILE(tr, Q6K) break;                                                                 \
     }
+    /* st: the product goes in k-chunks [g0, g1) (specialised apart: the whole-row kernel keeps
+     * no bookkeeping) */
+    if (st) {
+#define CH 1
+        ALL_TYPES
+#undef CH
+    } else {
+#define CH 0
+        ALL_TYPES
+#undef CH
+    }
+#undef ALL_TYPES
 #undef Q40
 #undef Q41
 #undef Q50
@@ -681,6 +709,11 @@ static void dot_simd_f(int type, const uint8_t *w, long k, const float *x, long 
 
 /* ------------------------------------------------------------------ driver */
 
+#if TSQ_SIMD
+static void matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
+                           const xgroup *xq, long m, float *y, long ldy, int n_threads);
+#endif
+
 /* y[m, n] (row stride ldy) = x[m, :] . W[n, :] for W [n_rows, k] of `type` with rows row_bytes
  * apart. For quantized types `xq` holds x quantized by tsq_quantize (m rows of xgroups) and `x`
  * is unused; for float types `x` is float32 [m, k]. use_simd = 0 forces the reference. */
@@ -695,6 +728,12 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
     use_simd = 0;
 #endif
     if (n_threads < 1) n_threads = 1;
+#if TSQ_SIMD
+    if (use_simd && !fl && m > TILE) {
+        matmul_blocked(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
+        return 0;
+    }
+#endif
     /* Input rows in chunks that stay in L1/L2 while every weight row streams past them (a long
      * prefill); within a chunk, tiles of TILE rows share each unpacked weight block. Neither
      * changes the operations any one output element goes through. */
@@ -715,13 +754,55 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
                 if (fl)
                     dot_simd_f(type, wr, k, x + r * k, k, tr, y + r * ldy + n, ldy);
                 else
-                    dot_simd_q(type, wr, k, packed, xq + r * ng, ng, tr, y + r * ldy + n, ldy);
+                    dot_simd_q(type, wr, k, packed, xq + r * ng, ng, tr, 0, ng, NULL, y + r * ldy + n, ldy);
             }
 #endif
         }
     }
     return 0;
 }
+
+#if TSQ_SIMD
+#ifndef BLOCK_BYTES_L2
+#define BLOCK_BYTES_L2 (128 * 1024) /* weight bytes a block of rows may span and stay in L2 */
+#endif
+#define MAX_BLOCK_ROWS 256
+#ifndef TILE_BYTES_L1
+#define TILE_BYTES_L1 (16 * 1024) /* input bytes a tile may span and stay in L1 */
+#endif
+/* More than one tile of quantized rows (a prefill chunk, a long verify): weight rows in blocks that
+ * stay in L2 while each tile of input rows, which stays in L1, passes over the block. (Taken the
+ * other way round, every weight row streamed the whole chunk's input from L2.) A tile too long for
+ * L1 (a down projection's 8960 inputs are 15.7 KB a row) goes over the block in k-chunks, its
+ * accumulators parked in between. Only the loop order differs from tsq_matmul's: each output
+ * element gets the same operations in the same order. */
+static void matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
+                           const xgroup *xq, long m, float *y, long ldy, int n_threads) {
+    const long ng = n_groups(k);
+    long nb = BLOCK_BYTES_L2 / row_bytes;
+    nb = nb < 4 ? 4 : nb > MAX_BLOCK_ROWS ? MAX_BLOCK_ROWS : nb;
+    long kc = TILE_BYTES_L1 / (TILE * (long)sizeof(xgroup)); /* groups per k-chunk; even: Q4_K goes in pairs */
+    kc = kc < 2 ? 2 : kc & ~1L;
+    if (m < 2 * TILE) kc = ng; /* two tiles or fewer: parking the accumulators costs more than it saves */
+    for (long c0 = 0; c0 < m; c0 += ROW_CHUNK) {
+        const long c1 = m - c0 < ROW_CHUNK ? m : c0 + ROW_CHUNK;
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
+        for (long b0 = 0; b0 < n_rows; b0 += nb) {
+            const long b1 = n_rows - b0 < nb ? n_rows : b0 + nb;
+            float state[MAX_BLOCK_ROWS][TILE * 16];
+            for (long r = c0; r < c1; r += TILE) {
+                const int tr = (int)(c1 - r < TILE ? c1 - r : TILE);
+                for (long g0 = 0; g0 < ng; g0 += kc) {
+                    const long g1 = ng - g0 < kc ? ng : g0 + kc;
+                    for (long n = b0; n < b1; n++)
+                        dot_simd_q(type, w + n * row_bytes, k, packed, xq + r * ng, ng, tr, g0, g1,
+                                   kc < ng ? state[n - b0] : NULL, y + r * ldy + n, ldy);
+                }
+            }
+        }
+    }
+}
+#endif
 
 /* ================================================================== a whole transformer block
  * One llama-family block (llama, qwen2, qwen3, gemma3) for m rows at positions start..start+m-1,
