@@ -570,16 +570,17 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
     }
 }
 
-/* One weight row against the tr input rows of a tile (rows xstride groups apart), over groups
- * [g0, g1). With a state [tr][16] the accumulators start from it unless g0 == 0 and are parked
- * there unless g1 is the row's end, so a product taken in k-chunks does the same float steps as
- * one taken whole. */
+/* nrows weight rows (rb bytes apart; results to y[0..nrows)) against the tr input rows of a tile
+ * (rows xstride groups apart), over groups [g0, g1). With a state ([nrows][TILE * 16]) the
+ * accumulators start from it unless g0 == 0 and are parked there unless g1 is the row's end, so
+ * a product taken in k-chunks does the same float steps as one taken whole. */
 static inline __attribute__((always_inline)) void
 dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed, const xgroup *x, long xstride,
-             const int chunked, long g0, long g1, float *state, float *y, long ldy) {
+             const int chunked, long g0, long g1, float *state, float *y, long ldy, long nrows, long rb) {
     const long ng = n_groups(k), nblocks = k / QB;
     if (!chunked) { g0 = 0; g1 = ng; }
     const int first = !chunked || g0 == 0, last = !chunked || g1 == ng;
+    for (long n = 0; n < nrows; n++, w += rb, y++, state += chunked ? TILE * 16 : 0) {
     __m256 acc[TILE], accm[TILE];
     for (int r = 0; r < tr; r++) {
         acc[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 16 * r);
@@ -634,9 +635,10 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
             _mm256_storeu_ps(state + 16 * r, acc[r]);
             _mm256_storeu_ps(state + 16 * r + 8, accm[r]);
         }
-        return;
+        continue;
     }
     for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(mn ? _mm256_add_ps(acc[r], accm[r]) : acc[r]);
+    }
 }
 
 /* The kernels are specialised for a compile-time tile height; this maps a runtime one onto them. */
@@ -649,13 +651,13 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     }
 
 static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, long xs, int tr, long g0,
-                       long g1, float *st, float *y, long ldy) {
-#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
-#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
-#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
-#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
-#define Q4K(n) dot_simd_q_t(T_Q4_K, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
-#define Q6K(n) dot_simd_q_t(T_Q6_K, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy)
+                       long g1, float *st, float *y, long ldy, long nrows, long rb) {
+#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q4K(n) dot_simd_q_t(T_Q4_K, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q6K(n) dot_simd_q_t(T_Q6_K, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
 #define ALL_TYPES                                                                                     \
     switch (type) {                                                                                   \
     case T_Q4_0: FOR_TILE(tr, Q40) break;                                                             \
@@ -737,6 +739,21 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
         matmul_blocked(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
         return 0;
     }
+    if (use_simd && !fl) { /* one tile: each thread takes a contiguous share of the weight rows */
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
+        {
+            long n0 = 0, n1 = n_rows;
+#ifdef _OPENMP
+            const long nt = omp_get_num_threads(), per = (n_rows + nt - 1) / nt;
+            n0 = omp_get_thread_num() * per;
+            n1 = n0 + per < n_rows ? n0 + per : n_rows;
+#endif
+            if (n0 < n1)
+                dot_simd_q(type, w + n0 * row_bytes, k, packed, xq, ng, (int)m, 0, ng, NULL, y + n0, ldy, n1 - n0,
+                           row_bytes);
+        }
+        return 0;
+    }
 #endif
     /* Input rows in chunks that stay in L1/L2 while every weight row streams past them (a long
      * prefill); within a chunk, tiles of TILE rows share each unpacked weight block. Neither
@@ -755,10 +772,7 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
 #if TSQ_SIMD
             for (long r = c0; r < c1; r += TILE) {
                 int tr = (int)(c1 - r < TILE ? c1 - r : TILE);
-                if (fl)
-                    dot_simd_f(type, wr, k, x + r * k, k, tr, y + r * ldy + n, ldy);
-                else
-                    dot_simd_q(type, wr, k, packed, xq + r * ng, ng, tr, 0, ng, NULL, y + r * ldy + n, ldy);
+                dot_simd_f(type, wr, k, x + r * k, k, tr, y + r * ldy + n, ldy);
             }
 #endif
         }
@@ -798,9 +812,8 @@ static void matmul_blocked(int type, const uint8_t *w, int packed, long row_byte
                 const int tr = (int)(c1 - r < TILE ? c1 - r : TILE);
                 for (long g0 = 0; g0 < ng; g0 += kc) {
                     const long g1 = ng - g0 < kc ? ng : g0 + kc;
-                    for (long n = b0; n < b1; n++)
-                        dot_simd_q(type, w + n * row_bytes, k, packed, xq + r * ng, ng, tr, g0, g1,
-                                   kc < ng ? state[n - b0] : NULL, y + r * ldy + n, ldy);
+                    dot_simd_q(type, w + b0 * row_bytes, k, packed, xq + r * ng, ng, tr, g0, g1,
+                               kc < ng ? state[0] : NULL, y + r * ldy + b0, ldy, b1 - b0, row_bytes);
                 }
             }
         }
