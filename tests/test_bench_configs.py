@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tsspec.bench.configs import (
@@ -40,12 +42,22 @@ def test_draft_model_full():
 
 
 def test_named_draft_model_with_model_key_and_options():
-    c = parse_config("dm=draft-model:model=/m/small.gguf,accept=residual,adaptive=true,temp=0.7")
+    c = parse_config("dm=draft-model:model=/m/small.gguf,accept=residual,adaptive=true")
     assert c.name == "dm"
     assert c.draft_model == "/m/small.gguf"
     assert c.accept == "residual"
     assert c.adaptive is True
-    assert c.extra == {"temp": "0.7"}
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("ngram:drfat=4", "unknown option 'drfat' (did you mean draft?)"),
+    ("draft-model:model=/m/d.gguf,temp=0.7", "unknown option 'temp'"),
+    ("ngram:PMIN=0.5,bogus=1", "unknown option 'bogus'"),
+])
+def test_unknown_option_is_refused(spec, needle):
+    """A typo must not silently run the defaults (it did: ngram:drfat=4 ran draft=8)."""
+    with pytest.raises(BadInput, match=re.escape(needle)):
+        parse_config(spec)
 
 
 def test_draft_head_and_block():
@@ -61,7 +73,7 @@ def test_adaptive_bool(value, expected):
 
 
 def test_spec_round_trip():
-    c = parse_config("x=draft-model:path=/x.gguf,draft=3,pmin=0.5,accept=match,adaptive=0,foo=bar")
+    c = parse_config("x=draft-model:path=/x.gguf,draft=3,pmin=0.5,accept=match,adaptive=0")
     again = parse_config(f"x={c.spec()}")
     assert again == c
 
@@ -134,7 +146,7 @@ def test_toml_file(tmp_path):
         'algo = "draft-model"\n'
         'path = "/m/d.gguf"\n'
         "pmin = 0.5\n"
-        "threads = 8\n",
+        "",
         encoding="utf-8",
     )
     f = load_config_file(p)
@@ -142,7 +154,7 @@ def test_toml_file(tmp_path):
     assert [c.name for c in f.configs] == ["plain", "ng4", "dm"]
     ng4, dm = f.configs[1], f.configs[2]
     assert (ng4.algo, ng4.draft, ng4.adaptive) == ("ngram", 4, True)
-    assert (dm.draft_model, dm.pmin, dm.extra) == ("/m/d.gguf", 0.5, {"threads": "8"})
+    assert (dm.draft_model, dm.pmin) == ("/m/d.gguf", 0.5)
 
 
 @pytest.mark.parametrize(

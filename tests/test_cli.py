@@ -166,6 +166,11 @@ def test_bad_flag_values(model, args, needle):
     one_error_line(run("generate", "-m", model, "-p", "hi", *args), 2, needle)
 
 
+def test_bench_config_typo_is_one_line(model):
+    """``bench --config ngram:drfat=4`` used to run ngram's defaults and report them as asked."""
+    one_error_line(run("bench", "-m", model, "--config", "ngram:drfat=4", "-n", "4"), 2, "did you mean draft")
+
+
 def test_bad_environment_value(model):
     one_error_line(run("generate", "-m", model, "-p", "hi", env={"TS_MTP_DRAFT": "lots"}), 2, "TS_MTP_DRAFT")
 

@@ -15,7 +15,7 @@ Command-line form: ``[NAME=]ALGO[:key=value,...]``, for example::
 
 Known keys and their types: ``draft`` (int 1-64), ``pmin`` (float 0-1), ``path``/``model``
 (str: the draft model), ``accept`` (``match``|``residual``), ``adaptive`` (bool: 0/1/true/false/
-yes/no/on/off). Any other key is kept verbatim as a string in ``extra`` for the engine to read.
+yes/no/on/off). Any other key is refused, with the nearest known one suggested.
 ``None`` in a field means "the engine's default".
 
 File form (TOML, ``tomllib``)::
@@ -35,8 +35,9 @@ The baseline defaults to ``plain`` (named "plain") when none is given.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -53,7 +54,7 @@ DEFAULT_BASELINE = "plain"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
-# keys with a typed field; everything else is passed through in ``extra``
+# the options a config takes (anything else is refused: a typo must not run the defaults)
 _TYPED_KEYS = {"draft", "pmin", "path", "model", "accept", "adaptive"}
 _NAME_FORBIDDEN = set(":,= \t\n")
 
@@ -69,7 +70,6 @@ class BenchConfig:
     draft_model: str | None = None
     accept: str | None = None
     adaptive: bool | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
     def spec(self) -> str:
         """The canonical ``ALGO[:key=value,...]`` text; parses back to an equal config."""
@@ -84,7 +84,6 @@ class BenchConfig:
             opts.append(f"accept={self.accept}")
         if self.adaptive is not None:
             opts.append(f"adaptive={'1' if self.adaptive else '0'}")
-        opts.extend(f"{k}={v}" for k, v in self.extra.items())
         return self.algo + (":" + ",".join(opts) if opts else "")
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,7 +96,6 @@ class BenchConfig:
             "draft_model": self.draft_model,
             "accept": self.accept,
             "adaptive": self.adaptive,
-            "extra": dict(self.extra),
         }
 
 
@@ -167,7 +165,6 @@ def _check_name(name: str, where: str) -> str:
 def _build(name: str, algo: str, options: Mapping[str, Any], where: str) -> BenchConfig:
     """Typed fields from raw option values (strings from the CLI, native values from TOML)."""
     fields: dict[str, Any] = {}
-    extra: dict[str, str] = {}
     for key, value in options.items():
         if key in {"path", "model"}:
             if "draft_model" in fields:
@@ -184,22 +181,16 @@ def _build(name: str, algo: str, options: Mapping[str, Any], where: str) -> Benc
             fields["accept"] = _accept(value, where)
         elif key == "adaptive":
             fields["adaptive"] = _bool(value, key, where)
-        else:
-            extra[key] = value if isinstance(value, str) else _toml_scalar_text(value, key, where)
+        else:  # a typo ran the defaults silently once (ngram:drfat=4): say so instead
+            near = difflib.get_close_matches(key, sorted(_TYPED_KEYS), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise BadInput(f"{where}: unknown option {key!r}{hint}; options are {', '.join(sorted(_TYPED_KEYS))}")
     if algo == "plain":
         # plain decoding drafts nothing: a drafting option on it is a typo for another algo
         given = sorted(k for k in options if k in _TYPED_KEYS)
         if given:
             raise BadInput(f"{where}: plain takes no drafting options (got {', '.join(given)})")
-    return BenchConfig(name=name, algo=algo, extra=extra, **fields)
-
-
-def _toml_scalar_text(value: Any, key: str, where: str) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, (int, float, str)):
-        return str(value)
-    raise BadInput(f"{where}: option {key} must be a string, number or boolean")
+    return BenchConfig(name=name, algo=algo, **fields)
 
 
 # ----------------------------------------------------------------------------- command line
