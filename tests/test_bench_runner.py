@@ -135,6 +135,10 @@ def test_verdicts_and_counters():
     assert by["fast"].counters["phase_ms"] == {"draft": 1.0, "verify": 3.0}
     assert report.acceptance(by["fast"]) == pytest.approx(0.6)  # accepted/drafted beats mean rate
     assert by["plain"].counters == {}
+    # intervals rest on the 5 prompts, not the 25 runs; each prompt's ratio is reported
+    assert (by["fast"].comparison.ratio.n_pairs, by["fast"].comparison.ratio.n_groups) == (25, 5)
+    assert set(by["fast"].per_prompt) == {p.id for p in _wl("w", 5).prompts}
+    assert all(r == pytest.approx(1.2, rel=0.08) for r in by["fast"].per_prompt.values())
 
 
 def test_mismatch_is_flagged_loudly(tmp_path):
@@ -262,7 +266,7 @@ def test_aggregate_counters():
 def test_builtin_workloads():
     assert set(WORKLOADS) == {"prose", "factual", "code", "grounded"}
     for w in WORKLOADS.values():
-        assert 4 <= len(w.prompts) <= 6
+        assert len(w.prompts) >= 12  # prompts are the samples the intervals rest on
         assert all(p.text.strip() for p in w.prompts)
     # grounded prompts carry a passage long enough to be quoted back
     assert all(len(p.text.split()) >= 120 for p in get_workload("grounded").prompts)

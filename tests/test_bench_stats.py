@@ -134,3 +134,53 @@ def test_bad_throughputs_are_rejected(bad):
 def test_unequal_pair_lengths_are_rejected():
     with pytest.raises(ValueError):
         stats.paired_ratio([1.0, 2.0, 3.0], [1.0, 2.0])
+
+
+# ----------------------------------------------------------------------------- grouped by prompt
+
+
+def _prompt_experiment(rng, n_prompts=12, reps=3, spread=0.15, rep_noise=0.01, true_log=0.05):
+    """Paired ratios where prompts differ (each has its own true log-ratio around ``true_log``) and
+    greedy repetitions of a prompt are near copies (1% noise): what ``tsspec bench`` records."""
+    prompt_logs = true_log + rng.normal(0.0, spread, n_prompts)
+    logs = np.repeat(prompt_logs, reps) + rng.normal(0.0, rep_noise, n_prompts * reps)
+    groups = np.repeat(np.arange(n_prompts), reps)
+    return np.exp(logs), groups
+
+
+def test_prompt_level_interval_covers_the_truth_at_about_its_nominal_rate():
+    """Over prompts, a 95% interval should cover the population's ratio about 95% of the time; the
+    pair-level interval, treating repetitions as independent, covers far less (it is too narrow
+    by about sqrt(reps)): the bug this guards against."""
+    rng = np.random.default_rng(42)
+    truth = math.exp(0.05)
+    grouped = pairwise = 0
+    trials = 300
+    for t in range(trials):
+        ratios, groups = _prompt_experiment(rng)
+        g = stats.ratio_summary(ratios, groups=groups, n_resamples=400, seed=t)
+        p = stats.ratio_summary(ratios, n_resamples=400, seed=t)
+        grouped += g.ci_low <= truth <= g.ci_high
+        pairwise += p.ci_low <= truth <= p.ci_high
+    assert 0.86 <= grouped / trials <= 0.99, grouped / trials
+    assert pairwise / trials < 0.82, pairwise / trials
+
+
+def test_grouped_estimate_weighs_each_prompt_once():
+    # prompt a has 3 reps at 2.0, prompt b one at 0.5: prompts weigh equally -> 1.0
+    r = stats.ratio_summary([2.0, 2.0, 2.0, 0.5], groups=["a", "a", "a", "b"])
+    assert r.estimate == pytest.approx(1.0)
+    assert (r.n_pairs, r.n_groups, r.n_units) == (4, 2, 2)
+    assert (r.ci_low, r.ci_high) == (0.0, math.inf)  # two prompts: no honest interval
+
+
+def test_too_few_prompts_is_within_noise_however_many_repetitions():
+    x = [1.5] * 30
+    base = [1.0] * 30
+    c = stats.compare(x, base, groups=[i % 2 for i in range(30)])
+    assert c.verdict == stats.WITHIN_NOISE and "prompts" in c.reason
+
+
+def test_groups_must_label_every_pair():
+    with pytest.raises(ValueError, match="labels"):
+        stats.ratio_summary([1.0, 1.1, 1.2], groups=["a", "b"])

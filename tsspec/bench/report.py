@@ -99,7 +99,8 @@ def _noise_caption(w: WorkloadResult, reps: int) -> str:
         floor = "unbounded (too few pairs)"
     else:
         floor = f"±{n.relative * 100:.1f}%"
-    return f"{len(w.prompt_ids)} prompts x {reps} reps, paired; noise floor (baseline vs itself) {floor}"
+    return (f"{len(w.prompt_ids)} prompts x {reps} reps, paired; intervals resample prompts; "
+            f"noise floor (baseline vs itself) {floor}")
 
 
 def render_table(result: BenchResult, console: Console) -> None:
@@ -136,6 +137,7 @@ def render_table(result: BenchResult, console: Console) -> None:
         table.add_column("config", no_wrap=True)
         table.add_column("tok/s median [IQR]", justify="right")
         table.add_column(f"ratio vs baseline [{_conf(result)}% CI]", justify="right")
+        table.add_column("per prompt min-max", justify="right")
         table.add_column("verdict")
         table.add_column("accept", justify="right")
         table.add_column("tok/verify", justify="right")
@@ -154,6 +156,7 @@ def render_table(result: BenchResult, console: Console) -> None:
                 escape(cr.config.name),
                 f"{cr.spread.median:.2f} [{cr.spread.iqr:.2f}]",
                 ratio,
+                _prompt_range(cr),
                 f"[{vstyle}]{verdict}[/]" if vstyle else verdict,
                 "-" if acc is None else f"{acc * 100:.1f}%",
                 _opt(tokens_per_verify(cr), ".2f"),
@@ -168,6 +171,11 @@ def render_table(result: BenchResult, console: Console) -> None:
             f"[bold white on red] OUTPUT MISMATCH [/] {len(result.mismatches)} run(s) of "
             f"{escape(', '.join(bad))} differ from the baseline: a correctness bug, see above."
         )
+
+
+def _prompt_range(cr: ConfigResult) -> str:
+    vals = list(cr.per_prompt.values())
+    return f"{min(vals):.2f}-{max(vals):.2f}" if vals else "-"
 
 
 def _conf(result: BenchResult) -> str:
@@ -206,6 +214,7 @@ def _config_dict(cr: ConfigResult, w: WorkloadResult) -> dict[str, Any]:
             "is_baseline": cr.is_baseline,
             "tok_s": dataclasses.asdict(cr.spread) | {"iqr": cr.spread.iqr},
             "ratio": _ratio_dict(comp.ratio),  # for the baseline: its self-pair A'/A
+            "per_prompt_ratio": dict(cr.per_prompt),
             "verdict": cr.verdict,
             "reason": comp.reason,
             "acceptance_rate": acceptance(cr),

@@ -112,6 +112,9 @@ class ConfigResult:
     counters: dict[str, Any]
     checked: bool  # whether token ids were compared with the baseline's
     mismatches: list[Mismatch]
+    # geometric mean over repetitions of the ratio to the baseline, per prompt id (the samples
+    # the interval resamples); for the baseline itself, its self-pair A'/A
+    per_prompt: dict[str, float] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool | None:
@@ -422,7 +425,8 @@ def _summarise_workload(
 
     base_tps = series(base.name)
     again_tps = series(self_slot)
-    kw = dict(n_resamples=n_resamples, confidence=confidence, seed=seed)
+    # pairs grouped by prompt: the intervals resample prompts, not near-identical repetitions
+    kw = dict(groups=[pid for _, pid in keys], n_resamples=n_resamples, confidence=confidence, seed=seed)
     noise = stats.noise_floor(base_tps, again_tps, **kw)
 
     results: list[ConfigResult] = []
@@ -430,6 +434,10 @@ def _summarise_workload(
         is_base = c.name == base.name
         x = again_tps if is_base else series(c.name)
         comp = stats.compare(x, base_tps, noise=noise, **kw)
+        per_prompt = {
+            p.id: stats.geometric_mean([x[i] / base_tps[i] for i, (_, pid) in enumerate(keys) if pid == p.id])
+            for p in w.prompts
+        }
         mismatches: list[Mismatch] = []
         if check_identical:
             slots = [c.name, self_slot] if is_base else [c.name]
@@ -463,6 +471,7 @@ def _summarise_workload(
                 counters=aggregate_counters(counters[c.name]),
                 checked=check_identical,
                 mismatches=mismatches,
+                per_prompt=per_prompt,
             )
         )
     return WorkloadResult(name=w.name, prompt_ids=[p.id for p in w.prompts], noise=noise, configs=results)

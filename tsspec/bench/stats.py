@@ -9,7 +9,10 @@ Contract (pure functions, numpy only, no I/O, deterministic for a given ``seed``
 * ``summarize`` gives the median and inter-quartile range of one configuration's tok/s.
 * ``ratio_summary`` summarises the paired ratios ``x[i] / base[i]`` by their **geometric mean**
   (the mean of log-ratios, exponentiated), with a **percentile bootstrap** confidence interval
-  over pairs (default 2000 resamples, 95 %, seeded RNG). Geometric mean rather than median
+  over pairs (default 2000 resamples, 95 %, seeded RNG); given each pair's prompt (``groups``),
+  over prompts instead: every prompt weighs the same and whole prompts are resampled, because
+  greedy repetitions of a prompt are near copies, not independent samples (``tsspec bench``
+  always passes them). Geometric mean rather than median
   because (a) it is symmetric: the ratio of A to B is exactly the inverse of B to A, (b) noise is
   multiplicative, so in log space it is additive and averages out, and (c) the bootstrap
   distribution of a mean is smooth, whereas a median over a handful of pairs jumps between
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 
@@ -72,6 +75,12 @@ class RatioSummary:
     ci_high: float
     n_pairs: int
     confidence: float = DEFAULT_CONFIDENCE
+    n_groups: int | None = None  # prompts, when the pairs were grouped by prompt
+
+    @property
+    def n_units(self) -> int:
+        """The independent samples the interval rests on: prompts when grouped, else pairs."""
+        return self.n_pairs if self.n_groups is None else self.n_groups
 
     def crosses_one(self) -> bool:
         return self.ci_low <= 1.0 <= self.ci_high
@@ -139,28 +148,60 @@ def geometric_mean(ratios: Sequence[float] | np.ndarray) -> float:
     return float(np.exp(np.mean(np.log(arr))))
 
 
+def _group_index(groups: Sequence[Hashable] | None, n: int) -> np.ndarray | None:
+    """Each pair's group as 0..G-1 (in order of first appearance), or None for ungrouped pairs."""
+    if groups is None:
+        return None
+    groups = list(groups)
+    if len(groups) != n:
+        raise ValueError(f"groups has {len(groups)} labels for {n} pairs")
+    ids: dict[Hashable, int] = {}
+    return np.array([ids.setdefault(g, len(ids)) for g in groups], dtype=np.int64)
+
+
+def _group_means(logs: np.ndarray, gidx: np.ndarray) -> np.ndarray:
+    """Mean log-ratio of each group: a prompt's repetitions count as one sample between them."""
+    return np.bincount(gidx, weights=logs) / np.bincount(gidx)
+
+
+def grouped_geometric_mean(ratios: Sequence[float] | np.ndarray, groups: Sequence[Hashable]) -> float:
+    """Geometric mean over groups of each group's geometric mean: every prompt weighs the same,
+    however many repetitions it has."""
+    logs = np.log(_as_positive(ratios, "ratios"))
+    return float(np.exp(_group_means(logs, _group_index(groups, logs.size)).mean()))
+
+
 def bootstrap_ci(
     ratios: Sequence[float] | np.ndarray,
     *,
+    groups: Sequence[Hashable] | None = None,
     n_resamples: int = DEFAULT_RESAMPLES,
     confidence: float = DEFAULT_CONFIDENCE,
     seed: int = DEFAULT_SEED,
 ) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the geometric mean, resampling whole pairs."""
+    """Percentile-bootstrap interval of the geometric mean.
+
+    Ungrouped, whole pairs are resampled. With ``groups`` (the prompt of each pair) whole groups
+    are resampled instead (a cluster bootstrap): greedy repetitions of one prompt emit the same
+    tokens and differ by about 1%, while prompts differ several-fold, so the repetitions are
+    not independent samples and resampling them as if they were gives intervals far too narrow.
+    """
     logs = np.log(_as_positive(ratios, "ratios"))
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    gidx = _group_index(groups, logs.size)
+    units = logs if gidx is None else _group_means(logs, gidx)
     rng = np.random.default_rng(seed)
-    n = logs.size
+    n = units.size
     means = np.empty(n_resamples, dtype=np.float64)
-    # chunk so memory stays bounded (n_resamples x n indices) however many pairs there are
+    # chunk so memory stays bounded (n_resamples x n indices) however many units there are
     chunk = max(1, 2_000_000 // n)
     for start in range(0, n_resamples, chunk):
         stop = min(n_resamples, start + chunk)
         idx = rng.integers(0, n, size=(stop - start, n))
-        means[start:stop] = logs[idx].mean(axis=1)
+        means[start:stop] = units[idx].mean(axis=1)
     alpha = (1.0 - confidence) / 2.0
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     return float(np.exp(lo)), float(np.exp(hi))
@@ -169,37 +210,46 @@ def bootstrap_ci(
 def ratio_summary(
     ratios: Sequence[float] | np.ndarray,
     *,
+    groups: Sequence[Hashable] | None = None,
     n_resamples: int = DEFAULT_RESAMPLES,
     confidence: float = DEFAULT_CONFIDENCE,
     seed: int = DEFAULT_SEED,
 ) -> RatioSummary:
-    """Geometric mean of already-paired ratios and its bootstrap CI."""
+    """Geometric mean of already-paired ratios and its bootstrap CI (over prompts with ``groups``)."""
     arr = _as_positive(ratios, "ratios")
-    est = geometric_mean(arr)
-    if arr.size < MIN_PAIRS:
-        # no honest interval from one or two pairs: say "anything is possible"
+    if groups is None:
+        est, units, n_groups = geometric_mean(arr), arr.size, None
+    else:
+        est = grouped_geometric_mean(arr, groups)
+        n_groups = units = int(_group_index(groups, arr.size).max()) + 1 if arr.size else 0
+    if units < MIN_PAIRS:
+        # no honest interval from one or two samples: say "anything is possible"
         lo, hi = 0.0, math.inf
     else:
-        lo, hi = bootstrap_ci(arr, n_resamples=n_resamples, confidence=confidence, seed=seed)
-    return RatioSummary(estimate=est, ci_low=lo, ci_high=hi, n_pairs=int(arr.size), confidence=confidence)
+        lo, hi = bootstrap_ci(arr, groups=groups, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    return RatioSummary(estimate=est, ci_low=lo, ci_high=hi, n_pairs=int(arr.size), confidence=confidence,
+                        n_groups=n_groups)
 
 
 def paired_ratio(
     x: Sequence[float] | np.ndarray,
     base: Sequence[float] | np.ndarray,
     *,
+    groups: Sequence[Hashable] | None = None,
     n_resamples: int = DEFAULT_RESAMPLES,
     confidence: float = DEFAULT_CONFIDENCE,
     seed: int = DEFAULT_SEED,
 ) -> RatioSummary:
     """Ratio of ``x`` to ``base`` computed pair by pair (``x[i] / base[i]``), then summarised."""
-    return ratio_summary(_paired(x, base), n_resamples=n_resamples, confidence=confidence, seed=seed)
+    return ratio_summary(_paired(x, base), groups=groups, n_resamples=n_resamples, confidence=confidence,
+                         seed=seed)
 
 
 def noise_floor(
     base: Sequence[float] | np.ndarray,
     base_again: Sequence[float] | np.ndarray | None,
     *,
+    groups: Sequence[Hashable] | None = None,
     n_resamples: int = DEFAULT_RESAMPLES,
     confidence: float = DEFAULT_CONFIDENCE,
     seed: int = DEFAULT_SEED,
@@ -211,8 +261,9 @@ def noise_floor(
     """
     if base_again is None or len(base_again) == 0:
         return NoiseFloor(self_ratio=None, log_floor=0.0)
-    self_ratio = paired_ratio(base_again, base, n_resamples=n_resamples, confidence=confidence, seed=seed)
-    if self_ratio.n_pairs < MIN_PAIRS:
+    self_ratio = paired_ratio(base_again, base, groups=groups, n_resamples=n_resamples, confidence=confidence,
+                              seed=seed)
+    if self_ratio.n_units < MIN_PAIRS:
         return NoiseFloor(self_ratio=self_ratio, log_floor=math.inf)
     # the farthest point of the self-pair interval from 1, in log units: a systematic A'/A bias
     # (cache warmth, thermal drift) widens the floor just as random spread does
@@ -222,8 +273,9 @@ def noise_floor(
 
 def verdict(ratio: RatioSummary, noise: NoiseFloor) -> tuple[str, str]:
     """(verdict, one-line reason) from a ratio and the noise floor."""
-    if ratio.n_pairs < MIN_PAIRS:
-        return WITHIN_NOISE, f"too few pairs ({ratio.n_pairs} < {MIN_PAIRS})"
+    if ratio.n_units < MIN_PAIRS:
+        what = "pairs" if ratio.n_groups is None else "prompts"
+        return WITHIN_NOISE, f"too few {what} ({ratio.n_units} < {MIN_PAIRS})"
     pct = ratio.confidence * 100
     if ratio.crosses_one():
         return WITHIN_NOISE, f"{pct:g}% CI [{ratio.ci_low:.3f}, {ratio.ci_high:.3f}] contains 1"
@@ -243,6 +295,7 @@ def compare(
     base_again: Sequence[float] | np.ndarray | None = None,
     *,
     noise: NoiseFloor | None = None,
+    groups: Sequence[Hashable] | None = None,
     n_resamples: int = DEFAULT_RESAMPLES,
     confidence: float = DEFAULT_CONFIDENCE,
     seed: int = DEFAULT_SEED,
@@ -250,11 +303,14 @@ def compare(
     """Everything about configuration ``x`` against the baseline ``base`` (paired arrays).
 
     ``base_again`` is the baseline's second run per pair (for the noise floor); pass a
-    precomputed ``noise`` instead to share one floor between several configurations.
+    precomputed ``noise`` instead to share one floor between several configurations. ``groups``
+    names each pair's prompt: the estimate then weighs prompts equally and the interval
+    resamples prompts (see ``bootstrap_ci``).
     """
     if noise is None:
-        noise = noise_floor(base, base_again, n_resamples=n_resamples, confidence=confidence, seed=seed)
-    ratio = paired_ratio(x, base, n_resamples=n_resamples, confidence=confidence, seed=seed)
+        noise = noise_floor(base, base_again, groups=groups, n_resamples=n_resamples, confidence=confidence,
+                            seed=seed)
+    ratio = paired_ratio(x, base, groups=groups, n_resamples=n_resamples, confidence=confidence, seed=seed)
     word, reason = verdict(ratio, noise)
     return Comparison(
         config=summarize(x),

@@ -1,9 +1,12 @@
 """Prompt sets for ``tsspec bench``: the kinds of text speculation's payoff depends on.
 
 Speculation wins when the next tokens are predictable from something cheap: the prompt itself
-(n-gram lookup), a small model, a draft head. So the built-in workloads span that axis:
+(n-gram lookup), a small model, a draft head. So the built-in workloads span that axis,
+12 prompts each (the prompts, not the repetitions, are the samples ``tsspec bench``'s intervals
+rest on):
 
-* ``prose``     free-form writing; little to copy, the hardest case for drafting;
+* ``prose``     free-form writing, from one-line requests to detailed briefs; little to copy,
+                the hardest case for drafting;
 * ``factual``   lists and well-known facts (primes, capitals, elements); a small model knows them;
 * ``code``      code completion; boilerplate and repeated identifiers;
 * ``grounded``  repeat / edit / summarise a passage that is *in the prompt* (150-300 words or a
@@ -56,6 +59,18 @@ _PROSE = [
     "talking to a curious ten-year-old.",
     "Write an opinion piece arguing that small towns should invest in public libraries rather "
     "than new parking lots.",
+    "Write a poem about rain.",
+    "Tell me about your ideal weekend.",
+    "Write the opening page of a mystery novel set on a night train crossing the Alps in winter. "
+    "Introduce the detective, the victim and at least two suspects, and end on a cliffhanger.",
+    "Describe the life of a honeybee colony over one year, season by season, in the style of a "
+    "nature documentary narrator.",
+    "Write a dialogue between two old friends who meet by chance at an airport after twenty years, "
+    "one of whom has become famous.",
+    "Imagine you are a tree that has stood in the same city park for three hundred years. Describe "
+    "what you have seen change around you.",
+    "Write a persuasive speech for a school assembly encouraging students to learn a musical "
+    "instrument, with three concrete reasons and a short personal anecdote.",
 ]
 
 _FACTUAL = [
@@ -68,6 +83,12 @@ _FACTUAL = [
     "List the months of the year with the number of days in each, then list the days of the week "
     "in English, French and German.",
     "Write out the multiplication table for 7 from 7 x 1 up to 7 x 20, one line per product.",
+    "Count from 1 to 60 in words.",
+    "List the US states in alphabetical order with their two-letter postal abbreviations.",
+    "Give the Roman numerals for every year from 1990 to 2025.",
+    "List the letters of the Greek alphabet in order, with the name of each letter spelled out.",
+    "List the powers of two from 2^0 to 2^32, one per line, in the form '2^n = value'.",
+    "List the books of the Old Testament in order.",
 ]
 
 _CODE = [
@@ -97,6 +118,31 @@ _CODE = [
     "Then write a throttle function in the same style, and unit tests for both using Jest.",
     "Write a SQL schema for a library system with tables for books, authors, members and loans, "
     "with primary keys, foreign keys and indexes, then write five example queries.",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Implement binary search in Rust, both iteratively and recursively, with tests.",
+    "Complete the following Go program:\n\n"
+    "```go\n"
+    "package main\n\n"
+    "import (\n"
+    "    \"fmt\"\n"
+    "    \"sort\"\n"
+    ")\n\n"
+    "type Employee struct {\n"
+    "    Name   string\n"
+    "    Dept   string\n"
+    "    Salary int\n"
+    "}\n\n"
+    "// groupByDept returns the employees of each department sorted by salary, highest first.\n"
+    "func groupByDept(emps []Employee) map[string][]Employee {\n"
+    "```",
+    "Write a bash script that backs up a directory to a timestamped tar.gz archive, keeps only the "
+    "last seven backups, and logs what it did.",
+    "Write a Python class `Matrix` with addition, multiplication, transpose and a determinant "
+    "method for square matrices, plus `__repr__` and `__eq__`.",
+    "Write a small Flask application with routes to create, list, update and delete to-do items "
+    "stored in SQLite.",
+    "Write a TypeScript interface for a blog post with comments, and functions to add a comment, "
+    "edit a comment and count the comments by author.",
 ]
 
 _PASSAGE_HISTORY = (
@@ -200,6 +246,22 @@ _GROUNDED = [
     f"\n\n{_PASSAGE_RECIPE}",
     "Summarise the following passage in about 100 words, reusing its own phrases and all of its "
     f"dates and numbers.\n\n{_PASSAGE_HISTORY}",
+    "Turn the following notice into a short list of questions and answers a resident might ask, "
+    f"quoting the notice's own words in each answer.\n\n{_PASSAGE_NOTICE}",
+    "Add a docstring to every function in the following code, saying what it takes, what it "
+    "returns and what happens on bad input, and output the complete code with nothing else "
+    f"changed: same names, same statements, same order.\n\n{_CODE_BLOCK}",
+    "Repeat the following recipe exactly, but change every metric quantity to its imperial "
+    f"equivalent in brackets after it.\n\n{_PASSAGE_RECIPE}",
+    "Extract every year mentioned in the following passage and, for each, quote the sentence it "
+    f"appears in.\n\n{_PASSAGE_HISTORY}",
+    "Translate the following notice into French, keeping all names, dates, times and the phone "
+    f"number unchanged.\n\n{_PASSAGE_NOTICE}",
+    "Write unit tests with pytest for every function in the following code, covering an empty "
+    "file, a short line and a minor, then repeat the code itself unchanged so the tests and the "
+    f"code can be saved together.\n\n{_CODE_BLOCK}",
+    "Correct any spelling or grammar mistakes in the following passage and output it in full; if "
+    f"there are none, output it unchanged.\n\n{_PASSAGE_RECIPE}",
 ]
 
 
