@@ -8,7 +8,7 @@ export COLUMNS=150
 mkdir -p docs/results
 # plain decode, prefill and verify curve beside llama.cpp (builds the peer if it is missing)
 LLAMA_BIN=$(bash ../shared/tools/build_llamacpp.sh | tail -1)
-python scripts/bench_vs_llamacpp.py --rounds 3 --reps 3 --llama-bin "$LLAMA_BIN" \
+python scripts/bench_vs_llamacpp.py --rounds 3 --reps 2 --curve-rows 16 --llama-bin "$LLAMA_BIN" \
   --json docs/results/vs-llamacpp.json | tee docs/results/vs-llamacpp.txt
 tsspec bench -m smollm2-135m --chat -w grounded -w prose --config ngram --config ngram:draft=4 -n 48 --reps 3 \
   --json docs/results/bench-smollm2-135m-native.json | tee docs/results/bench-smollm2-135m-native.txt
