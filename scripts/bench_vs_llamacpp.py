@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from tsspec.bench import provenance as provenance_
 from tsspec.bench.llama_server import llama_tool
 from tsspec.bench.stats import geometric_mean
 from tsspec.hub import recorded_sha256
@@ -169,48 +170,11 @@ def curve_table(ms_by_rows: dict[int, Sequence[float]]) -> list[dict[str, Any]]:
     ]
 
 
-def cpu_model(cpuinfo: str) -> str:
-    """The first ``model name`` of a /proc/cpuinfo text ('' if none)."""
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == "model name":
-            return value.strip()
-    return ""
-
-
-def parse_porcelain(text: str) -> list[str]:
-    """``git status --porcelain`` text -> its ``XY path`` entries, as ``"XY path"`` strings."""
-    return [line.rstrip() for line in text.splitlines() if len(line) > 3]
-
-
 def fmt_ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
 # ============================================================================ environment
-
-
-def _run(argv: Sequence[str], cwd: Path | None = None) -> str | None:
-    """stdout of a command that succeeded, else None."""
-    try:
-        r = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout if r.returncode == 0 else None
-
-
-def git_state() -> dict[str, Any]:
-    """HEAD and the changed paths (untracked ones too: new kernel files change the numbers)."""
-    commit = _run(["git", "rev-parse", "HEAD"], REPO)
-    changed = parse_porcelain(_run(["git", "status", "--porcelain"], REPO) or "")
-    return {"commit": commit.strip() if commit else None, "dirty": bool(changed), "dirty_files": changed}
-
-
-def read_cpu_model() -> str:
-    try:
-        return cpu_model(Path("/proc/cpuinfo").read_text(errors="replace")) or platform.processor()
-    except OSError:
-        return platform.processor()
 
 
 def provenance(args: argparse.Namespace, llama_bench: Path) -> dict[str, Any]:
@@ -222,14 +186,15 @@ def provenance(args: argparse.Namespace, llama_bench: Path) -> dict[str, Any]:
     return {
         "command": shlex.join([sys.executable, *sys.argv]),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "git": git_state(),
+        "git": provenance_.git_state(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "tsspec_weights_env": os.environ.get("TSSPEC_WEIGHTS"),
+        "env": provenance_.spec_env(),
         "tsspec_weights_format": default_format(),
+        "kernels": provenance_.kernels_info(),
         "threads": args.threads,
         "torch_threads": torch.get_num_threads(),
-        "cpu": read_cpu_model(),
+        "cpu": provenance_.cpu(),
         "nproc": os.cpu_count(),
         "llama_bench": str(llama_bench),
         "llama_bench_version": (version.stdout + version.stderr).strip(),
@@ -357,7 +322,8 @@ def bench_model(name: str, args: argparse.Namespace, exe: Path, log: Callable[[s
     need = max(args.prompt_tokens, args.prefill_tokens if args.prefill else 0,
                args.curve_context + args.curve_rows if args.curve else 0)
     tb = TsspecBench.load(name, path, need)
-    out: dict[str, Any] = {"path": str(path), "sha256": recorded_sha256(path), "tsspec_weight_mb": tb.weight_mb}
+    out: dict[str, Any] = {"path": str(path), "sha256": recorded_sha256(path), "tsspec_weight_mb": tb.weight_mb,
+                           "tsspec_weight_formats": provenance_.weight_formats(tb.target)}
     builds: list[LlamaBenchResult] = []
 
     def llama(n_prompt: int, n_gen: int) -> list[float]:

@@ -79,12 +79,6 @@ def test_curve_table():
     assert bvl.curve_table({3: [1.0]})[0]["ratio_to_1"] is None
 
 
-def test_cpu_model():
-    text = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654\nflags\t: fpu\n"
-    assert bvl.cpu_model(text) == "AMD EPYC 9654"
-    assert bvl.cpu_model("processor : 0\n") == ""
-
-
 def test_recorded_sha256_reads_the_sidecar(tmp_path):
     from tsspec.hub import recorded_sha256
 
@@ -107,7 +101,3 @@ def test_llama_tool_missing_names_the_build(tmp_path):
     assert llama_tool("llama-bench", tmp_path) == exe
 
 
-def test_parse_porcelain_keeps_leading_status_column():
-    text = " M tsspec/weights.py\n?? tsspec/kernels/\nM  scripts/x.py\n"
-    assert bvl.parse_porcelain(text) == [" M tsspec/weights.py", "?? tsspec/kernels/", "M  scripts/x.py"]
-    assert bvl.parse_porcelain("") == []

@@ -190,3 +190,22 @@ def test_bad_kernels_switch_is_one_line(model, monkeypatch):
     monkeypatch.setattr(kernels, "_lib", None)
     r = run("generate", "-m", model, "-n", "2", "-p", "hi", env={"TSSPEC_KERNELS": "maybe"})
     one_error_line(r, 2, "TSSPEC_KERNELS")
+
+
+def test_bench_json_records_what_ran(model, tmp_path):
+    """Provenance: the trunk's formats as used (not the requested name), the drafter's format, the
+    spec environment, the commit, and per-prompt ratios over prompt-level intervals."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one two three\n\nfour five six seven\n\neight nine\n", encoding="utf-8")
+    out = tmp_path / "b.json"
+    r = run("bench", "-m", model, "-w", str(prompts), "--config", "ngram", "-n", "4", "--reps", "1",
+            "--warmup", "0", "--json", str(out), env={"TSSPEC_DRAFT_WEIGHTS": "bf16"})
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    meta = d["metadata"]
+    assert meta["weights"] and all(isinstance(n, int) for n in meta["weights"].values())
+    assert meta["draft_weights"] == "bf16" and meta["env"]["TSSPEC_DRAFT_WEIGHTS"] == "bf16"
+    assert set(meta["git"]) == {"commit", "dirty", "dirty_files"}
+    assert "model" in meta["machine"]["cpu"] and "native" in meta["kernels"]
+    ng = [c for c in d["workloads"][0]["configs"] if c["config"]["name"] == "ngram"][0]
+    assert len(ng["per_prompt_ratio"]) == 3 and ng["ratio"]["n_groups"] == 3

@@ -399,7 +399,8 @@ def bench(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .bench import report
+    from .bench import provenance, report
+    from .drafters.draft_model import draft_weights_format
     from .bench.configs import load_config_file, parse_configs
     from .bench.engine import make_run_one
     from .bench.runner import file_sha256, run_bench
@@ -442,7 +443,9 @@ def bench(
             result = run_bench(
                 configs, wls, run_one=run_one, reps=reps, warmup=warmup, progress=progress, baseline=base,
                 check_identical=sampler.greedy, model_path=g.path, model_sha256=_model_sha(g.path, file_sha256),
-                extra_metadata={"max_tokens": max_tokens, "threads": _threads(), "weights": weights or "bf16",
+                extra_metadata={"max_tokens": max_tokens, "threads": _threads(), "weights_requested": weights,
+                                "weights": provenance.weight_formats(target),
+                                "draft_weights": draft_weights_format(),
                                 "chat": chat, "template_kwargs": kwargs, "temperature": temp},
             )
         report.render_table(result, Console())

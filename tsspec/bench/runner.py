@@ -27,9 +27,6 @@ Reports read ``acceptance_rate``, ``tokens_per_verify`` and ``governor_parks`` b
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,7 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tsspec.bench import stats
+from tsspec.bench import provenance, stats
 from tsspec.bench.configs import BenchConfig, resolve_configs
 from tsspec.bench.workloads import Prompt, Workload
 from tsspec.errors import BadInput, TsspecError
@@ -212,32 +209,6 @@ def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _version(dist: str) -> str | None:
-    # metadata only: importing torch just to print its version costs seconds
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def machine_info() -> dict[str, Any]:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor() or None,
-        "cpu_count": os.cpu_count(),
-        "cpu_usable": usable,
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": _version("torch"),
-        "tsspec": _version("tsspec"),
-    }
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -360,7 +331,10 @@ def run_bench(
         )
 
     metadata: dict[str, Any] = {
-        "machine": machine_info(),
+        "machine": provenance.machine_info(),
+        "git": provenance.git_state(),
+        "env": provenance.spec_env(),
+        "kernels": provenance.kernels_info(),
         "command": list(sys.argv if argv is None else argv),
         "started_at": started,
         "finished_at": _now(),
