@@ -311,3 +311,37 @@ def test_load_prompts_errors(tmp_path, name, body, needle):
 def test_load_prompts_missing(tmp_path):
     with pytest.raises(BadInput, match="not found"):
         load_prompts(tmp_path / "none.txt")
+
+
+def test_end_to_end_is_the_headline_when_prefill_is_timed():
+    """A drafter that decodes 1.3x faster but pays a long prefill of its own (its catch-up) is
+    faster decode-only and slower end-to-end; the verdict follows end-to-end."""
+    rng = np.random.default_rng(3)
+
+    def run_one(config, prompt):
+        base = 10.0 + len(prompt.text) % 7
+        noise = float(np.exp(rng.normal(0, 0.01)))
+        decode_tps = base * (1.3 if config.name == "dm" else 1.0) * noise
+        prefill_s = 0.5 * (4.0 if config.name == "dm" else 1.0) * noise
+        ids = list(range(32))
+        return RunRecord(text="x", token_ids=ids, n_tokens=32, decode_s=31 / decode_tps, tok_s=decode_tps,
+                         prefill_s=prefill_s)
+
+    res = run_bench(_configs("dm=ngram"), [_wl("w", 6)], run_one=run_one, reps=2)
+    (w,) = res.workloads
+    dm = {c.config.name: c for c in w.configs}["dm"]
+    assert dm.comparison.verdict == "faster" and dm.comparison.ratio.estimate == pytest.approx(1.3, rel=0.02)
+    assert dm.end_to_end is not None and dm.end_to_end.verdict == "slower"
+    assert dm.verdict == "slower"
+    assert dm.first_token.ratio.estimate == pytest.approx(0.25, rel=0.02)  # 4x the time to first token
+    assert set(dm.per_prompt_e2e) == {p.id for p in _wl("w", 6).prompts}
+    d = report.to_json(res)
+    cfg = [c for c in d["workloads"][0]["configs"] if c["config"]["name"] == "dm"][0]
+    assert cfg["ratio_end_to_end"]["estimate"] < 1 < cfg["ratio"]["estimate"]
+    assert d["workloads"][0]["noise_floor_end_to_end"] is not None
+
+
+def test_runs_without_prefill_timing_keep_decode_only():
+    res = run_bench(_configs("fast=ngram"), [_wl("w", 4)], run_one=FakeEngine(), reps=2)
+    fast = {c.config.name: c for c in res.workloads[0].configs}["fast"]
+    assert fast.end_to_end is None and fast.first_token is None and fast.headline is fast.comparison

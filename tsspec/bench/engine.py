@@ -77,6 +77,7 @@ def make_run_one(
             decode_s=s.decode_ms / 1000,
             tok_s=s.decode_tok_s,
             counters=counters,
+            prefill_s=s.prefill_ms / 1000,
         )
 
     return run_one

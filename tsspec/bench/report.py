@@ -92,7 +92,7 @@ def _opt(v: float | int | None, fmt: str) -> str:
 
 
 def _noise_caption(w: WorkloadResult, reps: int) -> str:
-    n = w.noise
+    n = w.headline_noise
     if n.self_ratio is None:
         floor = "no self-pair"
     elif not math.isfinite(n.log_floor):
@@ -135,9 +135,16 @@ def render_table(result: BenchResult, console: Console) -> None:
             caption_justify="left",
         )
         table.add_column("config", no_wrap=True)
-        table.add_column("tok/s median [IQR]", justify="right")
-        table.add_column(f"ratio vs baseline [{_conf(result)}% CI]", justify="right")
-        table.add_column("per prompt min-max", justify="right")
+        table.add_column("decode tok/s median [IQR]", justify="right")
+        timed_prefill = any(cr.end_to_end is not None for cr in w.configs)
+        if timed_prefill:
+            table.add_column(f"end-to-end ratio [{_conf(result)}% CI]", justify="right")
+            table.add_column("per prompt", justify="right")
+            table.add_column("decode-only ratio", justify="right")
+            table.add_column("first token", justify="right")
+        else:
+            table.add_column(f"ratio vs baseline [{_conf(result)}% CI]", justify="right")
+            table.add_column("per prompt min-max", justify="right")
         table.add_column("verdict")
         table.add_column("accept", justify="right")
         table.add_column("tok/verify", justify="right")
@@ -147,16 +154,18 @@ def render_table(result: BenchResult, console: Console) -> None:
             verdict, vstyle = _verdict_text(cr)
             ident, istyle = _identical_text(cr)
             acc = acceptance(cr)
-            ratio = (
-                f"(self {_fmt_ratio(cr.comparison.ratio)})"
-                if cr.is_baseline
-                else _fmt_ratio(cr.comparison.ratio)
-            )
+            head = cr.headline.ratio
+            ratio = f"(self {_fmt_ratio(head)})" if cr.is_baseline else _fmt_ratio(head)
+            if timed_prefill:
+                ratios = [ratio, _prompt_range(cr.per_prompt_e2e or cr.per_prompt),
+                          _fmt_ratio(cr.comparison.ratio),
+                          "-" if cr.first_token is None else f"{cr.first_token.ratio.estimate:.3f}"]
+            else:
+                ratios = [ratio, _prompt_range(cr.per_prompt)]
             table.add_row(
                 escape(cr.config.name),
                 f"{cr.spread.median:.2f} [{cr.spread.iqr:.2f}]",
-                ratio,
-                _prompt_range(cr),
+                *ratios,
                 f"[{vstyle}]{verdict}[/]" if vstyle else verdict,
                 "-" if acc is None else f"{acc * 100:.1f}%",
                 _opt(tokens_per_verify(cr), ".2f"),
@@ -173,8 +182,8 @@ def render_table(result: BenchResult, console: Console) -> None:
         )
 
 
-def _prompt_range(cr: ConfigResult) -> str:
-    vals = list(cr.per_prompt.values())
+def _prompt_range(per_prompt: dict[str, float]) -> str:
+    vals = list(per_prompt.values())
     return f"{min(vals):.2f}-{max(vals):.2f}" if vals else "-"
 
 
@@ -206,6 +215,14 @@ def _ratio_dict(r: stats.RatioSummary | None) -> dict[str, Any] | None:
     return _clean(dataclasses.asdict(r))
 
 
+def _noise_dict(n: stats.NoiseFloor) -> dict[str, Any]:
+    return {
+        "relative": n.relative if math.isfinite(n.log_floor) else None,
+        "log": n.log_floor,
+        "self_ratio": _ratio_dict(n.self_ratio),
+    }
+
+
 def _config_dict(cr: ConfigResult, w: WorkloadResult) -> dict[str, Any]:
     comp = cr.comparison
     return _clean(
@@ -213,10 +230,14 @@ def _config_dict(cr: ConfigResult, w: WorkloadResult) -> dict[str, Any]:
             "config": cr.config.to_dict(),
             "is_baseline": cr.is_baseline,
             "tok_s": dataclasses.asdict(cr.spread) | {"iqr": cr.spread.iqr},
-            "ratio": _ratio_dict(comp.ratio),  # for the baseline: its self-pair A'/A
+            "ratio": _ratio_dict(comp.ratio),  # decode-only; for the baseline: its self-pair A'/A
             "per_prompt_ratio": dict(cr.per_prompt),
+            # prefill (and any drafter's own) plus decode, and time to the first token (as a speed)
+            "ratio_end_to_end": None if cr.end_to_end is None else _ratio_dict(cr.end_to_end.ratio),
+            "per_prompt_ratio_end_to_end": dict(cr.per_prompt_e2e),
+            "ratio_first_token": None if cr.first_token is None else _ratio_dict(cr.first_token.ratio),
             "verdict": cr.verdict,
-            "reason": comp.reason,
+            "reason": cr.headline.reason,
             "acceptance_rate": acceptance(cr),
             "tokens_per_verify": tokens_per_verify(cr),
             "governor_parks": parks(cr),
@@ -240,11 +261,8 @@ def to_json(result: BenchResult) -> dict[str, Any]:
                 {
                     "name": w.name,
                     "prompt_ids": w.prompt_ids,
-                    "noise_floor": {
-                        "relative": w.noise.relative if math.isfinite(w.noise.log_floor) else None,
-                        "log": w.noise.log_floor,
-                        "self_ratio": _ratio_dict(w.noise.self_ratio),
-                    },
+                    "noise_floor": _noise_dict(w.noise),  # decode-only
+                    "noise_floor_end_to_end": None if w.noise_e2e is None else _noise_dict(w.noise_e2e),
                     "configs": [_config_dict(cr, w) for cr in w.configs],
                 }
                 for w in result.workloads
@@ -269,6 +287,11 @@ CSV_COLUMNS = (
     "ci_low",
     "ci_high",
     "n_pairs",
+    "n_prompts",
+    "e2e_ratio",
+    "e2e_ci_low",
+    "e2e_ci_high",
+    "first_token_ratio",
     "noise_floor",
     "verdict",
     "identical",
@@ -301,6 +324,11 @@ def write_csv(result: BenchResult, path: str | Path) -> None:
                     "ci_low": r.ci_low,
                     "ci_high": r.ci_high,
                     "n_pairs": r.n_pairs,
+                    "n_prompts": r.n_groups,
+                    "e2e_ratio": None if cr.end_to_end is None else cr.end_to_end.ratio.estimate,
+                    "e2e_ci_low": None if cr.end_to_end is None else cr.end_to_end.ratio.ci_low,
+                    "e2e_ci_high": None if cr.end_to_end is None else cr.end_to_end.ratio.ci_high,
+                    "first_token_ratio": None if cr.first_token is None else cr.first_token.ratio.estimate,
                     "noise_floor": floor,
                     "verdict": "mismatch" if cr.mismatches else cr.verdict,
                     "identical": "" if cr.identical is None else cr.identical,
@@ -329,12 +357,13 @@ def plot(result: BenchResult, path: str | Path) -> None:
     axes = fig.subplots(1, n, sharey=True, squeeze=False)[0]
     for ax, w in zip(axes, result.workloads, strict=True):
         rows = [cr for cr in w.configs if not cr.is_baseline]
-        if math.isfinite(w.noise.log_floor) and w.noise.log_floor > 0:
-            lo, hi = w.noise.band
+        nf = w.headline_noise
+        if math.isfinite(nf.log_floor) and nf.log_floor > 0:
+            lo, hi = nf.band
             ax.axhspan(lo, hi, color="0.85", zorder=0, label="noise floor")
         ax.axhline(1.0, color="0.3", linewidth=1, zorder=1)
         for i, cr in enumerate(rows):
-            r = cr.comparison.ratio
+            r = cr.headline.ratio  # end-to-end where measured, as the verdict
             ci_hi = r.ci_high if math.isfinite(r.ci_high) else r.estimate
             color = (
                 "magenta"

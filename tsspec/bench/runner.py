@@ -54,6 +54,9 @@ class RunRecord:
     decode_s: float
     tok_s: float
     counters: dict[str, Any] = field(default_factory=dict)
+    # prompt to first token: the trunk's prefill plus any drafter's own prefill or catch-up (None:
+    # not measured, and the end-to-end and first-token ratios are then left out)
+    prefill_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,19 @@ class Measurement:
     n_tokens: int
     decode_s: float
     tok_s: float
+    prefill_s: float | None = None
+
+    @property
+    def e2e_tok_s(self) -> float | None:
+        """Tokens over the whole call, prefill (first token) included."""
+        if self.prefill_s is None:
+            return None
+        return self.n_tokens / (self.prefill_s + self.decode_s)
+
+    @property
+    def first_token_per_s(self) -> float | None:
+        """1 / time to first token: a speed, so its ratio reads like the others (> 1 is faster)."""
+        return None if not self.prefill_s else 1.0 / self.prefill_s
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,16 @@ class ConfigResult:
     # geometric mean over repetitions of the ratio to the baseline, per prompt id (the samples
     # the interval resamples); for the baseline itself, its self-pair A'/A
     per_prompt: dict[str, float] = field(default_factory=dict)
+    # ``comparison`` is decode-only; these take the whole call (prefill, any drafter's own prefill
+    # and the decode) and the time to the first token; None when the runs did not time prefill
+    end_to_end: stats.Comparison | None = None
+    first_token: stats.Comparison | None = None
+    per_prompt_e2e: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def headline(self) -> stats.Comparison:
+        """What the verdict is on: end-to-end where measured, else decode-only."""
+        return self.end_to_end if self.end_to_end is not None else self.comparison
 
     @property
     def identical(self) -> bool | None:
@@ -119,15 +145,20 @@ class ConfigResult:
 
     @property
     def verdict(self) -> str:
-        return "baseline" if self.is_baseline else self.comparison.verdict
+        return "baseline" if self.is_baseline else self.headline.verdict
 
 
 @dataclass
 class WorkloadResult:
     name: str
     prompt_ids: list[str]
-    noise: stats.NoiseFloor
+    noise: stats.NoiseFloor  # decode-only
     configs: list[ConfigResult]
+    noise_e2e: stats.NoiseFloor | None = None  # end-to-end, where prefill was timed
+
+    @property
+    def headline_noise(self) -> stats.NoiseFloor:
+        return self.noise_e2e if self.noise_e2e is not None else self.noise
 
 
 @dataclass
@@ -307,6 +338,7 @@ def run_bench(
                             n_tokens=int(rec.n_tokens),
                             decode_s=float(rec.decode_s),
                             tok_s=float(rec.tok_s),
+                            prefill_s=None if rec.prefill_s is None else float(rec.prefill_s),
                         )
                     )
                     tokens[(prompt.id, slot, rep)] = list(rec.token_ids)
@@ -394,24 +426,46 @@ def _summarise_workload(
     tps = {(m.slot, m.rep, m.prompt_id): m.tok_s for m in measurements if m.workload == w.name}
     keys = [(rep, p.id) for rep in range(reps) for p in w.prompts]
 
+    runs = {(m.slot, m.rep, m.prompt_id): m for m in measurements if m.workload == w.name}
+
     def series(slot: str) -> np.ndarray:
         return np.array([tps[(slot, rep, pid)] for rep, pid in keys])
+
+    def metric(slot: str, attr: str) -> np.ndarray | None:
+        vals = [getattr(runs[(slot, rep, pid)], attr) for rep, pid in keys]
+        return None if any(v is None for v in vals) else np.array(vals, dtype=np.float64)
+
+    def per_prompt_of(x: np.ndarray, base_x: np.ndarray) -> dict[str, float]:
+        return {p.id: stats.geometric_mean([x[i] / base_x[i] for i, (_, pid) in enumerate(keys) if pid == p.id])
+                for p in w.prompts}
 
     base_tps = series(base.name)
     again_tps = series(self_slot)
     # pairs grouped by prompt: the intervals resample prompts, not near-identical repetitions
     kw = dict(groups=[pid for _, pid in keys], n_resamples=n_resamples, confidence=confidence, seed=seed)
     noise = stats.noise_floor(base_tps, again_tps, **kw)
+    extra_noise = {}
+    for attr in ("e2e_tok_s", "first_token_per_s"):
+        b, a = metric(base.name, attr), metric(self_slot, attr)
+        extra_noise[attr] = None if b is None or a is None else (b, a, stats.noise_floor(b, a, **kw))
 
     results: list[ConfigResult] = []
     for c in ordered:
         is_base = c.name == base.name
         x = again_tps if is_base else series(c.name)
         comp = stats.compare(x, base_tps, noise=noise, **kw)
-        per_prompt = {
-            p.id: stats.geometric_mean([x[i] / base_tps[i] for i, (_, pid) in enumerate(keys) if pid == p.id])
-            for p in w.prompts
-        }
+        per_prompt = per_prompt_of(x, base_tps)
+        extra: dict[str, stats.Comparison | None] = {}
+        per_prompt_e2e: dict[str, float] = {}
+        for attr, got in extra_noise.items():
+            xs = metric(self_slot if is_base else c.name, attr)
+            if got is None or xs is None:
+                extra[attr] = None
+                continue
+            b, _, fl = got
+            extra[attr] = stats.compare(xs, b, noise=fl, **kw)
+            if attr == "e2e_tok_s":
+                per_prompt_e2e = per_prompt_of(xs, b)
         mismatches: list[Mismatch] = []
         if check_identical:
             slots = [c.name, self_slot] if is_base else [c.name]
@@ -446,6 +500,11 @@ def _summarise_workload(
                 checked=check_identical,
                 mismatches=mismatches,
                 per_prompt=per_prompt,
+                end_to_end=extra["e2e_tok_s"],
+                first_token=extra["first_token_per_s"],
+                per_prompt_e2e=per_prompt_e2e,
             )
         )
-    return WorkloadResult(name=w.name, prompt_ids=[p.id for p in w.prompts], noise=noise, configs=results)
+    e2e = extra_noise["e2e_tok_s"]
+    return WorkloadResult(name=w.name, prompt_ids=[p.id for p in w.prompts], noise=noise, configs=results,
+                          noise_e2e=None if e2e is None else e2e[2])
