@@ -262,3 +262,15 @@ def test_marginal_drafter_is_never_measurably_slower():
     for _ in range(5):
         run = simulate(SpeculationCostGovernor(), spec, n_tokens=1000)
         assert run.total_ms <= 1.02 * 1000 * PLAIN_MS
+
+
+def test_draft_length_follows_recent_accepted_runs():
+    from tsspec.spec.governor import draft_length
+
+    assert draft_length(8, []) == 8  # no evidence: the whole window
+    assert draft_length(8, [0, 0, 1, 0]) == 2  # prose: mostly rejected -> short drafts
+    assert draft_length(8, [1, 1, 2, 0]) == 3
+    assert draft_length(8, [3, 3, 3, 3]) == 7  # drafts taken whole grow back
+    assert draft_length(8, [8, 8, 7]) == 8  # never past the window
+    assert draft_length(8, [0, 0, 0]) == 1  # never below one
+    assert draft_length(1, [5]) == 1

@@ -373,3 +373,25 @@ def test_non_persisting_target_restores_and_readvances(models, pattern):
         assert target.restores == 0
     else:
         assert target.restores > 0
+
+
+def test_governed_draft_length_shrinks_on_rejection_and_grows_back(models):
+    """With the governor on, the drafts follow the recent accepted runs: a speculator whose guesses
+    are always wrong is cut from the window of 8 to 1-token drafts, one whose guesses are right
+    keeps drafting the whole window; the output is plain's either way."""
+    m = models["llama"]
+    prompt = PROMPTS["periodic"]
+    want = plain(m, prompt)
+    never_park = GovernorConfig(margin=1e9, recent_margin=1e9)  # isolate the sizing from parking
+    bad = ScriptedSpeculator(prompt + want, lambda s, i: i == 0, m.vocab_size)
+    got = decode(m, GREEDY, prompt, N_NEW, speculator=bad, governor=SpeculationCostGovernor(never_park), window=8)
+    assert got == want
+    assert bad.drafts[0] == 8 and max(bad.drafts[-5:]) == 1
+    good = ScriptedSpeculator(prompt + want, lambda s, i: False, m.vocab_size)
+    got = decode(m, GREEDY, prompt, N_NEW, speculator=good, governor=SpeculationCostGovernor(never_park), window=8)
+    assert got == want
+    assert all(d == 8 for d in good.drafts[:-1])  # the last may be cut by the token budget
+    ungoverned = ScriptedSpeculator(prompt + want, lambda s, i: i == 0, m.vocab_size)
+    decode(m, GREEDY, prompt, N_NEW, speculator=ungoverned, window=8)
+    assert set(ungoverned.drafts[:-8]) == {8}  # without a governor the window is what it says (the
+    # last drafts run into the end of the known continuation)
