@@ -12,6 +12,13 @@ python scripts/bench_vs_llamacpp.py --rounds 3 --reps 2 --curve-rows 16 --llama-
   --json docs/results/vs-llamacpp.json | tee docs/results/vs-llamacpp.txt
 tsspec bench -m smollm2-135m --chat -w grounded -w prose --config ngram --config ngram:draft=4 -n 48 --reps 3 \
   --json docs/results/bench-smollm2-135m-native.json | tee docs/results/bench-smollm2-135m-native.txt
+# n-gram speculation beside llama.cpp's own, through llama-server, on the same rendered prompts
+python scripts/spec_vs_llama_server.py -m smollm2-135m -w grounded --reps 2 --llama-bin "$LLAMA_BIN" \
+  --json docs/results/spec-vs-llama-server-smollm2-grounded.json
+python scripts/spec_vs_llama_server.py -m smollm2-135m -w prose --reps 2 --llama-bin "$LLAMA_BIN" \
+  --json docs/results/spec-vs-llama-server-smollm2-prose.json
+python scripts/spec_vs_llama_server.py -m qwen2.5-coder-0.5b -w grounded --reps 1 --llama-bin "$LLAMA_BIN" \
+  --json docs/results/spec-vs-llama-server-qwen05-grounded.json
 # below: the earlier (pre-native-kernel) sections of RESULTS.md; on today's code they re-measure the
 # native kernels, so compare with care
 python scripts/bench_plain.py --reps 5 --tokens 64 | tee docs/results/plain.txt
