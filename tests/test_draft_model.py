@@ -377,11 +377,17 @@ def test_real_mismatched_vocabulary_is_refused(real_model_path):
     assert "\n" not in msg and msg.startswith("draft model vocabulary differs from the trunk's at token 0:")
 
 
-def test_drafter_weights_default_to_lossy_int4_and_env_overrides(files, trunk, monkeypatch):
-    """A drafter only guesses: by default its weights are 4-bit (faster drafting), and the output
-    is still exactly the trunk's; TSSPEC_DRAFT_WEIGHTS picks another format or is one clear error."""
+def test_drafter_weights_default_to_auto_and_env_overrides(files, trunk, monkeypatch):
+    """By default a drafter loads like a trunk (native kernels where they run); lossy int4 is an
+    option, and the output is exactly the trunk's either way; TSSPEC_DRAFT_WEIGHTS picks another
+    format or is one clear error."""
+    from tsspec import kernels
     from tsspec.errors import BadInput
 
+    drafter = load_drafter(files["related"], trunk, SpecOptions(draft=4))
+    if kernels.available():
+        assert drafter.model.blocks[0].qkv.fmt == "gguf"
+    monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "int4")
     drafter = load_drafter(files["related"], trunk, SpecOptions(draft=4))
     assert drafter.model.blocks[0].qkv.fmt == "int4"
     spec = drafter.make_speculator(trunk, SpecOptions(draft=4))

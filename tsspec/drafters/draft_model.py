@@ -18,7 +18,7 @@ Contract:
   ``drafter.notes``; ``drafter.warnings`` says when the drafter is heavier than the trunk or has a
   shorter context (drafting then stops where the drafter's context ends).
 * The drafter is loaded with ``load_model(g, n_ctx=target.max_context, fmt=draft_weights_format())``:
-  its own KV cache, and lossy int4 weights by default (``TSSPEC_DRAFT_WEIGHTS`` overrides).
+  its own KV cache, and the trunk's default weight format (``TSSPEC_DRAFT_WEIGHTS`` overrides).
 """
 
 from __future__ import annotations
@@ -127,15 +127,18 @@ def _file_bytes(g: GGUFFile) -> int:
 
 
 def draft_weights_format() -> str:
-    """The drafter's weight format: ``int4`` (lossy 4-bit for every tensor) unless
-    ``TSSPEC_DRAFT_WEIGHTS`` says otherwise. A drafter only guesses, so its precision costs some
-    acceptance, never correctness; its speed relative to the trunk is what decides the win."""
+    """The drafter's weight format: ``auto`` (the file's own blocks on the native kernels, like the
+    trunk) unless ``TSSPEC_DRAFT_WEIGHTS`` says otherwise (``int4``: lossy 4-bit for every tensor).
+    A drafter only guesses, so its precision costs some acceptance, never correctness; its speed
+    relative to the trunk is what decides the win, and since the native kernels ``int4`` (torch's
+    kernel) is the slower one: qwen2.5-coder-0.5b drafting for 1.5b, decode-only 0.78x -> 0.89x on
+    prose and 0.81x -> 0.97x on grounded prompts (12 prompts each)."""
     import os
 
     from ..errors import BadInput
     from ..weights import FORMATS
 
-    fmt = os.environ.get("TSSPEC_DRAFT_WEIGHTS", "int4").strip().lower()
+    fmt = os.environ.get("TSSPEC_DRAFT_WEIGHTS", "auto").strip().lower()
     if fmt not in FORMATS:
         raise BadInput(f"TSSPEC_DRAFT_WEIGHTS={fmt!r}: expected one of {', '.join(FORMATS)}")
     return fmt
