@@ -295,8 +295,9 @@ def finish_gguf(w, tensors: dict, path: Path, quant: str | None = None) -> Path:
     return path
 
 
-def rewrite_metadata(src: Path, dst: Path, edit) -> Path:
-    """Copy an F32 GGUF, letting ``edit(metadata dict)`` change its key/values."""
+def rewrite_metadata(src: Path, dst: Path, edit=None, *, drop: str | None = None) -> Path:
+    """Copy an F32 GGUF, letting ``edit(metadata dict)`` change its key/values and leaving out
+    the tensor ``drop``."""
     import gguf
 
     r = gguf.GGUFReader(str(src))
@@ -306,7 +307,8 @@ def rewrite_metadata(src: Path, dst: Path, edit) -> Path:
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
         kv[key] = (field.contents(), field.types[0], field.types[-1])
-    edit(kv)
+    if edit is not None:
+        edit(kv)
     w = gguf.GGUFWriter(str(dst), arch)
     for key, (value, vtype, sub) in kv.items():
         if vtype == gguf.GGUFValueType.ARRAY:
@@ -314,6 +316,8 @@ def rewrite_metadata(src: Path, dst: Path, edit) -> Path:
         else:
             w.add_key_value(key, value, vtype)
     for t in r.tensors:
+        if t.name == drop:
+            continue
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         w.add_tensor(t.name, np.array(t.data, dtype=np.float32).reshape(shape))
     w.write_header_to_file()
@@ -361,7 +365,7 @@ def write_bad_files(dir) -> dict[str, Path]:
     w.close()
 
     out["missing_tensor"] = d / "missing_tensor.gguf"
-    _copy_without_tensor(good, out["missing_tensor"], "blk.1.ffn_down.weight")
+    rewrite_metadata(good, out["missing_tensor"], drop="blk.1.ffn_down.weight")
 
     def smaller_ffn(kv):
         value, vtype, sub = kv["llama.feed_forward_length"]
@@ -371,28 +375,3 @@ def write_bad_files(dir) -> dict[str, Path]:
     good.unlink()
     return out
 
-
-def _copy_without_tensor(src: Path, dst: Path, drop: str) -> None:
-    """Re-write ``src`` with every key and tensor except ``drop`` (F32 files only)."""
-    import gguf
-
-    r = gguf.GGUFReader(str(src))
-    arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(str(dst), arch)
-    for key, field in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1])
-        else:
-            w.add_key_value(key, field.contents(), vtype)
-    for t in r.tensors:
-        if t.name == drop:
-            continue
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        w.add_tensor(t.name, np.array(t.data, dtype=np.float32).reshape(shape))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
