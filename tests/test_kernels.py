@@ -80,6 +80,9 @@ def test_dequantization_equals_gguf_py(type_name):
     np.testing.assert_array_equal(ours, gguf_dense(type_name, raw, k))
     pick = [7, 0, 47, 7]
     np.testing.assert_array_equal(kernels.dequant_rows(type_name, raw, k, pick).numpy(), ours[pick])
+    if type_name not in FLOAT_TYPES:  # rows of a repacked copy (a tied head's embedding) read the same
+        packed = kernels.repack(type_name, raw, k)
+        np.testing.assert_array_equal(kernels.dequant_rows(type_name, packed, k, pick, packed=True).numpy(), ours[pick])
 
 
 @pytest.mark.parametrize("type_name", QUANT_TYPES + FLOAT_TYPES)
@@ -271,3 +274,15 @@ def test_switch_off_by_environment(monkeypatch):
     monkeypatch.setattr(kernels, "_lib", None)
     monkeypatch.setenv("TSSPEC_KERNELS", "0")
     assert kernels.lib() is None and "TSSPEC_KERNELS=0" in kernels.unavailable_reason()
+
+
+def test_tied_head_and_embedding_share_one_packed_copy(tiny_q):
+    """Tied (no output.weight): the head's packed blocks serve the embedding lookups too, so the
+    table is held once, and a lookup gives the same rows as the file's blocks dequantized."""
+    _, path = tiny_q
+    m = load_model(path)
+    assert m.lm_head.fmt == "gguf" and m.embed.gguf.packed
+    assert m.embed.storage_ptr() == m.lm_head.weight.ctypes.data
+    stored = m.embed.gguf.stored()
+    want = gguf_dense(m.embed.gguf.type_name, stored, m.embed.shape[1])[[5, 0, 17]]
+    np.testing.assert_array_equal(m.embed[[5, 0, 17]].numpy(), want)

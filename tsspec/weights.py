@@ -139,7 +139,8 @@ class GGUFWeight:
         from . import kernels
 
         if kernels.available():
-            return kernels.dequant_rows(self.type_name, self.stored(), self.shape[1], range(self.shape[0])).numpy()
+            return kernels.dequant_rows(self.type_name, self.raw, self.shape[1], range(self.shape[0]),
+                                        packed=self.packed).numpy()
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
 
@@ -277,7 +278,7 @@ class Linear:
                 self.kinds = [kernels.act_kind(p.type_name) for p in parts]  # each part's input form
                 self.out_features = sum(p.shape[0] for p in parts)
                 self.in_features = parts[0].shape[1]
-                self.weight = parts[0].raw
+                self.weight = self.parts[0].raw  # (never the unpacked copy: that would stay alive)
                 self.bias = None if bias is None else to_tensor(bias, torch.float32)
                 self.min_rows, self.multiple = 1, 1
                 return
@@ -423,7 +424,7 @@ class Embedding:
             from . import kernels
 
             idx = ids.tolist() if isinstance(ids, torch.Tensor) else ids
-            return kernels.dequant_rows(self.gguf.type_name, self.gguf.raw, self.shape[1], idx)
+            return kernels.dequant_rows(self.gguf.type_name, self.gguf.raw, self.shape[1], idx, packed=self.gguf.packed)
         return self.dense[ids].float()
 
     @property

@@ -103,7 +103,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_act_kind.restype = c_int
     lib.tsq_act_kind.argtypes = [c_int]
     lib.tsq_dequant_rows.restype = None
-    lib.tsq_dequant_rows.argtypes = [c_int, vp, c_long, c_long, vp, c_long, vp]
+    lib.tsq_dequant_rows.argtypes = [c_int, vp, c_int, c_long, c_long, vp, c_long, vp]
     lib.tsq_matmul.restype = c_int
     lib.tsq_matmul.argtypes = [c_int, vp, c_int, c_long, c_long, c_long, vp, vp, c_long, vp, c_long, c_int, c_int]
     lib.tsq_repack.restype = c_int
@@ -225,12 +225,13 @@ def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Ten
         raise ValueError(f"{type_name}: cannot multiply rows of {k} elements")
 
 
-def dequant_rows(type_name: str, w: np.ndarray, k: int, ids) -> torch.Tensor:
-    """Rows ``ids`` of the GGUF weight ``w`` (uint8 [rows, row_bytes]) as float32 [len(ids), k]."""
+def dequant_rows(type_name: str, w: np.ndarray, k: int, ids, *, packed: bool = False) -> torch.Tensor:
+    """Rows ``ids`` of the GGUF weight ``w`` (uint8 [rows, row_bytes]; ``packed``: as ``repack``
+    stores them) as float32 [len(ids), k]."""
     h = lib()
     idx = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
     out = torch.empty(len(idx), k, dtype=torch.float32)
-    h.tsq_dequant_rows(TYPE_IDS[type_name], _ptr(w), w.shape[1], k, idx.ctypes.data, len(idx), _ptr(out))
+    h.tsq_dequant_rows(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, w.shape[1], k, idx.ctypes.data, len(idx), _ptr(out))
     return out
 
 

@@ -255,12 +255,6 @@ static void dequant_row(int type, const uint8_t *w, long k, float *y) {
     }
 }
 
-/* rows ids[0..n) of a [rows, K] weight to float32 out [n, K] (embedding lookups, tests) */
-void tsq_dequant_rows(int type, const uint8_t *w, long row_bytes, long k, const int64_t *ids, long n,
-                      float *out) {
-    for (long i = 0; i < n; i++) dequant_row(type, w + ids[i] * row_bytes, k, out + i * k);
-}
-
 /* ------------------------------------------------------------------ weight groups
  * The weights meet the input group by group: four 32-element blocks (a K-quant super-block is two
  * groups). Codes are taken unsigned, so that vpdpbusd (unsigned x signed) multiplies them: Q4_0's
@@ -355,21 +349,39 @@ static inline long packable_groups(int type, long k) { return (type == T_Q4_K ||
  * words it multiplies with the extraction alone. Scales, and a short last group, stay as they are;
  * every value is unchanged (dequantization and products of packed rows equal the plain ones).
  * Applying it twice gives the stored layout back. Returns -1 for a type it does not pack. */
+static void transpose_row(int type, uint8_t *row, long ng) {
+    uint8_t B[4][32], T[4][32];
+    for (long g = 0; g < ng; g++) {
+        unpack_codes(type, row, g, B);
+        transpose_codes(B, T);
+        pack_codes(type, row, g, T);
+    }
+}
+
 int tsq_repack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out) {
     if (type < T_Q4_0 || type >= T_COUNT || tsq_row_bytes(type, k) != row_bytes) return -1;
     if (out != w) memcpy(out, w, (size_t)row_bytes * n_rows);
     const long ng = packable_groups(type, k);
 #pragma omp parallel for schedule(static)
-    for (long n = 0; n < n_rows; n++) {
-        uint8_t B[4][32], T[4][32];
-        uint8_t *row = out + n * row_bytes;
-        for (long g = 0; g < ng; g++) {
-            unpack_codes(type, row, g, B);
-            transpose_codes(B, T);
-            pack_codes(type, row, g, T);
-        }
-    }
+    for (long n = 0; n < n_rows; n++) transpose_row(type, out + n * row_bytes, ng);
     return 0;
+}
+
+/* rows ids[0..n) of a [rows, K] weight (packed: stored by tsq_repack) to float32 out [n, K]
+ * (embedding lookups: a tied output head and its embedding share one packed copy) */
+void tsq_dequant_rows(int type, const uint8_t *w, int packed, long row_bytes, long k, const int64_t *ids, long n,
+                      float *out) {
+    uint8_t *tmp = packed && !is_float_type(type) ? malloc(row_bytes) : NULL;
+    for (long i = 0; i < n; i++) {
+        const uint8_t *row = w + ids[i] * row_bytes;
+        if (tmp) { /* the transpose is its own inverse */
+            memcpy(tmp, row, row_bytes);
+            transpose_row(type, tmp, packable_groups(type, k));
+            row = tmp;
+        }
+        dequant_row(type, row, k, out + i * k);
+    }
+    free(tmp);
 }
 
 /* group g of a weight row of nblocks 32-element blocks (packed: stored by tsq_repack) */

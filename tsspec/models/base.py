@@ -567,9 +567,9 @@ def load_embedding(g: GGUFFile, cfg: ArchConfig, fmt: str) -> tuple[Embedding, L
     head_name = "token_embd.weight" if tied else "output.weight"
     if fmt == "auto" and gguf_native(info.type_name, tuple(info.shape)):
         embed_w = GGUFWeight.from_file(*g.tensor_raw("token_embd.weight"), info.shape)
-        embed = Embedding(embed_w)
         head = Linear(embed_w if tied else load_weight(g, [head_name], fmt)[0], None, fmt)
-        return embed, head
+        # tied: the embedding reads the head's packed copy, so the blocks are held once
+        return Embedding(head.parts[0] if tied and head.fmt == "gguf" else embed_w), head
     dtype = torch.float32 if fmt == "f32" else torch.bfloat16
     if fmt == "auto" and info.type_name in ("F32", "F16"):
         dtype = torch.float32  # never below the file's precision
