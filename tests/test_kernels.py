@@ -90,8 +90,8 @@ def test_product_matches_references(type_name):
     n, k, m = 96, 768, 5
     raw = random_blocks(type_name, n, k, seed=2)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(3)) * 2
-    kind = kernels.act_kind(type_name)
-    xq = None if kind == 0 else kernels.quantize(x, kind)
+    kind = type_name not in FLOAT_TYPES
+    xq = kernels.quantize(x) if kind else None
     fast, ref = torch.zeros(m, n), torch.zeros(m, n)
     kernels.matmul(type_name, raw, k, x, xq, fast)
     kernels.matmul(type_name, raw, k, x, xq, ref, use_simd=False)
@@ -111,7 +111,7 @@ def test_product_matches_references(type_name):
 def test_product_is_batch_invariant(type_name):
     n, k = 80, 512
     raw = random_blocks(type_name, n, k, seed=4)
-    kind = kernels.act_kind(type_name)
+    kind = type_name not in FLOAT_TYPES
     x = torch.randn(65, k, generator=torch.Generator().manual_seed(5))
     before = torch.get_num_threads()
     try:
@@ -120,11 +120,11 @@ def test_product_is_batch_invariant(type_name):
             singles = torch.zeros(65, n)
             for i in range(65):
                 xi = x[i : i + 1].contiguous()
-                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi, kind) if kind else None, singles[i : i + 1])
+                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi) if kind else None, singles[i : i + 1])
             for rows in [*range(1, 18), 33, 65]:
                 xr = x[:rows].contiguous()
                 y = torch.zeros(rows, n)
-                kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr, kind) if kind else None, y)
+                kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr) if kind else None, y)
                 assert torch.equal(y, singles[:rows]), f"{type_name}: {rows} rows at {threads} threads"
     finally:
         torch.set_num_threads(before)
@@ -144,14 +144,14 @@ def test_long_rows_blocked_and_chunked_are_batch_invariant(type_name):
         singles = torch.zeros(33, n)
         for i in range(33):
             xi = x[i : i + 1].contiguous()
-            kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi, 1), singles[i : i + 1], packed=True)
+            kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi), singles[i : i + 1], packed=True)
         for rows in (5, 8, 9, 17, 33):
             xr = x[:rows].contiguous()
             y = torch.zeros(rows, n)
-            kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr, 1), y, packed=True)
+            kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr), y, packed=True)
             assert torch.equal(y, singles[:rows]), f"{type_name}: {rows} rows"
         ref = torch.zeros(9, n)
-        kernels.matmul(type_name, raw, k, x[:9].contiguous(), kernels.quantize(x[:9].contiguous(), 1), ref,
+        kernels.matmul(type_name, raw, k, x[:9].contiguous(), kernels.quantize(x[:9].contiguous()), ref,
                        packed=True, use_simd=False)
         assert torch.equal(ref, singles[:9])
     finally:
@@ -172,7 +172,7 @@ def test_repacked_weights_give_the_same_bits(type_name, k):
         assert not np.array_equal(packed, raw)  # something moved
     np.testing.assert_array_equal(kernels.repack(type_name, packed, k), raw)
     x = torch.randn(6, k, generator=torch.Generator().manual_seed(8))
-    xq = kernels.quantize(x, 1)
+    xq = kernels.quantize(x)
     for use_simd in (True, False):
         plain, fast = torch.zeros(6, n), torch.zeros(6, n)
         kernels.matmul(type_name, raw, k, x, xq, plain, use_simd=use_simd)
@@ -186,7 +186,7 @@ def test_simd_equals_reference_bitwise(type_name):
     n, k = 33, 1024 if type_name in ("Q4_K", "Q6_K") else 608
     raw = random_blocks(type_name, n, k, seed=9)
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(10))
-    xq = kernels.quantize(x, 1)
+    xq = kernels.quantize(x)
     fast, ref = torch.zeros(5, n), torch.zeros(5, n)
     kernels.matmul(type_name, raw, k, x, xq, fast)
     kernels.matmul(type_name, raw, k, x, xq, ref, use_simd=False)

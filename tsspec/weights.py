@@ -261,7 +261,7 @@ class Linear:
     """
 
     __slots__ = ("weight", "scales_and_zeros", "bias", "fmt", "min_rows", "multiple", "out_features",
-                 "in_features", "parts", "kinds")
+                 "in_features", "parts", "quantized")
 
     def __init__(self, weight, bias=None, fmt: str | None = None):
         fmt = load_format(fmt)
@@ -275,7 +275,8 @@ class Linear:
 
                 self.fmt = "gguf"
                 self.parts = [p.for_products() for p in parts]  # repacked once, here, not per call
-                self.kinds = [kernels.act_kind(p.type_name) for p in parts]  # each part's input form
+                # whether any part takes the quantized input (computed once per call, shared)
+                self.quantized = any(p.type_name not in kernels.FLOAT_TYPES for p in parts)
                 self.out_features = sum(p.shape[0] for p in parts)
                 self.in_features = parts[0].shape[1]
                 self.weight = self.parts[0].raw  # (never the unpacked copy: that would stay alive)
@@ -341,12 +342,10 @@ class Linear:
 
             x = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
             y = torch.empty(m, self.out_features, dtype=torch.float32)
-            forms: dict[int, torch.Tensor | None] = {0: None}  # the input forms the parts need
+            xq = kernels.quantize(x) if self.quantized else None
             col = 0
-            for p, kind in zip(self.parts, self.kinds):
-                if kind not in forms:
-                    forms[kind] = kernels.quantize(x, kind)
-                kernels.matmul(p.type_name, p.raw, self.in_features, x, forms[kind], y, col, packed=p.packed)
+            for p in self.parts:
+                kernels.matmul(p.type_name, p.raw, self.in_features, x, xq, y, col, packed=p.packed)
                 col += p.shape[0]
             return y if self.bias is None else y.add_(self.bias)
         xp = pad_rows(x, self.min_rows, self.multiple)

@@ -100,8 +100,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_row_bytes.argtypes = [c_int, c_long]
     lib.tsq_quantize.restype = None
     lib.tsq_quantize.argtypes = [vp, c_long, c_long, vp]
-    lib.tsq_act_kind.restype = c_int
-    lib.tsq_act_kind.argtypes = [c_int]
     lib.tsq_dequant_rows.restype = None
     lib.tsq_dequant_rows.argtypes = [c_int, vp, c_int, c_long, c_long, vp, c_long, vp]
     lib.tsq_matmul.restype = c_int
@@ -177,17 +175,10 @@ def _ptr(a) -> int:
     return a.ctypes.data
 
 
-def act_kind(type_name: str) -> int:
-    """The input form a weight type multiplies: 0 float32, 1 int8 per 32 elements (in groups of 128
-    laid out for the products; see ``xgroup`` in qgemm.c)."""
-    return lib().tsq_act_kind(TYPE_IDS[type_name])
-
-
-def quantize(x: torch.Tensor, kind: int = 1) -> torch.Tensor:
-    """x float32 [m, k] (contiguous, k a multiple of 32) -> the quantized form the quantized types
-    multiply, as an opaque byte tensor."""
-    if kind != 1:
-        raise ValueError(f"no quantized input form {kind}")
+def quantize(x: torch.Tensor) -> torch.Tensor:
+    """x float32 [m, k] (contiguous, k a multiple of 32) -> the form every quantized type multiplies
+    (int8 per 32 elements in groups of 128, ``xgroup`` in qgemm.c), as an opaque byte tensor. Float
+    types multiply x itself."""
     h = lib()
     m, k = x.shape
     out = torch.empty(m * h.tsq_xrow_bytes(k), dtype=torch.uint8)
@@ -212,7 +203,7 @@ def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Ten
     """y[:, col0 : col0 + n] = x @ W.T for W the GGUF rows ``w`` (uint8 [n, row_bytes]; ``packed``:
     as ``repack`` stores them).
 
-    x float32 [m, k] contiguous; ``xq`` its ``quantize(x, act_kind(type_name))`` form (quantized
+    x float32 [m, k] contiguous; ``xq`` its ``quantize(x)`` form (quantized
     types); y float32 [m, >= col0 + n] contiguous."""
     h = lib()
     n, rb = w.shape

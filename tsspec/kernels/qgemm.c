@@ -183,8 +183,6 @@ void tsq_quantize(const float *x, long m, long k, xgroup *out) {
     for (long r = 0; r < m; r++) quantize_row(x + r * k, k, out + r * n_groups(k));
 }
 
-/* which input form a weight type multiplies: 0 float32, 1 the int8 groups above */
-int tsq_act_kind(int type) { return is_float_type(type) ? 0 : 1; }
 /* ------------------------------------------------------------------ dequantization (reference) */
 
 /* one row of K elements to float32, exactly as ggml dequantizes it */
@@ -876,8 +874,7 @@ static int linear_apply(const tsq_linear *L, const float *x, long m, float *y, x
     int have = 0;
     long col = 0;
     for (int i = 0; i < L->nparts; i++) {
-        int kind = tsq_act_kind(L->type[i]);
-        if (kind == 1 && !have) { tsq_quantize(x, m, L->k, xq); have = 1; }
+        if (!is_float_type(L->type[i]) && !have) { tsq_quantize(x, m, L->k, xq); have = 1; }
         int rc = tsq_matmul(L->type[i], L->w[i], L->packed[i], L->row_bytes[i], L->n[i], L->k, x,
                             xq, m, y + col, L->n_total, nt, 1);
         if (rc) return rc;
