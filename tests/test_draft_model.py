@@ -130,6 +130,9 @@ class EveryThird:
     def reset(self):
         self.step = 0
 
+    def draft_length(self, window):
+        return window
+
     def should_draft(self):
         self.step += 1
         return self.step % 3 == 0

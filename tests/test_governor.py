@@ -274,3 +274,16 @@ def test_draft_length_follows_recent_accepted_runs():
     assert draft_length(8, [8, 8, 7]) == 8  # never past the window
     assert draft_length(8, [0, 0, 0]) == 1  # never below one
     assert draft_length(1, [5]) == 1
+
+
+def test_governor_sizes_drafts_from_what_it_was_told():
+    gov = SpeculationCostGovernor()
+    assert gov.draft_length(8) == 8  # nothing recorded yet
+    for _ in range(4):
+        gov.record(True, 10.0, 1)  # verifies that emitted only the correction: nothing accepted
+    assert gov.draft_length(8) == 1
+    gov.record(False, 5.0, 1)  # plain steps say nothing about drafts
+    assert gov.draft_length(8) == 1
+    gov.reset()
+    assert gov.draft_length(8) == 8
+    assert SpeculationCostGovernor(enabled=False).draft_length(8) == 8

@@ -10,6 +10,9 @@ forward), and reports what it actually ran with ``record(speculative, ms, tokens
 * if the governor said "draft" but the loop ran a plain step (the speculator declined, no
   context headroom), report it as plain: it costs what a plain step costs.
 
+It also sizes the drafts: ``draft_length(window)`` is at most twice the mean accepted run of the
+recent verifies plus one (a verify's accepted drafts are its ``tokens - 1``), within the window.
+
 Contract: the governor reads no clock and draws no random number. Its decisions are a pure
 function of the stream of ``record`` calls, so tests drive it with synthetic timings. The
 arithmetic lives in module-level pure functions (``ms_per_token``, ``cost_ratio``,
@@ -183,10 +186,16 @@ class SpeculationCostGovernor:
         self._seen_plain = 0
         self._streak = 0  # parks since the last win: the backoff exponent
         self.parks = 0  # parks this sequence, for the display
+        self._accepted: deque[int] = deque(maxlen=RECENT_ACCEPTED)  # drafts taken by recent verifies
         self.steps = 0
         self.drafted_steps = 0
         # first probe: warmup steps do not count as evidence, so ask for that many more
         self._probe(c.probe_spec + c.warmup, c.probe_plain + c.warmup)
+
+    def draft_length(self, window: int) -> int:
+        """How many tokens the next draft may have (``draft_length`` over the recent verifies; the
+        whole window when disabled)."""
+        return draft_length(window, self._accepted) if self.enabled else window
 
     def should_draft(self) -> bool:
         if not self.enabled or self._state == HOLDING:
@@ -203,6 +212,7 @@ class SpeculationCostGovernor:
         self.steps += 1
         if speculative:
             self.drafted_steps += 1
+            self._accepted.append(max(int(tokens) - 1, 0))  # a verify emits its accepted drafts + 1
             self._seen_spec += 1
             if self._seen_spec > c.warmup:
                 self._spec.append((float(ms), int(tokens)))

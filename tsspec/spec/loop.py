@@ -12,13 +12,11 @@ Positions: the token drawn from the trunk row that processed position ``p`` sits
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Callable, Sequence
 
 import torch
 
 from ..sampling import Sampler
-from .governor import RECENT_ACCEPTED, draft_length
 from .protocols import Draft, DraftContext, SpecTarget, Speculator
 from .stats import SpecStats
 from .verify import verify
@@ -89,15 +87,12 @@ def decode(
     stats.generated = 1
     stop = on_token(last) if on_token else False
 
-    # with the governor on, the draft length follows the recent accepted runs (draft_length)
-    sizing = governor is not None and getattr(governor, "enabled", False)
-    recent_acc: deque[int] = deque(maxlen=RECENT_ACCEPTED)
     t_decode = time.perf_counter()
     while not stop and len(out_tokens) < max_tokens:
         step_t0 = time.perf_counter()
         pos = target.cache_len  # last token takes this position
         remaining = max_tokens - len(out_tokens)
-        k_max = min(draft_length(window, recent_acc) if sizing else window, remaining - 1,
+        k_max = min(window if governor is None else governor.draft_length(window), remaining - 1,
                     target.max_context - pos - 1)
         draft = Draft()
         drafting = speculator is not None and k_max > 0 and (governor is None or governor.should_draft())
@@ -135,7 +130,6 @@ def decode(
             stats.add_phase("accept", _ms(t))
             n_acc = verdict.accepted
             stats.record_verify(k, n_acc)
-            recent_acc.append(n_acc)
             kept = [last, *draft.tokens[:n_acc]]
             t = time.perf_counter()
             hidden_rows = out.hidden
