@@ -496,32 +496,8 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
             __m256 *mw) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256i B[4];
-    if (type == T_Q4_K) {
-        const uint8_t *p = w + (g >> 1) * 144, *q = p + 16 + 64 * (g & 1);
-        const __m256i q0 = _mm256_loadu_si256((const __m256i *)q), q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
-        B[0] = _mm256_and_si256(q0, m4);
-        B[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
-        B[2] = _mm256_and_si256(q1, m4);
-        B[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
-        /* scale_min_k4 for sub-blocks 4gi..4gi+3, four lanes at once: A, B, C are bytes 0-3, 4-7,
-         * 8-11 of the packed scales */
-        const __m128i sb = _mm_loadu_si128((const __m128i *)(p + 4));
-        const __m128i A = _mm_cvtepu8_epi32(sb), B = _mm_cvtepu8_epi32(_mm_srli_si128(sb, 4));
-        const __m128i c63 = _mm_set1_epi32(63);
-        __m128i sc, mn;
-        if (g & 1) {
-            const __m128i C = _mm_cvtepu8_epi32(_mm_srli_si128(sb, 8));
-            sc = _mm_or_si128(_mm_and_si128(C, _mm_set1_epi32(15)), _mm_slli_epi32(_mm_srli_epi32(A, 6), 4));
-            mn = _mm_or_si128(_mm_srli_epi32(C, 4), _mm_slli_epi32(_mm_srli_epi32(B, 6), 4));
-        } else {
-            sc = _mm_and_si128(A, c63);
-            mn = _mm_and_si128(B, c63);
-        }
-        const __m256 s8 = _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(sc));
-        const __m256 m8 = _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(mn));
-        *a = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(rd16(p))), s8);
-        *mw = _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(rd16(p + 2))), m8), _mm256_set1_ps(-0.f));
-    } else if (type == T_Q6_K) {
+    /* (Q4_K never comes here: dot_simd_q_t takes it a super-block at a time) */
+    if (type == T_Q6_K) {
         const uint8_t *p = w + (g >> 1) * 210;
         const int gi = (int)(g & 1);
         const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * gi));
@@ -573,7 +549,7 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
         *a = _mm256_set_m128(s4, s4);
         *mw = _mm256_set_m128(o4, o4);
     }
-    if (packed && (type == T_Q4_K || type == T_Q6_K || 4 * g + 4 <= nblocks)) { /* stored transposed */
+    if (packed && (type == T_Q6_K || 4 * g + 4 <= nblocks)) { /* stored transposed */
         W[0] = B[0]; W[1] = B[1]; W[2] = B[2]; W[3] = B[3];
     } else {
         transpose4(B[0], B[1], B[2], B[3], W);
