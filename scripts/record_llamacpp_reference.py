@@ -39,17 +39,15 @@ import datetime as _dt
 import json
 import math
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tsspec.bench.llama_server import llama_tool
+from tsspec.bench import llama_server
+from tsspec.bench.llama_server import LlamaServer, check_url, free_port, llama_tool
 from tsspec.errors import TsspecError
 from tsspec.hub import KNOWN_MODELS, recorded_sha256
 
@@ -97,96 +95,9 @@ def server_version(exe: Path) -> dict[str, Any]:
             "version_text": text}
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ============================================================================ the server
-
-
 def server_argv(exe: Path, model: Path, port: int) -> list[str]:
-    return [
-        str(exe), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-        "-t", str(THREADS), "-tb", str(THREADS), "-c", str(N_CTX), "-np", "1",
-        "--spec-type", "none",  # no speculation
-        "--temp", "0", "--top-k", "1", "--samplers", "top_k",  # greedy defaults (each request repeats them)
-        "-cram", "0",  # no prompt cache across requests
-        "--no-webui",
-    ]
-
-
-class LlamaServer:
-    """``with LlamaServer(argv, url) as s:`` starts llama-server, waits for ``/health`` and always
-    stops it (terminate, then kill) on leaving the block, errors included."""
-
-    def __init__(self, argv: list[str], url: str, log: Path, startup_timeout: float = 300.0):
-        self.argv, self.url, self.log, self.startup_timeout = argv, url, log, startup_timeout
-        self.proc: subprocess.Popen | None = None
-        self._log_fh = None
-
-    def __enter__(self) -> "LlamaServer":
-        self._log_fh = open(self.log, "wb")
-        try:
-            self.proc = subprocess.Popen(self.argv, stdout=self._log_fh, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _log_tail(self, n: int = 15) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ScriptError(f"llama-server exited with {self.proc.returncode} while starting:\n"
-                                  f"{self._log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass  # not listening yet, or 503 while loading
-            time.sleep(0.5)
-        raise ScriptError(f"llama-server not ready after {self.startup_timeout:.0f}s:\n{self._log_tail()}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
-        if self._log_fh is not None:
-            self._log_fh.close()
-            self._log_fh = None
-
-    def post(self, path: str, body: dict, timeout: float = 600.0) -> dict:
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                return json.loads(r.read().decode())
-        except urllib.error.HTTPError as e:
-            raise ScriptError(f"llama-server {path}: HTTP {e.code}: {e.read().decode(errors='replace')[:500]}") from None
-        except urllib.error.URLError as e:
-            raise ScriptError(f"llama-server {path}: {getattr(e, 'reason', e)}\n{self._log_tail()}") from None
-
-    def get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=30) as r:
-            return json.loads(r.read().decode())
+    """The bench's plain llama-server (greedy, one slot, no prompt cache) with this script's context."""
+    return llama_server.server_argv(exe, model, port, threads=THREADS, ctx=N_CTX, mode="plain")
 
 
 def request_body(prompt_ids: list[int], n_predict: int) -> dict:
@@ -278,8 +189,6 @@ def record(name: str, exe: Path, version: dict, n_tokens: int, out_dir: Path) ->
     cases = prompts_for(name, path)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    from tsspec.bench.llama_server import check_url  # the project's loopback-only guard
-
     url = check_url(url)
     argv = server_argv(exe, path, port)
     t0 = time.time()

@@ -388,7 +388,9 @@ def bench(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON to this file ('-' for stdout)."),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per workload x config to this CSV file."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Draw ratios with their intervals to this PNG (needs tsspec[plot])."),
-    vs_llama_server: Optional[str] = typer.Option(None, "--vs-llama-server", help="Also time the same prompts on a running llama.cpp server (loopback URL, e.g. http://127.0.0.1:8080), by its own timings."),
+    peer: Optional[str] = typer.Option(None, "--peer", help="Run another engine beside tsspec in the same rotation: llama.cpp (starts llama-server from the peer build, one per --peer-spec mode)."),
+    peer_spec: List[str] = typer.Option([], "--peer-spec", help="llama.cpp modes besides its plain decoding: ngram-simple, ngram-mod, ngram-map-k, ngram-cache, draft (-md with --draft-model); repeatable. Default: ngram-simple and ngram-mod."),
+    llama_bin: Optional[Path] = typer.Option(None, "--llama-bin", help="Directory with llama-server (default: where ../shared/tools/build_llamacpp.sh puts it, or $LLAMA_CPP_DIR/build/bin)."),
 ):
     """Paired speed comparison of configurations against a baseline, on this machine.
 
@@ -397,13 +399,8 @@ def bench(
     taken pair by pair with a bootstrap confidence interval, and the baseline run against itself
     gives the noise floor, so a verdict says "within noise" unless the interval clears it.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .bench import provenance, report
-    from .drafters.draft_model import draft_weights_format
+    from .bench import llama_server, report
     from .bench.configs import load_config_file, parse_configs
-    from .bench.engine import make_run_one
-    from .bench.runner import file_sha256, run_bench
     from .bench.workloads import get_workload, load_workload, workload_names
     from .chat import parse_template_kwargs
     from .sampling import Sampler, SamplingParams
@@ -419,52 +416,47 @@ def bench(
             base = base or cf.baseline
         if not configs:
             configs = parse_configs(["ngram"])
+        for out in (json_out, csv_out, plot_out):  # refuse now, not after a long run that is then lost
+            if out is not None and str(out) != "-" and not out.expanduser().resolve().parent.is_dir():
+                raise BadInput(f"{out}: its directory does not exist")
         wls = []
         for w in workload or workload_names():
             wls.append(get_workload(w) if w in workload_names() else load_workload(Path(w)))
         sampler = Sampler(SamplingParams(temperature=temp, seed=seed))
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
+        peer_cfgs, peer_exe = [], None
+        if peer is not None:
+            if peer.strip().lower() != llama_server.ENGINE:
+                raise BadInput(f"--peer {peer!r}: the peer engine is {llama_server.ENGINE}")
+            if not sampler.greedy:
+                raise BadInput("--peer compares greedy runs only (drop --temp)")
+            peer_exe = llama_server.llama_tool("llama-server", llama_bin)
+            peer_cfgs = llama_server.peer_configs(peer_spec or llama_server.DEFAULT_PEER_MODES[1:], draft_model)
+        elif peer_spec or llama_bin:
+            raise BadInput("--peer-spec and --llama-bin go with --peer llama.cpp")
         set_threads(threads)
         g, target, tok = load_session(model, weights=weights, ctx_size=ctx_size)
 
         encode = prompt_encoder(g, tok, chat=chat, system=system, kwargs=kwargs)
+        with contextlib.ExitStack() as stack:
+            peer_run = None
+            if peer_cfgs:
+                from .hub import resolve_model
 
-        run_one = make_run_one(
-            target, tok, sampler=sampler, max_tokens=max_tokens, encode=encode,
-            build_speculation=build_speculation, default_draft_model=draft_model, ignore_eos=not stop_at_eos,
-        )
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as prog:
-            task = prog.add_task("bench", total=None)
-
-            def progress(done: int, total: int, desc: str) -> None:
-                prog.update(task, completed=done, total=total, description=desc)
-
-            result = run_bench(
-                configs, wls, run_one=run_one, reps=reps, warmup=warmup, progress=progress, baseline=base,
-                check_identical=sampler.greedy, model_path=g.path, model_sha256=_model_sha(g.path, file_sha256),
-                extra_metadata={"max_tokens": max_tokens, "threads": _threads(), "weights_requested": weights,
-                                "weights": provenance.weight_formats(target),
-                                "draft_weights": draft_weights_format(),
-                                "chat": chat, "template_kwargs": kwargs, "temperature": temp},
+                need_draft = any(c.algo == "draft" for c in peer_cfgs)
+                draft_path = resolve_model(draft_model, console=err) if need_draft else None
+                with err.status(f"starting {len(peer_cfgs)} llama-server(s)", spinner="dots"):
+                    peer_run = stack.enter_context(llama_server.Peer(
+                        peer_cfgs, g.path, exe=peer_exe, threads=_threads(), ctx=ctx_size or 4096,
+                        draft_model=draft_path))
+            result = _run_bench_rows(
+                target, tok, configs + peer_cfgs, wls, sampler=sampler, max_tokens=max_tokens, encode=encode,
+                draft_model=draft_model, stop_at_eos=stop_at_eos, peer=peer_run,
+                reps=reps, warmup=warmup, base=base, g=g, weights=weights, chat=chat, kwargs=kwargs, temp=temp,
             )
         report.render_table(result, Console())
-        server = None
-        if vs_llama_server is not None:
-            from .bench import llama_server
-
-            def render(text: str) -> str:  # the exact text our engine tokenized
-                return tok.decode(encode(text), skip_special=False)
-
-            with err.status("timing llama-server", spinner="dots"):
-                server = llama_server.run(vs_llama_server, wls, render, reps=reps, max_tokens=max_tokens,
-                                          ignore_eos=not stop_at_eos)
-            _print_server(server, result)
         if json_out is not None:
-            obj = report.to_json(result)
-            if server is not None:
-                obj["llama_server"] = server.to_dict()
-            text = json.dumps(obj, indent=2)
+            text = json.dumps(report.to_json(result), indent=2)
             if str(json_out) == "-":
                 print(text)
             else:
@@ -477,21 +469,37 @@ def bench(
             raise TsspecError("speculative output differed from the baseline: a correctness bug, see the table")
 
 
-def _print_server(server, result) -> None:
-    import statistics
+def _run_bench_rows(target, tok, configs, wls, *, sampler, max_tokens, encode, draft_model, stop_at_eos, peer,
+                    reps, warmup, base, g, weights, chat, kwargs, temp):
+    """The bench's rotation over every configuration (a peer's included), with a progress bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from rich.table import Table
+    from .bench import provenance
+    from .bench.engine import make_run_one
+    from .bench.runner import file_sha256, run_bench
+    from .drafters.draft_model import draft_weights_format
 
-    t = Table(title=f"llama-server {server.url} (its own timings) beside tsspec")
-    for col in ("workload", "llama-server tok/s", "tsspec configs: median tok/s"):
-        t.add_column(col)
-    for w, vals in server.per_workload.items():
-        ours = []
-        for wr in result.workloads:
-            if wr.name == w:
-                ours += [f"{cr.config.name} {cr.spread.median:.1f}" for cr in wr.configs]
-        t.add_row(w, f"{statistics.median(vals):.1f}", ", ".join(ours))
-    Console().print(t)
+    run_one = make_run_one(
+        target, tok, sampler=sampler, max_tokens=max_tokens, encode=encode,
+        build_speculation=build_speculation, default_draft_model=draft_model, ignore_eos=not stop_at_eos, peer=peer,
+    )
+    extra = {"max_tokens": max_tokens, "threads": _threads(), "weights_requested": weights,
+             "weights": provenance.weight_formats(target), "draft_weights": draft_weights_format(),
+             "chat": chat, "template_kwargs": kwargs, "temperature": temp}
+    if peer is not None:
+        extra["peer"] = peer.provenance()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as prog:
+        task = prog.add_task("bench", total=None)
+
+        def progress(done: int, total: int, desc: str) -> None:
+            prog.update(task, completed=done, total=total, description=desc)
+
+        return run_bench(
+            configs, wls, run_one=run_one, reps=reps, warmup=warmup, progress=progress, baseline=base,
+            check_identical=sampler.greedy, model_path=g.path, model_sha256=_model_sha(g.path, file_sha256),
+            extra_metadata=extra,
+        )
 
 
 def _threads() -> int:

@@ -70,9 +70,12 @@ class BenchConfig:
     draft_model: str | None = None
     accept: str | None = None
     adaptive: bool | None = None
+    # who runs it: tsspec itself, or a peer engine started beside it (``tsspec.bench.llama_server``)
+    engine: str = "tsspec"
 
     def spec(self) -> str:
-        """The canonical ``ALGO[:key=value,...]`` text; parses back to an equal config."""
+        """The canonical ``ALGO[:key=value,...]`` text (``ENGINE/ALGO`` for a peer's); a tsspec config's
+        parses back to an equal config."""
         opts: list[str] = []
         if self.draft is not None:
             opts.append(f"draft={self.draft}")
@@ -84,11 +87,13 @@ class BenchConfig:
             opts.append(f"accept={self.accept}")
         if self.adaptive is not None:
             opts.append(f"adaptive={'1' if self.adaptive else '0'}")
-        return self.algo + (":" + ",".join(opts) if opts else "")
+        prefix = "" if self.engine == "tsspec" else self.engine + "/"
+        return prefix + self.algo + (":" + ",".join(opts) if opts else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "engine": self.engine,
             "algo": self.algo,
             "spec": self.spec(),
             "draft": self.draft,

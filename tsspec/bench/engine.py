@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..errors import TsspecError
 from ..generate import Engine
 from ..options import SpecOptions, DRAFT_DEFAULT
 from ..sampling import Sampler
@@ -42,7 +43,10 @@ def make_run_one(
     build_speculation: Callable,
     default_draft_model: str | None = None,
     ignore_eos: bool = False,
+    peer=None,
 ) -> Callable[[BenchConfig, Prompt], RunRecord]:
+    """``run_one`` for the bench: tsspec's configurations on ``target``; a peer engine's (``peer``, a
+    started ``tsspec.bench.llama_server.Peer``) on the same prompt ids and budget."""
     engines: dict[str, Engine] = {}
     encoded: dict[str, list[int]] = {}
 
@@ -53,9 +57,24 @@ def make_run_one(
             engines[c.name] = Engine(target, tokenizer, speculator=spec, governor=gov, window=window, accept_rule=accept)
         return engines[c.name]
 
+    def run_peer(c: BenchConfig, ids: list[int]) -> RunRecord:
+        if peer is None:
+            raise TsspecError(f"{c.name}: no {c.engine} peer was started")
+        r = peer.run(c, ids, max_tokens, ignore_eos=ignore_eos)
+        if r["n"] and not r["tokens"]:
+            raise TsspecError(f"{c.name}: the server returned no token ids (return_tokens unsupported?)")
+        counters = {"drafted": r["drafted"], "accepted": r["accepted"], "server_tok_s": r["tok_s"]}
+        # llama-server counts the first token (sampled from the prompt's forward) over the time of the
+        # later ones; tsspec's decode speed is the tokens after the first over that time: same here
+        tok_s = (r["n"] - 1) / r["decode_s"] if r["decode_s"] > 0 else 0.0
+        return RunRecord(text=r["text"], token_ids=r["tokens"], n_tokens=r["n"], decode_s=r["decode_s"],
+                         tok_s=tok_s, counters=counters, prefill_s=r["prefill_s"])
+
     def run_one(c: BenchConfig, p: Prompt) -> RunRecord:
         if p.text not in encoded:
             encoded[p.text] = encode(p.text)
+        if c.engine != "tsspec":
+            return run_peer(c, encoded[p.text])
         res = engine_for(c).generate(encoded[p.text], sampler=sampler, max_tokens=max_tokens, ignore_eos=ignore_eos)
         s = res.stats
         counters = {

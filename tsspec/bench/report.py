@@ -2,7 +2,8 @@
 
 * ``render_table(result, console)``: one table per workload (config, median tok/s [IQR],
   ratio vs baseline [95 % CI], verdict, acceptance, tokens/verify, parks, text-identical),
-  the noise floor under each table, and, before everything, a loud red panel when any
+  the noise floor under each table; with a peer engine (``--peer``) a second table per workload,
+  each engine against its own plain decoding; and, before everything, a loud red panel when any
   configuration's tokens differed from the baseline's (a correctness bug: its speed is void).
 * ``to_json(result)``: a JSON-ready dict with everything (summaries, every measurement, the run
   schedule, mismatches, metadata). Non-finite floats become ``None``.
@@ -20,6 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
@@ -173,6 +175,7 @@ def render_table(result: BenchResult, console: Console) -> None:
                 f"[{istyle}]{ident}[/]",
             )
         console.print(table)
+    render_engines(result, console)
     if result.mismatches:
         # again at the end: the panel above may have scrolled away behind long tables
         bad = sorted({m.config for m in result.mismatches})
@@ -180,6 +183,35 @@ def render_table(result: BenchResult, console: Console) -> None:
             f"[bold white on red] OUTPUT MISMATCH [/] {len(result.mismatches)} run(s) of "
             f"{escape(', '.join(bad))} differ from the baseline: a correctness bug, see above."
         )
+
+
+def render_engines(result: BenchResult, console: Console) -> None:
+    """With a peer engine in the run: each engine's configurations against that engine's own plain
+    decoding (same rounds), their acceptance, and how many prompts' text equals the engine's plain text."""
+    for w in result.workloads:
+        if len({cr.config.engine for cr in w.configs}) < 2:
+            continue
+        table = Table(title=escape(f"workload: {w.name}  each engine against its own plain decoding"),
+                      caption="text = plain: prompts whose every run's tokens equal the engine's own plain "
+                              "run (greedy); tsspec must be all, a peer need not be",
+                      title_justify="left", caption_justify="left")
+        for col, just in (("config", "left"), ("decode tok/s", "right"),
+                          ("end-to-end tok/s", "right"), (f"vs own plain, end-to-end [{_conf(result)}% CI]", "right"),
+                          ("decode-only", "right"), ("accept", "right"), ("text = plain", "right")):
+            table.add_column(col, justify=just)
+        for engine in dict.fromkeys(cr.config.engine for cr in w.configs):
+            for cr in (c for c in w.configs if c.config.engine == engine):
+                e2e = [m.e2e_tok_s for m in result.measurements
+                       if m.workload == w.name and m.slot == cr.config.name and m.e2e_tok_s is not None]
+                acc = acceptance(cr)
+                same = "-" if cr.same_text is None else f"{cr.same_text[0]}/{cr.same_text[1]}"
+                table.add_row(
+                    escape(cr.config.name), f"{cr.spread.median:.2f}",
+                    f"{float(np.median(e2e)):.2f}" if e2e else "-",
+                    "(reference)" if cr.vs_reference is None else _fmt_ratio(cr.vs_reference.ratio),
+                    "-" if cr.vs_reference_decode is None else f"{cr.vs_reference_decode.ratio.estimate:.3f}",
+                    "-" if acc is None else f"{acc * 100:.1f}%", same)
+        console.print(table)
 
 
 def _prompt_range(per_prompt: dict[str, float]) -> str:
@@ -244,6 +276,13 @@ def _config_dict(cr: ConfigResult, w: WorkloadResult) -> dict[str, Any]:
             "counters": cr.counters,
             "identical": cr.identical,
             "mismatches": [dataclasses.asdict(m) for m in cr.mismatches],
+            # against the config's own engine's plain decoding (the baseline for tsspec's configs)
+            "reference": cr.reference,
+            "ratio_vs_reference": None if cr.vs_reference is None else _ratio_dict(cr.vs_reference.ratio),
+            "ratio_vs_reference_decode": None if cr.vs_reference_decode is None
+            else _ratio_dict(cr.vs_reference_decode.ratio),
+            "same_text_as_reference": None if cr.same_text is None
+            else {"prompts_equal": cr.same_text[0], "prompts": cr.same_text[1]},
         }
     )
 
@@ -276,6 +315,7 @@ def to_json(result: BenchResult) -> dict[str, Any]:
 
 CSV_COLUMNS = (
     "workload",
+    "engine",
     "config",
     "spec",
     "is_baseline",
@@ -299,6 +339,9 @@ CSV_COLUMNS = (
     "acceptance_rate",
     "tokens_per_verify",
     "governor_parks",
+    "reference",
+    "ratio_vs_reference",
+    "prompts_same_text_as_reference",
 )
 
 
@@ -313,6 +356,7 @@ def write_csv(result: BenchResult, path: str | Path) -> None:
                 r = cr.comparison.ratio
                 row = {
                     "workload": w.name,
+                    "engine": cr.config.engine,
                     "config": cr.config.name,
                     "spec": cr.config.spec(),
                     "is_baseline": cr.is_baseline,
@@ -336,6 +380,9 @@ def write_csv(result: BenchResult, path: str | Path) -> None:
                     "acceptance_rate": acceptance(cr),
                     "tokens_per_verify": tokens_per_verify(cr),
                     "governor_parks": parks(cr),
+                    "reference": cr.reference,
+                    "ratio_vs_reference": None if cr.vs_reference is None else cr.vs_reference.ratio.estimate,
+                    "prompts_same_text_as_reference": None if cr.same_text is None else cr.same_text[0],
                 }
                 writer.writerow({k: ("" if v is None else _clean(v)) for k, v in row.items()})
 

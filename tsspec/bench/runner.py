@@ -123,7 +123,7 @@ class ConfigResult:
     # vs the baseline, pair by pair; for the baseline itself this is A' vs A (the self-pair)
     comparison: stats.Comparison
     counters: dict[str, Any]
-    checked: bool  # whether token ids were compared with the baseline's
+    checked: bool  # whether token ids were compared with the baseline's (never for a peer engine's)
     mismatches: list[Mismatch]
     # geometric mean over repetitions of the ratio to the baseline, per prompt id (the samples
     # the interval resamples); for the baseline itself, its self-pair A'/A
@@ -133,6 +133,13 @@ class ConfigResult:
     end_to_end: stats.Comparison | None = None
     first_token: stats.Comparison | None = None
     per_prompt_e2e: dict[str, float] = field(default_factory=dict)
+    # what this config's text and own-engine speed are judged against: the baseline for configs of
+    # the baseline's engine, that engine's plain config for a peer's (None for those references)
+    reference: str | None = None
+    vs_reference: stats.Comparison | None = None  # end-to-end where timed, else decode-only
+    vs_reference_decode: stats.Comparison | None = None
+    # greedy runs only: (prompts whose every run's tokens equal the reference's first run, prompts)
+    same_text: tuple[int, int] | None = None
 
     @property
     def headline(self) -> stats.Comparison:
@@ -449,6 +456,30 @@ def _summarise_workload(
         b, a = metric(base.name, attr), metric(self_slot, attr)
         extra_noise[attr] = None if b is None or a is None else (b, a, stats.noise_floor(b, a, **kw))
 
+    e2e_floor = extra_noise["e2e_tok_s"]
+    extra_noise_floor = noise if e2e_floor is None else e2e_floor[2]
+    # each engine's own plain configuration: a peer's speculative text and speed are judged by it
+    own_plain = {base.engine: base}
+    for c in ordered:
+        if c.engine != base.engine and c.algo == "plain":
+            own_plain.setdefault(c.engine, c)
+
+    def against_reference(c: BenchConfig, ref: BenchConfig | None, comp: stats.Comparison,
+                           e2e: stats.Comparison | None) -> dict[str, Any]:
+        if ref is None or ref.name == c.name:
+            return {}  # a reference is not judged against itself
+        if c.engine == base.engine:  # ref is the baseline: the ratios are the ones above
+            dec, head = comp, e2e or comp
+        else:  # a peer against its own plain runs, pair by pair in the same rounds
+            dec = stats.compare(series(c.name), series(ref.name), noise=noise, **kw)
+            xe, be = metric(c.name, "e2e_tok_s"), metric(ref.name, "e2e_tok_s")
+            head = dec if xe is None or be is None else stats.compare(xe, be, noise=extra_noise_floor, **kw)
+        same = None
+        if check_identical:
+            same = (sum(all(tokens[(p.id, c.name, rep)] == tokens[(p.id, ref.name, 0)] for rep in range(reps))
+                        for p in w.prompts), len(w.prompts))
+        return {"reference": ref.name, "vs_reference": head, "vs_reference_decode": dec, "same_text": same}
+
     results: list[ConfigResult] = []
     for c in ordered:
         is_base = c.name == base.name
@@ -467,15 +498,15 @@ def _summarise_workload(
             if attr == "e2e_tok_s":
                 per_prompt_e2e = per_prompt_of(xs, b)
         mismatches: list[Mismatch] = []
-        if check_identical:
+        if check_identical and c.engine == base.engine:  # a peer promises no exactness: counted below
             slots = [c.name, self_slot] if is_base else [c.name]
             for rep, pid in keys:
-                ref = tokens[(pid, base.name, 0)]
+                want = tokens[(pid, base.name, 0)]
                 for slot in slots:
                     if is_base and slot == base.name and rep == 0:
                         continue  # the reference itself
                     got = tokens[(pid, slot, rep)]
-                    d = first_difference(ref, got)
+                    d = first_difference(want, got)
                     if d is not None:
                         mismatches.append(
                             Mismatch(
@@ -484,9 +515,9 @@ def _summarise_workload(
                                 config=slot,
                                 rep=rep,
                                 first_diff=d,
-                                baseline_len=len(ref),
+                                baseline_len=len(want),
                                 config_len=len(got),
-                                baseline_excerpt=list(ref[d : d + 8]),
+                                baseline_excerpt=list(want[d : d + 8]),
                                 config_excerpt=list(got[d : d + 8]),
                             )
                         )
@@ -497,12 +528,13 @@ def _summarise_workload(
                 spread=stats.summarize(series(c.name)),
                 comparison=comp,
                 counters=aggregate_counters(counters[c.name]),
-                checked=check_identical,
+                checked=check_identical and c.engine == base.engine,
                 mismatches=mismatches,
                 per_prompt=per_prompt,
                 end_to_end=extra["e2e_tok_s"],
                 first_token=extra["first_token_per_s"],
                 per_prompt_e2e=per_prompt_e2e,
+                **against_reference(c, own_plain.get(c.engine), comp, extra["e2e_tok_s"]),
             )
         )
     e2e = extra_noise["e2e_tok_s"]
