@@ -137,7 +137,7 @@ class EveryThird:
         self.step += 1
         return self.step % 3 == 0
 
-    def record(self, speculative, ms, emitted):
+    def record(self, speculative, ms, emitted, drafted=None):
         pass
 
 

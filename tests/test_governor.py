@@ -277,13 +277,70 @@ def test_draft_length_follows_recent_accepted_runs():
 
 
 def test_governor_sizes_drafts_from_what_it_was_told():
+    from tsspec.spec.governor import FIRST_DRAFT
+
     gov = SpeculationCostGovernor()
-    assert gov.draft_length(8) == 8  # nothing recorded yet
+    assert gov.draft_length(8) == FIRST_DRAFT  # nothing recorded yet: a short first draft
     for _ in range(4):
         gov.record(True, 10.0, 1)  # verifies that emitted only the correction: nothing accepted
     assert gov.draft_length(8) == 1
     gov.record(False, 5.0, 1)  # plain steps say nothing about drafts
     assert gov.draft_length(8) == 1
     gov.reset()
-    assert gov.draft_length(8) == 8
+    assert gov.draft_length(8) == FIRST_DRAFT
     assert SpeculationCostGovernor(enabled=False).draft_length(8) == 8
+
+
+def test_continuation_counts_only_verifies_that_reached_a_position():
+    from tsspec.spec.governor import continuation, expected_emitted
+
+    # n-gram-like: drafts of 4 taken whole or not at all
+    p = continuation([(4, 4), (4, 0), (4, 4), (4, 0)], 6)
+    assert p[0] == pytest.approx((2 + 0.5) / (4 + 1))
+    assert p[1] == pytest.approx((2 + p[0]) / (2 + 1))  # only the two that took the first draft count
+    assert p[3] > 0.9 and p[4] == p[3] and p[5] == p[3]  # past every draft: the last estimate
+    # a verify that drafted 2 and took both is no evidence against position 3
+    short = continuation([(2, 2)] * 6, 4)
+    assert short[2] == short[1] > 0.9
+    e = expected_emitted([(4, 4), (4, 0)] * 3, 8)
+    assert e[0] == 1.0 and all(b > a for a, b in zip(e, e[1:]))
+    assert expected_emitted([], 3) == pytest.approx([1.0, 1.5, 1.75, 1.875])
+
+
+def test_row_cost_and_best_length():
+    from tsspec.spec.governor import ROW_FLOOR, best_draft_length, expected_emitted, row_cost
+
+    assert row_cost([(20.0, 2), (30.0, 4), (100.0, 1)], 10.0) == pytest.approx(0.5)  # median, not the catch-up
+    assert row_cost([(8.0, 2)], 10.0) == ROW_FLOOR  # never free, never negative
+    assert row_cost([], 10.0) is None and row_cost([(20.0, 2)], 0.0) is None
+    taken_whole = expected_emitted([(8, 8)] * 8, 8)
+    assert best_draft_length(taken_whole, 0.1) == 8
+    rejected = expected_emitted([(4, 0)] * 8, 8)
+    assert best_draft_length(rejected, 0.4) == 1
+    fading = [(1 - 0.3 ** (k + 1)) / 0.7 for k in range(9)]  # each draft taken with p = 0.3
+    assert best_draft_length(fading, 0.4) == 1
+    assert best_draft_length(fading, 0.0) > 1
+    # a draft almost never taken is not lengthened for a sliver of a token, even when rows look free
+    assert best_draft_length(rejected, row_cost([(9.0, 1)], 10.0)) == 1
+
+
+def test_governor_lengthens_drafts_that_are_cheap_and_taken():
+    gov = SpeculationCostGovernor()
+    plain_ms = 10.0
+    k = gov.draft_length(8)
+    for i in range(12):
+        if gov.should_draft():
+            gov.record(True, plain_ms + 1.0 * k, k + 1, k)  # every draft taken, 0.1 step per row
+        else:
+            gov.record(False, plain_ms, 1)
+        k = gov.draft_length(8)
+    assert k == 8
+    costly = SpeculationCostGovernor()
+    k = costly.draft_length(8)
+    for i in range(12):  # half the first drafts rejected, rows cost 0.45 of a step
+        if costly.should_draft():
+            costly.record(True, plain_ms + 4.5 * k, 1 + (k if i % 2 else 0), k)
+        else:
+            costly.record(False, plain_ms, 1)
+        k = costly.draft_length(8)
+    assert k < 8

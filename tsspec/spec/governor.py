@@ -10,8 +10,22 @@ forward), and reports what it actually ran with ``record(speculative, ms, tokens
 * if the governor said "draft" but the loop ran a plain step (the speculator declined, no
   context headroom), report it as plain: it costs what a plain step costs.
 
-It also sizes the drafts: ``draft_length(window)`` is at most twice the mean accepted run of the
-recent verifies plus one (a verify's accepted drafts are its ``tokens - 1``), within the window.
+It also sizes the drafts. ``draft_length(window)`` picks the length k that maximises expected
+tokens per unit of time, ``E(k) / (1 + row * k)``, from two measured things:
+
+* ``E(k)``, the tokens a verify of k drafts would emit, estimated from the recent verifies without
+  assuming a shape: the chance that draft j is taken given j - 1 were is counted over the verifies
+  that drafted j (a product-limit estimate, so a verify cut short by its own length is not counted as
+  a rejection past it). n-gram drafts are taken whole or not at all, a drafter's fade token by token;
+  both are read as they are.
+* ``row``, the time one more drafted token adds to a step (drafting it plus its verify row) over a
+  plain step's time: the median over recent speculative steps of ``(ms - plain ms) / k``. On this
+  kind of CPU a verify row costs 0.15-0.45 of a whole step, so long drafts pay only when taken.
+
+Before any verify the first draft is short (``FIRST_DRAFT``): a long first draft that is rejected
+costs several steps, and there is no evidence yet. Without a cost measurement (no plain step yet, or
+a caller that does not report how many tokens it drafted) the length falls back to
+``draft_length(window, recent)``: twice the mean accepted run plus one.
 
 Contract: the governor reads no clock and draws no random number. Its decisions are a pure
 function of the stream of ``record`` calls, so tests drive it with synthetic timings. The
@@ -63,7 +77,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from itertools import islice
-from typing import Iterable
+from typing import Iterable, Sequence
 
 __all__ = [
     "GovernorConfig",
@@ -77,7 +91,14 @@ __all__ = [
     "is_losing",
     "park_length",
     "draft_length",
+    "continuation",
+    "expected_emitted",
+    "row_cost",
+    "best_draft_length",
     "RECENT_ACCEPTED",
+    "RECENT_VERIFIES",
+    "FIRST_DRAFT",
+    "ROW_FLOOR",
 ]
 
 PROBING = "probing"
@@ -135,6 +156,57 @@ def draft_length(window: int, recent_accepted: Iterable[int]) -> int:
     return max(1, min(window, math.ceil(2 * sum(acc) / len(acc)) + 1))
 
 
+RECENT_VERIFIES = 16  # (drafted, accepted) of the newest verifies, for the cost-aware length
+FIRST_DRAFT = 3  # the first draft of a sequence, before any evidence
+# the least a drafted token is taken to cost, as a fraction of a step: a row is never free (its KV
+# write, logits, acceptance check), and timings of small forwards can make it look negative; with no
+# floor a nearly-never-taken draft would be lengthened for a gain of a hundredth of a token
+ROW_FLOOR = 0.02
+
+
+def continuation(verifies: Iterable[tuple[int, int]], window: int, prior: float = 1.0) -> list[float]:
+    """Per position j = 1..window, the chance the j-th draft is accepted given the j - 1 before it
+    were, from ``(drafted, accepted)`` verifies: among the verifies that drafted j and accepted
+    j - 1, the share that accepted j (verifies that stopped short of j say nothing about it). Each
+    estimate is pulled towards the previous position's by ``prior`` pseudo-observations (the first
+    position's towards 1/2), and a position no verify reached takes the previous estimate."""
+    vs = [(int(k), int(a)) for k, a in verifies]
+    out: list[float] = []
+    last = 0.5
+    for j in range(1, window + 1):
+        reached = [a for k, a in vs if k >= j and a >= j - 1]
+        p = (sum(1 for a in reached if a >= j) + prior * last) / (len(reached) + prior) if reached else last
+        out.append(p)
+        last = p
+    return out
+
+
+def expected_emitted(verifies: Iterable[tuple[int, int]], window: int) -> list[float]:
+    """``E[k]`` for k = 0..window: tokens a verify of k drafts is expected to emit (the accepted
+    drafts plus the trunk's own token), from ``continuation``."""
+    e, survive = [1.0], 1.0
+    for p in continuation(verifies, window):
+        survive *= p
+        e.append(e[-1] + survive)
+    return e
+
+
+def row_cost(spec_steps: Iterable[tuple[float, int]], plain_ms: float) -> float | None:
+    """Time one drafted token adds to a step, as a fraction of a plain step: the median over
+    speculative steps ``(ms, drafted)`` of ``(ms - plain_ms) / drafted``, at least ``ROW_FLOOR``;
+    None without steps or a plain time."""
+    per = sorted((ms - plain_ms) / k for ms, k in spec_steps if k > 0)
+    if not per or not plain_ms > 0:
+        return None
+    return max(per[len(per) // 2] / plain_ms, ROW_FLOOR)
+
+
+def best_draft_length(expected: Sequence[float], row: float) -> int:
+    """The k in 1..len(expected)-1 with the most expected tokens per unit of time,
+    ``expected[k] / (1 + row * k)``; the shorter on ties."""
+    return max(range(1, len(expected)), key=lambda k: (expected[k] / (1.0 + row * k), -k))
+
+
 def park_length(streak: int, base: int, cap: int) -> int:
     """Steps to park after ``streak`` earlier parks without a win in between: base * 2**streak, capped."""
     return min(base << min(streak, 30), cap)
@@ -187,15 +259,25 @@ class SpeculationCostGovernor:
         self._streak = 0  # parks since the last win: the backoff exponent
         self.parks = 0  # parks this sequence, for the display
         self._accepted: deque[int] = deque(maxlen=RECENT_ACCEPTED)  # drafts taken by recent verifies
+        self._verifies: deque[tuple[int, int]] = deque(maxlen=RECENT_VERIFIES)  # (drafted, accepted)
+        self._spec_rows: deque[tuple[float, int]] = deque(maxlen=c.window)  # measured (ms, drafted)
         self.steps = 0
         self.drafted_steps = 0
         # first probe: warmup steps do not count as evidence, so ask for that many more
         self._probe(c.probe_spec + c.warmup, c.probe_plain + c.warmup)
 
     def draft_length(self, window: int) -> int:
-        """How many tokens the next draft may have (``draft_length`` over the recent verifies; the
-        whole window when disabled)."""
-        return draft_length(window, self._accepted) if self.enabled else window
+        """How many tokens the next draft may have: the cost-aware length (module docstring), the
+        whole window when disabled."""
+        if not self.enabled:
+            return window
+        if not self._accepted:
+            return min(window, FIRST_DRAFT)
+        plain = ms_per_token(self._plain)
+        row = row_cost(self._spec_rows, plain) if plain is not None and self._verifies else None
+        if row is None:
+            return draft_length(window, self._accepted)
+        return best_draft_length(expected_emitted(self._verifies, window), row)
 
     def should_draft(self) -> bool:
         if not self.enabled or self._state == HOLDING:
@@ -205,17 +287,24 @@ class SpeculationCostGovernor:
         # probing: interleave, speculative first on ties, until both needs are met
         return self._need_spec > 0 and self._need_spec >= self._need_plain
 
-    def record(self, speculative: bool, ms: float, tokens: int) -> None:
-        if ms < 0 or tokens < 0:
-            raise ValueError(f"need ms >= 0 and tokens >= 0, got {ms}, {tokens}")
+    def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None) -> None:
+        """One step: what kind it was, its wall time, the tokens it emitted and (speculative) how many
+        tokens it drafted (None: unknown, and the draft length falls back to the accepted-run rule)."""
+        if ms < 0 or tokens < 0 or (drafted is not None and drafted < 0):
+            raise ValueError(f"need ms, tokens, drafted >= 0, got {ms}, {tokens}, {drafted}")
         c = self.config
         self.steps += 1
         if speculative:
             self.drafted_steps += 1
-            self._accepted.append(max(int(tokens) - 1, 0))  # a verify emits its accepted drafts + 1
+            accepted = max(int(tokens) - 1, 0)  # a verify emits its accepted drafts + 1
+            self._accepted.append(accepted)
+            if drafted:
+                self._verifies.append((int(drafted), min(accepted, int(drafted))))
             self._seen_spec += 1
             if self._seen_spec > c.warmup:
                 self._spec.append((float(ms), int(tokens)))
+                if drafted:
+                    self._spec_rows.append((float(ms), int(drafted)))
         else:
             self._seen_plain += 1
             if self._seen_plain > c.warmup:
@@ -242,6 +331,7 @@ class SpeculationCostGovernor:
             self._steps_left -= 1
             if self._steps_left <= 0:
                 self._spec.clear()  # the evidence that parked it is what is being retested
+                self._spec_rows.clear()
                 self._probe(c.probe_spec, 0)
 
     # -- what the display reads

@@ -161,7 +161,7 @@ def decode(
                 break
         stats.generated = len(out_tokens)
         if governor is not None:
-            governor.record(speculative, _ms(step_t0), len(emitted))
+            governor.record(speculative, _ms(step_t0), len(emitted), len(draft.tokens) if speculative else None)
             stats.governor_state = governor.state
             stats.governor_parks = governor.parks
         stats.decode_ms = _ms(t_decode)
