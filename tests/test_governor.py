@@ -117,12 +117,21 @@ def test_first_probe_interleaves_both_kinds():
     gov = SpeculationCostGovernor()
     assert gov.state == PROBING and gov.ratio is None
     kinds = []
-    for _ in range(6):
+    for _ in range(4):
         d = gov.should_draft()
         kinds.append(d)
         gov.record(d, *(WINNER(0) if d else (PLAIN_MS, 1)))
-    assert kinds == [True, False, True, False, True, False]
+    assert kinds == [True, False, True, False]
     assert gov.state == HOLDING and gov.ratio == pytest.approx(0.5)
+    # with a warm-up step of each kind left unmeasured (for engines with one-off first-step costs)
+    warm = SpeculationCostGovernor(GovernorConfig(warmup=1))
+    kinds = []
+    for _ in range(6):
+        d = warm.should_draft()
+        kinds.append(d)
+        warm.record(d, *(WINNER(0) if d else (PLAIN_MS, 1)))
+    assert kinds == [True, False, True, False, True, False]
+    assert warm.state == HOLDING
 
 
 @pytest.mark.parametrize("spec_step", [LOSER, LOSER_MULTI], ids=["1tok", "3tok"])
@@ -236,14 +245,14 @@ def test_plain_step_reported_while_asked_to_draft_keeps_probing_cheaply():
 
 def test_display_fields():
     gov = SpeculationCostGovernor()
-    assert gov.steps_left == 6  # 2 + 2 measured, plus one warmup step of each kind
-    # S P (warmup) S P (measured): losing, parked at once on the fourth step
+    assert gov.steps_left == 4  # 2 + 2 measured steps
+    # S P: losing, parked at once on the second step, the first with both kinds measured
     run = simulate(gov, LOSER, n_tokens=5)
-    assert run.states[:4] == [PROBING, PROBING, PROBING, PARKED]
+    assert run.states[:2] == [PROBING, PARKED]
     assert gov.state == PARKED and gov.parks == 1
-    assert gov.steps_left == 8 - 1
+    assert gov.steps_left == 8 - 3  # three plain steps since
     assert gov.ratio == pytest.approx(2.0)
-    assert gov.describe() == "parked (7 left), ratio 2.00, parks 1"
+    assert gov.describe() == "parked (5 left), ratio 2.00, parks 1"
 
 
 def test_hold_expiry_refreshes_plain_baseline():

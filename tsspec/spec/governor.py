@@ -36,8 +36,10 @@ Measurement. Cost is milliseconds per *emitted* token, for each kind of step, as
 over a rolling window of the last ``window`` steps of that kind (a ratio of sums weights each
 step by the tokens it produced; a mean of per-step ratios would let a one-token miss count as
 much as an eight-token hit). ``ratio`` = speculative / plain; below 1 speculation wins. The first
-``warmup`` steps of each kind are not measured: they carry one-off costs (kernel compilation,
-graph capture, allocator growth) that would otherwise sit in a window for ``window`` steps.
+``warmup`` steps of each kind can be left unmeasured, for an engine whose first steps carry one-off
+costs (kernel compilation, graph capture) that would otherwise sit in a window for ``window``
+steps; the CPU engine has none (its kernels are built at load), so the default is 0: every probe
+step of a losing speculator is paid for, and an unmeasured one only delays the verdict.
 
 States:
 
@@ -225,7 +227,10 @@ class GovernorConfig:
     recent_margin: float = 0.5
     probe_spec: int = 2  # measured speculative steps a probe needs (first probe, and after a park)
     probe_plain: int = 2  # measured plain steps the first probe needs, and a re-probe after a hold
-    warmup: int = 1  # first steps of each kind left unmeasured (compilation, graph capture)
+    # first steps of each kind left unmeasured: for engines whose first steps carry one-off costs
+    # (compilation, graph capture); on the CPU there are none, and each unmeasured probe step is a
+    # step of a losing speculator paid before the verdict
+    warmup: int = 0
     hold_steps: int = 128  # drafting steps between plain-baseline refreshes while winning
     park_base: int = 8  # first park; doubled per consecutive park
     park_cap: int = 256
