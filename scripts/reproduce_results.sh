@@ -1,35 +1,45 @@
 #!/usr/bin/env bash
-# Re-measure the figures in docs/RESULTS.md on this machine (about 40 minutes on 2 cores).
-# Nothing else heavy should run meanwhile: ratios come from paired, interleaved runs, but a
-# machine that is busy with something else makes every interval wide.
+# Re-measure every figure in docs/RESULTS.md on this machine (about 60 minutes on 2 cores), each
+# into the raw file the document cites. Nothing else heavy should run meanwhile: ratios come from
+# paired, interleaved runs, but a machine busy with something else makes every interval wide.
+#
+#   bash scripts/reproduce_results.sh            # everything
+#   bash scripts/reproduce_results.sh plain spec # some sections: plain (vs llama.cpp, verify curve),
+#                                                #   spec (speculation beside llama.cpp's, per model)
+#
+# Models are pulled into the cache on first use; the peer (llama.cpp b11434) is built by
+# ../shared/tools/build_llamacpp.sh if it is missing (about 10 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export COLUMNS=150
+export COLUMNS=160
 mkdir -p docs/results
-# plain decode, prefill and verify curve beside llama.cpp (builds the peer if it is missing)
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(plain spec)
+want() { local s; for s in "${sections[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
 LLAMA_BIN=$(bash ../shared/tools/build_llamacpp.sh | tail -1)
-python scripts/bench_vs_llamacpp.py --rounds 3 --reps 2 --curve-rows 16 --llama-bin "$LLAMA_BIN" \
-  --json docs/results/vs-llamacpp.json | tee docs/results/vs-llamacpp.txt
-tsspec bench -m smollm2-135m --chat -w grounded -w prose --config ngram --config ngram:draft=4 -n 48 --reps 3 \
-  --json docs/results/bench-smollm2-135m-native.json | tee docs/results/bench-smollm2-135m-native.txt
-# n-gram speculation beside llama.cpp's own, through llama-server, on the same rendered prompts
-python scripts/spec_vs_llama_server.py -m smollm2-135m -w grounded --reps 2 --llama-bin "$LLAMA_BIN" \
-  --json docs/results/spec-vs-llama-server-smollm2-grounded.json
-python scripts/spec_vs_llama_server.py -m smollm2-135m -w prose --reps 2 --llama-bin "$LLAMA_BIN" \
-  --json docs/results/spec-vs-llama-server-smollm2-prose.json
-python scripts/spec_vs_llama_server.py -m qwen2.5-coder-0.5b -w grounded --reps 1 --llama-bin "$LLAMA_BIN" \
-  --json docs/results/spec-vs-llama-server-qwen05-grounded.json
-# below: the earlier (pre-native-kernel) sections of RESULTS.md; on today's code they re-measure the
-# native kernels, so compare with care
-python scripts/bench_plain.py --reps 5 --tokens 64 | tee docs/results/plain.txt
-for m in smollm2-135m gemma3-270m; do
-  chat=(); [ "$m" = smollm2-135m ] && chat=(--chat)
-  tsspec bench -m "$m" "${chat[@]}" -w grounded -w prose --config ngram --config ngram:draft=4 \
-    -n 48 --reps 3 --json "docs/results/bench-$m.json" --plot "docs/bench-$m.png" | tee "docs/results/bench-$m.txt"
-done
-tsspec bench -m qwen2.5-coder-0.5b --chat -w grounded -w prose --config ngram -n 48 --reps 3 \
-  --json docs/results/bench-qwen2.5-coder-0.5b.json | tee docs/results/bench-qwen2.5-coder-0.5b.txt
-tsspec bench -m qwen2.5-coder-1.5b --chat -w grounded -w code -w prose --config ngram \
-  --config draft-model:path=qwen2.5-coder-0.5b,draft=4 -n 48 --reps 2 \
-  --json docs/results/bench-qwen2.5-coder-1.5b.json --plot docs/bench-qwen2.5-coder-1.5b.png \
-  | tee docs/results/bench-qwen2.5-coder-1.5b.txt
+for m in smollm2-135m gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do tsspec pull "$m" >/dev/null; done
+
+if want plain; then
+  # plain decode, prefill and the verify curve beside llama-bench, AB/BA per round
+  python scripts/bench_vs_llamacpp.py --rounds 3 --reps 2 --curve-rows 16 --llama-bin "$LLAMA_BIN" \
+    --json docs/results/vs-llamacpp.json | tee docs/results/vs-llamacpp.txt
+fi
+
+if want spec; then
+  # tsspec's speculation and llama.cpp's own (its plain decoding, ngram-simple, ngram-mod, and -md
+  # where a drafter exists), all in one rotation on the same prompt ids; 48 tokens, chat template
+  peer=(--peer llama.cpp --llama-bin "$LLAMA_BIN")
+  tsspec bench -m smollm2-135m --chat -w grounded -w prose --config ngram --config ngram:draft=4 -n 48 --reps 2 \
+    "${peer[@]}" --json docs/results/spec-smollm2-135m.json --plot docs/spec-smollm2-135m.png \
+    | tee docs/results/spec-smollm2-135m.txt
+  tsspec bench -m gemma3-270m -w grounded -w prose --config ngram -n 48 --reps 2 \
+    "${peer[@]}" --json docs/results/spec-gemma3-270m.json | tee docs/results/spec-gemma3-270m.txt
+  tsspec bench -m qwen2.5-coder-0.5b --chat -w grounded -w prose --config ngram -n 48 --reps 2 \
+    "${peer[@]}" --json docs/results/spec-qwen2.5-coder-0.5b.json | tee docs/results/spec-qwen2.5-coder-0.5b.txt
+  tsspec bench -m qwen2.5-coder-1.5b --chat -w grounded -w code -w prose --config ngram \
+    --config draft-model:path=qwen2.5-coder-0.5b --draft-model qwen2.5-coder-0.5b -n 48 --reps 1 \
+    "${peer[@]}" --peer-spec ngram-simple --peer-spec ngram-mod --peer-spec draft \
+    --json docs/results/spec-qwen2.5-coder-1.5b.json --plot docs/spec-qwen2.5-coder-1.5b.png \
+    | tee docs/results/spec-qwen2.5-coder-1.5b.txt
+fi

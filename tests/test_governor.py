@@ -353,3 +353,19 @@ def test_governor_lengthens_drafts_that_are_cheap_and_taken():
             costly.record(False, plain_ms, 1)
         k = costly.draft_length(8)
     assert k < 8
+
+
+def test_governor_sim_script_separates_winners_from_losers():
+    """scripts/governor_sim.py: the policy on synthetic cost models (the figures its docstring cites)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "governor_sim.py"
+    spec = importlib.util.spec_from_file_location("governor_sim", path)
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    never = (sim.whole(0.0), 0.38, 0.45, 1.0, 0.1)  # an expensive drafter that is never right
+    always = (sim.whole(1.0), 0.1, 0.0, 1.0, 0.0)  # cheap rows, every draft taken whole
+    cfg = GovernorConfig()
+    assert 0.85 < sim.simulate(cfg, never, n=200, window=8, seeds=20) < 1.0  # parked: close to plain
+    assert sim.simulate(cfg, always, n=200, window=8, seeds=20) > 3.0

@@ -1,0 +1,99 @@
+"""The speculation cost governor on synthetic workloads: decode time of plain / governed speculation.
+
+    python scripts/governor_sim.py [-n 48] [--seeds 400] [--set warmup=1 --set park_base=16 ...]
+
+The governor reads no clock (``tsspec/spec/governor.py``), so its policy can be judged apart from
+any machine: each case below is a cost model measured on this project's CPU (a verify row costs
+``row`` of a plain step, a drafter's token ``drafter``; a parked drafter's catch-up ``catchup`` per
+token it missed) and an acceptance pattern (``geometric``: each draft token taken with probability
+a until the first miss, as a drafter's fade; ``whole``: a draft taken entirely with probability q,
+else not at all, as n-gram copies behave). ``match`` is the chance the speculator proposes anything
+on a step (an n-gram finds no earlier occurrence most of the time on prose). Prints, per case, the
+ratio of plain decode time to governed decode time (above 1: speculation pays) for the default
+configuration and for each ``--set`` variant; a paired real-machine measurement is ``tsspec bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+from typing import Callable
+
+from tsspec.spec.governor import GovernorConfig, SpeculationCostGovernor
+
+
+def geometric(a: float) -> Callable[[random.Random, int], int]:
+    def accepted(rng: random.Random, k: int) -> int:
+        n = 0
+        while n < k and rng.random() < a:
+            n += 1
+        return n
+    return accepted
+
+
+def whole(q: float, run: int = 12) -> Callable[[random.Random, int], int]:
+    return lambda rng, k: min(k, run) if rng.random() < q else 0
+
+
+# name: (acceptance, row, drafter, match, catchup); rows and drafter costs from docs/RESULTS.md
+CASES = {
+    "qwen1.5 ngram prose": (geometric(0.3), 0.38, 0.0, 0.4, 0.0),
+    "qwen1.5 ngram code": (geometric(0.75), 0.38, 0.0, 0.7, 0.0),
+    "qwen1.5 draft prose": (geometric(0.55), 0.38, 0.45, 1.0, 0.1),
+    "qwen1.5 draft code": (geometric(0.85), 0.38, 0.45, 1.0, 0.1),
+    "qwen1.5 ngram whole .3": (whole(0.3), 0.38, 0.0, 0.7, 0.0),
+    "qwen1.5 ngram whole .5": (whole(0.5), 0.38, 0.0, 0.7, 0.0),
+    "smollm ngram whole .7": (whole(0.7), 0.29, 0.0, 0.7, 0.0),
+}
+
+
+def simulate(config: GovernorConfig, case, *, n: int, window: int, seeds: int) -> float:
+    accept, row, drafter, match, catchup = case
+    plain_total = spec_total = 0.0
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        gov = SpeculationCostGovernor(config)
+        out, t, missed = 1, 0.0, 0
+        while out < n:
+            k = min(gov.draft_length(window), n - out - 1)
+            if k > 0 and gov.should_draft() and rng.random() < match:
+                ms = 1.0 + (row + drafter) * k + catchup * missed
+                missed, emitted = 0, accept(rng, k) + 1
+                gov.record(True, ms, emitted, k)
+            else:
+                ms, emitted = 1.0, 1
+                missed += 1
+                gov.record(False, ms, emitted)
+            t += ms
+            out += emitted
+        plain_total += n - 1
+        spec_total += t
+    return plain_total / spec_total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=48, help="tokens per sequence")
+    ap.add_argument("--window", type=int, default=8)
+    ap.add_argument("--seeds", type=int, default=400)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a GovernorConfig field for a variant (repeat; each --set is one variant)")
+    args = ap.parse_args()
+    variants = {"default": GovernorConfig()}
+    fields = {f.name: f.type for f in dataclasses.fields(GovernorConfig)}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        if key not in fields:
+            raise SystemExit(f"--set {item}: GovernorConfig has no field {key!r} ({', '.join(fields)})")
+        variants[item] = dataclasses.replace(GovernorConfig(), **{key: (float if "float" in str(fields[key]) else int)(value)})
+    width = max(len(v) for v in variants) + 2
+    print(f"plain / governed decode time, {args.n} tokens, window {args.window}, {args.seeds} seeds")
+    print(" " * 24 + "".join(f"{v:>{width}s}" for v in variants))
+    for name, case in CASES.items():
+        print(f"{name:24s}" + "".join(f"{simulate(c, case, n=args.n, window=args.window, seeds=args.seeds):{width}.3f}"
+                                     for c in variants.values()))
+
+
+if __name__ == "__main__":
+    main()
