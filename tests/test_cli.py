@@ -209,3 +209,12 @@ def test_bench_json_records_what_ran(model, tmp_path):
     assert "model" in meta["machine"]["cpu"] and "native" in meta["kernels"]
     ng = [c for c in d["workloads"][0]["configs"] if c["config"]["name"] == "ngram"][0]
     assert len(ng["per_prompt_ratio"]) == 3 and ng["ratio"]["n_groups"] == 3
+
+
+def test_python_dash_m_runs_the_cli():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "tsspec", "models"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "smollm2-135m" in r.stdout

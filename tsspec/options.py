@@ -42,13 +42,21 @@ class SpecOptions:
     adaptive: bool = True  # the cost governor
 
 
-def parse_bool(name: str, raw: str) -> bool:
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def bool_word(raw: str) -> bool | None:
+    """A boolean spelled as flags and environment variables spell it; None for anything else."""
     v = raw.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise BadInput(f"{name}={raw!r}: expected 0/1, true/false, yes/no or on/off")
+    return True if v in TRUE_WORDS else False if v in FALSE_WORDS else None
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    v = bool_word(raw)
+    if v is None:
+        raise BadInput(f"{name}={raw!r}: expected 0/1, true/false, yes/no or on/off")
+    return v
 
 
 def _parse(setting: str, name: str, raw: Any) -> Any:

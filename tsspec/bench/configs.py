@@ -42,18 +42,17 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from tsspec.errors import BadInput
+from tsspec.options import ACCEPT_RULES as _OPT_ACCEPT_RULES, DRAFT_MAX, DRAFT_MIN, bool_word
 
 def algos() -> tuple[str, ...]:
     """``plain`` plus every registered speculator: the registry is the one list of algorithms."""
     from tsspec.spec.registry import REGISTRY
 
     return ("plain", *REGISTRY.names())
-ACCEPT_RULES = ("match", "residual")
-DRAFT_MIN, DRAFT_MAX = 1, 64
+# the engine's own ranges and words (``tsspec.options``), so a config means what the flag means
+ACCEPT_RULES = tuple(r for r in _OPT_ACCEPT_RULES if r != "auto")
 DEFAULT_BASELINE = "plain"
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 # the options a config takes (anything else is refused: a typo must not run the defaults)
 _TYPED_KEYS = {"draft", "pmin", "path", "model", "accept", "adaptive"}
 _NAME_FORBIDDEN = set(":,= \t\n")
@@ -146,12 +145,10 @@ def _float_pmin(value: Any, where: str) -> float:
 def _bool(value: Any, key: str, where: str) -> bool:
     if isinstance(value, bool):
         return value
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
-    raise BadInput(f"{where}: {key} must be 0/1/true/false, got {value!r}")
+    v = bool_word(str(value))
+    if v is None:
+        raise BadInput(f"{where}: {key} must be 0/1/true/false, got {value!r}")
+    return v
 
 
 def _accept(value: Any, where: str) -> str:
