@@ -288,12 +288,15 @@ def info(
     from .models import arch_module
     from .options import SpecOptions
     from .tokenizer import Tokenizer
+    from .validate import validate_model
 
     out = Console()
     with user_errors():
         path = resolve_model(model, console=err)
         g = GGUFFile(path)
-        cfg = arch_module(g.arch).config(g)
+        mod = arch_module(g.arch)
+        validate_model(g)  # a file whose metadata and tensors disagree is refused here, by name
+        cfg = mod.config(g)
         tok = Tokenizer.from_metadata(g.metadata)
         t = Table(title=f"{path.name}", show_header=False)
         t.add_column(style="bold cyan")
