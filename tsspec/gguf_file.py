@@ -109,7 +109,8 @@ def open_reader(path: str | os.PathLike):
     from .validate import check_layout, records
 
     reader.records = records(reader)
-    check_layout(p.name, reader.records, int(reader.data_offset), size, int(reader.alignment))
+    check_layout(p.name, reader.records, int(reader.data_offset), size, int(reader.alignment),
+                 reader.data)
     return reader
 
 

@@ -145,6 +145,28 @@ def _checked_list(meta: Mapping[str, Any], key: str, n: int) -> list:
     return value
 
 
+def _tokenizers_call(fn):
+    """``fn()``, with what the ``tokenizers`` library raises on a vocabulary it cannot build (a plain
+    Exception, or a Rust panic, which arrives as pyo3's PanicException: a BaseException) turned into
+    ``ModelFileError``."""
+    try:
+        return fn()
+    except ModelFileError:
+        raise
+    except Exception as e:
+        raise ModelFileError(f"GGUF tokenizer metadata does not make a tokenizer: {_one_line(e)}") from None
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":  # KeyboardInterrupt, SystemExit: not ours to turn
+            raise
+        raise ModelFileError(f"GGUF tokenizer metadata does not make a tokenizer (tokenizers panicked: "
+                             f"{_one_line(e)})") from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return (text if len(text) <= 200 else text[:197] + "...") or type(e).__name__
+
+
 def _token_map(tokens: Sequence[str]) -> dict[str, int]:
     """text -> id; on a duplicated text the first id wins so the vocabulary stays a bijection."""
     vocab: dict[str, int] = {}
@@ -299,36 +321,42 @@ class Tokenizer:
             raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.tokens is not a list of strings")
         n = len(tokens)
         if "tokenizer.ggml.token_type" in meta:
-            types = [int(t) for t in _checked_list(meta, "tokenizer.ggml.token_type", n)]
+            types = _checked_list(meta, "tokenizer.ggml.token_type", n)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in types):
+                raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.token_type is not a list of integers")
         else:
             types = [NORMAL] * n
 
         kind = _require(meta, "tokenizer.ggml.model")
         add_space_prefix = False
-        if kind == "gpt2":
-            model, pre_tokenizer = _byte_level_model(meta, tokens)
-            default_add_bos = False
-        elif kind == "llama":
-            model, pre_tokenizer, add_space_prefix = _spm_model(meta, tokens, types)
-            default_add_bos = True  # llama.cpp's default for SentencePiece vocabularies
-        else:
+        if kind not in ("gpt2", "llama"):
             raise ModelFileError(
                 f"unsupported tokenizer.ggml.model {kind!r} (supported: 'gpt2', 'llama')"
             )
+        default_add_bos = kind == "llama"  # llama.cpp's default for SentencePiece vocabularies
 
-        hf = HFTokenizer(model)
-        hf.pre_tokenizer = pre_tokenizer
-        # normalized=False: matched against the raw text, before "▁" escaping or byte mapping.
-        hf.add_special_tokens(
-            [AddedToken(tokens[i], special=True, normalized=False) for i in range(n) if types[i] == CONTROL]
-        )
-        hf.add_tokens(
-            [
-                AddedToken(tokens[i], special=False, normalized=False)
-                for i in range(n)
-                if types[i] == USER_DEFINED
-            ]
-        )
+        def build() -> HFTokenizer:
+            nonlocal add_space_prefix
+            if kind == "gpt2":
+                model, pre_tokenizer = _byte_level_model(meta, tokens)
+            else:
+                model, pre_tokenizer, add_space_prefix = _spm_model(meta, tokens, types)
+            hf = HFTokenizer(model)
+            hf.pre_tokenizer = pre_tokenizer
+            # normalized=False: matched against the raw text, before "▁" escaping or byte mapping.
+            hf.add_special_tokens(
+                [AddedToken(tokens[i], special=True, normalized=False) for i in range(n) if types[i] == CONTROL]
+            )
+            hf.add_tokens(
+                [
+                    AddedToken(tokens[i], special=False, normalized=False)
+                    for i in range(n)
+                    if types[i] == USER_DEFINED
+                ]
+            )
+            return hf
+
+        hf = _tokenizers_call(build)
 
         bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", n)
         eos_id = _optional_id(meta, "tokenizer.ggml.eos_token_id", n)

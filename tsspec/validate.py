@@ -46,8 +46,12 @@ def tensor_bytes(dims: Sequence[int], block_size: int, type_size: int) -> int:
 
 
 def check_layout(fname: str, tensors: Sequence[TensorRecord], data_start: int, file_size: int,
-                 alignment: int) -> None:
-    """Tensor data ranges: inside the file, no overlap, no gap of an alignment or more."""
+                 alignment: int, data=None) -> None:
+    """Tensor data ranges: inside the file, no overlap, no gap of an alignment or more.
+
+    With ``data`` (the file's bytes, e.g. a memory map) the padding after each tensor must be zeros,
+    as every GGUF writer leaves it: a small tensor relabelled with a smaller type leaves its own
+    bytes there."""
     if not tensors:
         return
     for t in tensors:
@@ -66,14 +70,18 @@ def check_layout(fname: str, tensors: Sequence[TensorRecord], data_start: int, f
         if end > b.offset:
             raise ModelFileError(f"{fname}: tensor {a.name} ({a.type_name} {a.shape}, {a.n_bytes} bytes at data "
                                  f"offset {a.offset}) overlaps tensor {b.name} at offset {b.offset}")
-        if b.offset - end >= alignment:
-            raise ModelFileError(f"{fname}: tensor {a.name} is {a.type_name} {a.shape} ({a.n_bytes} bytes) but has "
-                                 f"{b.offset - a.offset} bytes before the next tensor: wrong type or shape")
+        if b.offset - end >= alignment or not _zeros(data, data_start + end, data_start + b.offset):
+            raise ModelFileError(f"{fname}: tensor {a.name} is {a.type_name} {a.shape} ({a.n_bytes} bytes), but "
+                                 f"the next tensor starts {b.offset - a.offset} bytes after it: wrong type or shape")
     last = ordered[-1]
-    tail = file_size - (data_start + last.offset + last.n_bytes)
-    if tail >= alignment:
+    end = data_start + last.offset + last.n_bytes
+    if file_size - end >= alignment or not _zeros(data, end, file_size):
         raise ModelFileError(f"{fname}: tensor {last.name} is {last.type_name} {last.shape} ({last.n_bytes} bytes) "
-                             f"but {tail} more bytes follow it to the end of the file: wrong type or shape")
+                             f"but {file_size - end} more bytes of data follow it: wrong type or shape")
+
+
+def _zeros(data, start: int, end: int) -> bool:
+    return data is None or start >= end or not any(bytes(data[start:end]))
 
 
 # ----------------------------------------------------------------------------- hyper-parameters
