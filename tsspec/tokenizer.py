@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from .errors import ModelFileError
+from .errors import BadInput, ModelFileError
 
 # llama.cpp token types (gguf TokenType).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -398,6 +398,10 @@ class Tokenizer:
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special`` adds BOS/EOS as the file asks, ``parse_special``
         lets control-token texts such as ``<|im_start|>`` become their single ids."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # lone surrogates: tokenizers would raise a TypeError
+            raise BadInput(f"text to encode is not valid UTF-8 (at character {e.start})") from None
         # The flag lives on the shared HF object; set it on every call so no call sees another's.
         self.hf.encode_special_tokens = not parse_special
         ids = self.hf.encode(text, add_special_tokens=False).ids if text else []
