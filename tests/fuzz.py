@@ -35,11 +35,14 @@ HUGE = (1 << 32) - 1
 COUNT_KEYS = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
               "attention.head_count_kv", "attention.key_length", "rope.dimension_count", "vocab_size",
               "attention.sliding_window_pattern", "ssm.conv_kernel", "ssm.state_size", "ssm.group_count",
-              "ssm.time_step_rank", "ssm.inner_size")
+              "ssm.time_step_rank", "ssm.inner_size",
+              # dflash drafters
+              "block_size", "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 FLOAT_KEYS = ("attention.layer_norm_rms_epsilon", "rope.freq_base")
 # keys where a huge value is legitimate (only the other damages are invalid)
 HUGE_OK = ("context_length", "attention.sliding_window")
 REQUIRED = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count")
+REQUIRED_BY_ARCH = {"dflash": ("block_count", "embedding_length", "attention.head_count", "block_size")}
 
 
 @dataclass(frozen=True)
@@ -67,9 +70,10 @@ class BaseInfo:
     size: int
     min_valid_size: int  # data start + end of the last tensor
     rewritable: bool  # all-F32, so tiny.rewrite_metadata can re-write it
+    drafter: bool = False  # attached to a trunk: only its token list and special ids are read
 
 
-def describe(name: str, path: Path, optional_tensors=()) -> BaseInfo:
+def describe(name: str, path: Path, optional_tensors=(), drafter: bool = False) -> BaseInfo:
     import gguf
 
     r = gguf.GGUFReader(str(path))
@@ -79,7 +83,7 @@ def describe(name: str, path: Path, optional_tensors=()) -> BaseInfo:
                 t.name not in optional_tensors) for t in r.tensors]
     end = max(int(t.data_offset) + int(t.n_bytes) for t in r.tensors)
     return BaseInfo(name, arch, keys, tensors, path.stat().st_size, end,
-                    all(t.tensor_type.name == "F32" for t in r.tensors))
+                    all(t.tensor_type.name == "F32" for t in r.tensors), drafter)
 
 
 # ----------------------------------------------------------------------------- choosing cases
@@ -105,8 +109,13 @@ def _meta_cases(b: BaseInfo, rng: random.Random) -> list[Case]:
                 # a positive number of another numeric type is still a valid float
                 ok_anyway = suffix in FLOAT_KEYS and vt == "FLOAT32"
                 out.append(Case(b.name, "meta", key, ("retype", v, vt), None if ok_anyway else True))
+    if f"{arch}.mask_token_id" in b.keys:  # 0 is a token like any other; past the vocabulary is not
+        out.append(Case(b.name, "meta", f"{arch}.mask_token_id", ("same", HUGE), True))
+    if b.rewritable and f"{arch}.target_layers" in b.keys:
+        for v in ([], [99], [-1], [1, 1]):
+            out.append(Case(b.name, "meta", f"{arch}.target_layers", ("retype", v, "ARRAY"), None if v == [1, 1] else True))
     if b.rewritable:
-        for suffix in REQUIRED:
+        for suffix in REQUIRED_BY_ARCH.get(arch, REQUIRED):
             out.append(Case(b.name, "drop_key", f"{arch}.{suffix}", None, True))
         out.append(Case(b.name, "meta", "general.architecture", ("retype", "mamba9", "STRING"), True))
         out.append(Case(b.name, "meta", "general.architecture", ("retype", 7, "UINT32"), True))
@@ -114,9 +123,11 @@ def _meta_cases(b: BaseInfo, rng: random.Random) -> list[Case]:
             out.append(Case(b.name, "meta", "tokenizer.ggml.tokens", ("shorten", 1), True))
             out.append(Case(b.name, "meta", "tokenizer.ggml.tokens", ("retype", [1, 2, 3], "ARRAY"), True))
             out.append(Case(b.name, "meta", "tokenizer.ggml.tokens", ("retype", "abc", "STRING"), True))
-            out.append(Case(b.name, "meta", "tokenizer.ggml.token_type", ("shorten", 3), True))
-            out.append(Case(b.name, "meta", "tokenizer.ggml.merges", ("retype", ["nospace"], "ARRAY"), True))
-            out.append(Case(b.name, "meta", "tokenizer.ggml.merges", ("retype", 5, "UINT32"), True))
+            # a drafter's own merges and token types are never read (the trunk's tokenizer splits text)
+            unread = None if b.drafter else True
+            out.append(Case(b.name, "meta", "tokenizer.ggml.token_type", ("shorten", 3), unread))
+            out.append(Case(b.name, "meta", "tokenizer.ggml.merges", ("retype", ["nospace"], "ARRAY"), unread))
+            out.append(Case(b.name, "meta", "tokenizer.ggml.merges", ("retype", 5, "UINT32"), unread))
             out.append(Case(b.name, "meta", "tokenizer.ggml.model", ("retype", "bert", "STRING"), True))
             out.append(Case(b.name, "meta", "tokenizer.ggml.eos_token_id", ("retype", 10**6, "UINT32"), True))
             out.append(Case(b.name, "meta", "tokenizer.ggml.eos_token_id", ("retype", "x", "STRING"), True))

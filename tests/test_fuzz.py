@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from fuzz import Case, corpus, describe, materialize
 from tiny import write_tiny_model
+from tiny_dflash import write_tiny_dflash
 from tsspec.cli import app
 
 SEED = int(os.environ.get("TSSPEC_FUZZ_SEED", "13"))
@@ -57,13 +58,34 @@ def bases(tmp_path_factory):
     files["llama_q8"] = write_tiny_model(d / "llama_q8.gguf", "llama", quant="Q8_0", tied=False)
     for arch in ("qwen35", "qwen3next"):
         files[arch] = write_hybrid(d / f"{arch}.gguf", arch)[0]
+    # a hybrid with its NextN/MTP block: without the block's eh_proj the head is simply not loaded
+    files["qwen35_mtp"] = write_hybrid(d / "qwen35_mtp.gguf", "qwen35", mtp=True)[0]
     optional = {"output.weight"} | {f"blk.{i}.attn_{x}.bias" for i in range(8) for x in "qkv"}
-    return {name: (p, describe(name, p, optional)) for name, p in files.items()}
+    optional |= {f"blk.4.{n}" for n in describe_names(files["qwen35_mtp"]) if n.startswith("blk.4.")}
+    # drafters, damaged and attached to an intact trunk with --draft-model
+    trunk = write_tiny_model(d / "trunk.gguf", "qwen3", n_layers=4)
+    files["dflash"] = write_tiny_dflash(d / "dflash.gguf", trunk)
+    files["dflash2"] = write_tiny_dflash(d / "dflash2.gguf", trunk, dflash2=True)
+    files["draft_llama"] = write_tiny_model(d / "draft_llama.gguf", "qwen3", n_layers=1, seed=5)
+    trunks = {"dflash": trunk, "dflash2": trunk, "draft_llama": trunk}
+    return {name: (p, describe(name, p, optional, drafter=name in trunks), trunks.get(name))
+            for name, p in files.items()}
 
 
-def run_case(case: Case, path: Path) -> str:
-    """-> "refused" | "loaded" | "traceback: ..." | "hang"."""
-    args = ["generate", "-m", str(path), "-p", "hello there", "-n", "2", "--quiet", "--no-spec"]
+def describe_names(path: Path) -> list[str]:
+    import gguf
+
+    return [t.name for t in gguf.GGUFReader(str(path)).tensors]
+
+
+def run_case(case: Case, path: Path, trunk: Path | None = None) -> str:
+    """-> "refused" | "loaded" | "traceback: ..." | "hang". A drafter (``trunk`` given) is attached
+    to that trunk with --draft-model; a model file is the -m model."""
+    if trunk is None:
+        args = ["generate", "-m", str(path), "-p", "hello there", "-n", "2", "--quiet", "--no-spec"]
+    else:
+        args = ["generate", "-m", str(trunk), "--draft-model", str(path), "-p", "hello there hello there",
+                "-n", "4", "--quiet"]
     try:
         with time_limit(CASE_SECONDS):
             r = CliRunner().invoke(app, args, env={"TS_SPEC_SPEC": "", "TS_MTP_SPEC": ""})
@@ -81,14 +103,15 @@ def run_case(case: Case, path: Path) -> str:
 
 
 def run_corpus(bases, n: int, tmp_path) -> Counter:
-    infos = [info for _, info in bases.values()]
+    infos = [info for _, info, _ in bases.values()]
     cases = corpus(infos, n, SEED)
     counts: Counter = Counter()
     bad: list[str] = []
     for i, case in enumerate(cases):
         dst = tmp_path / f"case{i % 4}.gguf"
-        materialize(case, bases[case.base][0], dst)
-        outcome = run_case(case, dst)
+        path, _, trunk = bases[case.base]
+        materialize(case, path, dst)
+        outcome = run_case(case, dst, trunk)
         counts["cases"] += 1
         counts[outcome.split(":")[0]] += 1
         if outcome.startswith("traceback") or outcome == "hang":
@@ -105,7 +128,7 @@ def run_corpus(bases, n: int, tmp_path) -> Counter:
 
 
 def test_corpus_is_seeded_and_mixed(bases):
-    infos = [info for _, info in bases.values()]
+    infos = [info for _, info, _ in bases.values()]
     a, b = corpus(infos, 300, SEED), corpus(infos, 300, SEED)
     assert [c.id for c in a] == [c.id for c in b] and len(a) == 300  # ids: NaN != NaN
     assert [c.id for c in corpus(infos, 300, SEED + 1)] != [c.id for c in a]
@@ -117,8 +140,8 @@ def test_corpus_is_seeded_and_mixed(bases):
 
 
 def test_undamaged_bases_load(bases, tmp_path):
-    for name, (path, _) in bases.items():
-        assert run_case(Case(name, "none", "", None, False), path) == "loaded", name
+    for name, (path, _, trunk) in bases.items():
+        assert run_case(Case(name, "none", "", None, False), path, trunk) == "loaded", name
 
 
 def test_fuzz_fast(bases, tmp_path):

@@ -137,7 +137,7 @@ ARCH_KEYS["qwen3next"] = HYBRID_KEYS
 HYBRID_ARCHS = ("qwen35", "qwen3next")
 
 
-def _typed(fname: str, key: str, value: Any, kind: type, low: float, high: float):
+def typed_value(fname: str, key: str, value: Any, kind: type, low: float, high: float):
     """``value`` as ``kind`` within [low, high], or one error naming the key."""
     if kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
@@ -178,7 +178,7 @@ def check_hparams(fname: str, arch: str, meta: Mapping[str, Any], n_tensors: int
                 raise ModelFileError(f"{fname}: missing metadata key {full!r}")
             v[k.suffix] = k.default
             continue
-        v[k.suffix] = _typed(fname, full, meta[full], k.kind, k.low, k.high)
+        v[k.suffix] = typed_value(fname, full, meta[full], k.kind, k.low, k.high)
 
     n_layers = v["block_count"]
     # every layer holds tensors: a count beyond the tensors present is refused before any per-layer list
@@ -191,25 +191,25 @@ def check_hparams(fname: str, arch: str, meta: Mapping[str, Any], n_tensors: int
     if isinstance(kv, list):  # per-layer counts: the trunk runs uniform ones
         if len(kv) != n_layers or not kv:
             raise ModelFileError(f"{fname}: metadata {kv_key} lists {len(kv)} counts for {n_layers} layers")
-        kvs = {_typed(fname, kv_key, x, int, 1, MAX_DIM) for x in kv}
+        kvs = {typed_value(fname, kv_key, x, int, 1, MAX_DIM) for x in kv}
         if len(kvs) != 1:
             raise ModelFileError(f"{fname}: metadata {kv_key} differs between layers ({sorted(kvs)}); "
                                  "only uniform KV head counts are supported")
         kv = kvs.pop()
-    n_kv = _typed(fname, kv_key, kv, int, 1, MAX_DIM)
+    n_kv = typed_value(fname, kv_key, kv, int, 1, MAX_DIM)
     if n_heads % n_kv:
         raise ModelFileError(f"{fname}: {n_heads} attention heads do not divide into {n_kv} KV heads "
                              f"({arch}.attention.head_count / head_count_kv)")
     hd_key = f"{arch}.attention.key_length"
     if hd_key in meta:
-        hd = _typed(fname, hd_key, meta[hd_key], int, 1, MAX_DIM)
+        hd = typed_value(fname, hd_key, meta[hd_key], int, 1, MAX_DIM)
     else:
         hd = d // n_heads
         if hd < 1:
             raise ModelFileError(f"{fname}: embedding_length {d} is smaller than the head count {n_heads} "
                                  f"and there is no {hd_key}")
     rope_key = f"{arch}.rope.dimension_count"
-    rope_dim = _typed(fname, rope_key, meta[rope_key], int, 2, hd) if rope_key in meta else hd
+    rope_dim = typed_value(fname, rope_key, meta[rope_key], int, 2, hd) if rope_key in meta else hd
     if rope_dim % 2:
         raise ModelFileError(f"{fname}: metadata {rope_key} should be even (rotary pairs), found {rope_dim}")
 
