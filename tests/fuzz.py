@@ -42,6 +42,8 @@ FLOAT_KEYS = ("attention.layer_norm_rms_epsilon", "rope.freq_base")
 # keys where a huge value is legitimate (only the other damages are invalid)
 HUGE_OK = ("context_length", "attention.sliding_window")
 REQUIRED = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count")
+# keys where 0 means "off" for that architecture
+ZERO_OK = {"dflash": ("attention.sliding_window",)}
 REQUIRED_BY_ARCH = {"dflash": ("block_count", "embedding_length", "attention.head_count", "block_size")}
 
 
@@ -102,7 +104,7 @@ def _meta_cases(b: BaseInfo, rng: random.Random) -> list[Case]:
             for v in (0.0, -1.0, float("nan"), float("inf"), float("-inf")):
                 out.append(Case(b.name, "meta", key, ("same", v), not huge_ok))
         elif t.startswith("UINT") or t.startswith("INT"):
-            out.append(Case(b.name, "meta", key, ("same", 0), True))
+            out.append(Case(b.name, "meta", key, ("same", 0), None if suffix in ZERO_OK.get(arch, ()) else True))
             out.append(Case(b.name, "meta", key, ("same", HUGE), None if huge_ok else True))
         if b.rewritable:
             for v, vt in (("four", "STRING"), ([1, 2], "ARRAY"), (True, "BOOL"), (-4, "INT32"), (2.5, "FLOAT32")):

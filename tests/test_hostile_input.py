@@ -186,3 +186,26 @@ def test_unreadable_model_file(model, monkeypatch):
     with pytest.raises(ModelFileError, match="cannot read model file .*Permission denied"):
         gguf_file.GGUFFile(model)
     one_error(run("info", model), 3, "Permission denied")
+
+
+# ----------------------------------------------------------------------------- huge prompts
+
+
+def test_min_tokens_is_a_lower_bound(model):
+    import random
+
+    from tsspec.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(model)
+    rng = random.Random(0)
+    alphabet = "the cat sat on mat. \u00e9\u4e2d\U0001f600<|im_end|>\n"
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 200)))
+        assert tok.min_tokens(text) <= len(tok.encode(text, add_special=False))
+
+
+def test_prompt_far_past_the_context_is_refused_before_tokenizing(model):
+    t = time.perf_counter()
+    r = run("generate", "-m", model, "-p", "the cat sat. " * 2_000_000, "-n", "2", "-c", "64")
+    one_error(r, 2, "prompt (at least")
+    assert time.perf_counter() - t < 20  # tokenizing 26 MB would take far longer

@@ -338,3 +338,15 @@ def test_gemma_builds_fast(real_model_path):
     tok = Tokenizer.from_metadata(meta)
     assert time.perf_counter() - start < 10  # 262144 tokens; about 1.5 s here
     assert tok.vocab_size == 262144
+
+
+@pytest.mark.parametrize("make", [bpe_meta, spm_meta])
+def test_min_tokens_never_exceeds_the_encoding(make):
+    import random
+
+    tok = Tokenizer.from_metadata(make())
+    rng = random.Random(1)
+    alphabet = "ab cd\u00e9\u4e2d\U0001f600\n\t<>"
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
+        assert tok.min_tokens(text) <= len(tok.encode(text, add_special=False)), text

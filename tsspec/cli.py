@@ -132,20 +132,25 @@ def build_speculation(opts, target):
     return speculator, governor, window, accept, notes
 
 
-def prompt_encoder(g, tok, *, chat: bool, system: str | None, kwargs: dict):
-    """text -> token ids: plain, or rendered through the file's chat template (one BOS at most)."""
+def prompt_encoder(g, tok, *, chat: bool, system: str | None, kwargs: dict, fits=None):
+    """text -> token ids: plain, or rendered through the file's chat template (one BOS at most).
+
+    ``fits`` (optional, ``(max_tokens, max_context)``): a text that cannot fit even at its fewest
+    possible tokens is refused before it is tokenized (a 30 MB prompt would take minutes)."""
     from .chat import build_messages, encode_chat, render_chat
+    from .generate import check_fits
 
     if chat and not tok.chat_template:
         raise BadInput(f"{g.path.name} has no chat template (tokenizer.chat_template); drop --chat")
 
     def encode(text: str) -> list[int]:
-        if not chat:
-            return tok.encode(text)
-        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        rendered = render_chat(tok.chat_template, build_messages(text, system), bos_token=bos, eos_token=eos, **kwargs)
-        return encode_chat(tok, rendered)
+        if chat:
+            bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+            eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+            text = render_chat(tok.chat_template, build_messages(text, system), bos_token=bos, eos_token=eos, **kwargs)
+        if fits is not None:
+            check_fits(tok.min_tokens(text), *fits, at_least=True)
+        return encode_chat(tok, text) if chat else tok.encode(text)
 
     return encode
 
@@ -277,7 +282,8 @@ def generate(
             err.print(f"[dim]note: {n}[/]")
         engine = Engine(target, tok, speculator=speculator, governor=governor, window=window, accept_rule=accept)
 
-        encode = prompt_encoder(g, tok, chat=chat, system=system, kwargs=kwargs)
+        encode = prompt_encoder(g, tok, chat=chat, system=system, kwargs=kwargs,
+                                fits=(max_tokens, target.max_context))
 
         interactive = sys.stdout.isatty() and not quiet and not json_out
         for pid, text in items:

@@ -32,6 +32,7 @@ Contract:
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import re
 import warnings
@@ -394,6 +395,18 @@ class Tokenizer:
         )
 
     # -- encoding -----------------------------------------------------------------------------
+
+    @functools.cached_property
+    def _max_token_bytes(self) -> int:
+        # >= 4: an unknown character (up to 4 bytes) becomes one <unk> at most
+        return max(4, max(len(t.encode("utf-8", "surrogatepass")) for t in self._tokens))
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))`` without encoding: no token stands for more bytes of
+        text than its own spelling has (byte-level: one character per byte; SentencePiece: "▁"
+        for a space, "<0x41>" for a byte). Lets a caller refuse a text far past the context before
+        tokenizing all of it."""
+        return -(-len(text.encode("utf-8", "surrogatepass")) // self._max_token_bytes)
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special`` adds BOS/EOS as the file asks, ``parse_special``

@@ -794,6 +794,10 @@ def load(g: GGUFFile, target, options=None, *, fmt: str | None = None) -> DFlash
         lm_head = target.lm_head
 
     selector = None
+    parts = [n for n in ("selector_hidden.weight", "selector_predecessor.weight", "selector_successor.weight")
+             if g.has_tensor(n)]
+    if parts and not g.has_tensor("selector_hidden.weight"):
+        raise ModelFileError(f"{name}: selector tensors present ({parts[0]}) but selector_hidden.weight is missing")
     if g.has_tensor("selector_hidden.weight"):
         r, k = cfg.selector_rank, cfg.selector_top_k
         if r <= 0 or k <= 0:
