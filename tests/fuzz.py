@@ -47,6 +47,22 @@ ZERO_OK = {"dflash": ("attention.sliding_window",)}
 REQUIRED_BY_ARCH = {"dflash": ("block_count", "embedding_length", "attention.head_count", "block_size")}
 
 
+# chat templates a file may carry (cases that hit the time budget would cost seconds each; the
+# budget's own tests cover those)
+HOSTILE_TEMPLATES = (
+    "{{ 'x' * 10 ** 9 }}",
+    "{% for m in messages %}{{ m.content | center(10 ** 10) }}{% endfor %}",
+    "{% for i in range(100000) %}{{ 'y' * 100 }}{% endfor %}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ messages.append(1) }}",
+    "{% for m in messages %}",
+    "{{ raise_exception('no') }}",
+    "{{ messages[7].content }}",
+    "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+    "{{ 10 ** (10 ** 10) }}",
+)
+
+
 @dataclass(frozen=True)
 class Case:
     base: str  # name of the base file
@@ -134,6 +150,9 @@ def _meta_cases(b: BaseInfo, rng: random.Random) -> list[Case]:
             out.append(Case(b.name, "meta", "tokenizer.ggml.eos_token_id", ("retype", 10**6, "UINT32"), True))
             out.append(Case(b.name, "meta", "tokenizer.ggml.eos_token_id", ("retype", "x", "STRING"), True))
             out.append(Case(b.name, "meta", "tokenizer.chat_template", ("retype", 3, "UINT32"), None))
+            if not b.drafter:  # run with --chat: a template that cannot render a prompt is refused
+                for template in HOSTILE_TEMPLATES:
+                    out.append(Case(b.name, "meta", "tokenizer.chat_template", ("retype", template, "STRING"), True))
             out.append(Case(b.name, "drop_key", "tokenizer.ggml.model", None, True))
     return out
 

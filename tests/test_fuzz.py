@@ -83,6 +83,8 @@ def run_case(case: Case, path: Path, trunk: Path | None = None) -> str:
     to that trunk with --draft-model; a model file is the -m model."""
     if trunk is None:
         args = ["generate", "-m", str(path), "-p", "hello there", "-n", "2", "--quiet", "--no-spec"]
+        if case.target == "tokenizer.chat_template":
+            args.append("--chat")
     else:
         args = ["generate", "-m", str(trunk), "--draft-model", str(path), "-p", "hello there hello there",
                 "-n", "4", "--quiet"]
@@ -153,3 +155,21 @@ def test_fuzz_fast(bases, tmp_path):
 def test_fuzz_full(bases, tmp_path):
     counts = run_corpus(bases, FULL_CASES, tmp_path)
     assert counts["cases"] >= 1000
+
+
+def test_a_few_cases_in_a_real_process(bases, tmp_path):
+    """The installed entry point in its own process: exit code, one error line, nothing else on
+    stderr (no traceback, no numpy warning)."""
+    import subprocess
+    import sys
+
+    infos = [info for _, info, trunk in bases.values() if trunk is None]
+    cases = [c for c in corpus(infos, 400, SEED) if c.invalid and c.target != "tokenizer.chat_template"][::97][:4]
+    assert len(cases) == 4
+    for i, case in enumerate(cases):
+        path = materialize(case, bases[case.base][0], tmp_path / f"p{i}.gguf")
+        r = subprocess.run([sys.executable, "-m", "tsspec.cli", "info", str(path)], capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "default"})
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode in (2, 3), (case.id, r.returncode, r.stderr[-2000:])
+        assert len(lines) == 1 and lines[0].startswith("error:"), (case.id, r.stderr[-2000:])
