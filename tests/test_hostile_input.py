@@ -209,3 +209,32 @@ def test_prompt_far_past_the_context_is_refused_before_tokenizing(model):
     r = run("generate", "-m", model, "-p", "the cat sat. " * 2_000_000, "-n", "2", "-c", "64")
     one_error(r, 2, "prompt (at least")
     assert time.perf_counter() - t < 20  # tokenizing 26 MB would take far longer
+
+
+# ----------------------------------------------------------------------------- every numeric flag
+
+NUMERIC_FLAGS = ("-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
+                 "--presence-penalty", "--frequency-penalty", "--seed", "-c", "-t", "--spec-draft", "--spec-pmin")
+EDGE_VALUES = ("-1", "0", "nan", "inf", "-inf", "1e30", "99999999999999999999", "x")
+
+
+def test_numeric_flag_edges_never_trace(model):
+    """Every numeric flag of generate at every edge value: a clean run, typer's usage error or one
+    error line; never a traceback or a crash."""
+    outcomes = {"ran": 0, "refused": 0, "usage": 0}
+    for flag in NUMERIC_FLAGS:
+        for value in EDGE_VALUES:
+            r = run("generate", "-m", model, "-p", "the cat", "-n", "2", "--quiet", "--spec", "--spec-type", "ngram",
+                    flag, value)
+            what = f"{flag} {value}: exit {r.exit_code} {r.exception!r} {r.output[-300:]}"
+            assert r.exception is None or isinstance(r.exception, SystemExit), what
+            assert "Traceback" not in r.output, what
+            if r.exit_code == 0:
+                outcomes["ran"] += 1
+            elif "Invalid value" in r.output:  # typer could not parse it as the flag's type
+                outcomes["usage"] += 1
+            else:
+                one_error(r, 2, "")
+                outcomes["refused"] += 1
+    print(f"\nflag edges: {sum(outcomes.values())} cases, {outcomes}")
+    assert outcomes["refused"] > 0 and outcomes["usage"] > 0
