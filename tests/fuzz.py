@@ -130,7 +130,7 @@ def _meta_cases(b: BaseInfo, rng: random.Random) -> list[Case]:
     if f"{arch}.mask_token_id" in b.keys:  # 0 is a token like any other; past the vocabulary is not
         out.append(Case(b.name, "meta", f"{arch}.mask_token_id", ("same", HUGE), True))
     if b.rewritable and f"{arch}.target_layers" in b.keys:
-        for v in ([], [99], [-1], [1, 1]):
+        for v in (["a"], [99], [-1], [1, 1]):  # (gguf cannot write an empty array)
             out.append(Case(b.name, "meta", f"{arch}.target_layers", ("retype", v, "ARRAY"), None if v == [1, 1] else True))
     if b.rewritable:
         for suffix in REQUIRED_BY_ARCH.get(arch, REQUIRED):
