@@ -19,6 +19,7 @@ Damage kinds:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 from dataclasses import dataclass
@@ -89,9 +90,10 @@ class BaseInfo:
     min_valid_size: int  # data start + end of the last tensor
     rewritable: bool  # all-F32, so tiny.rewrite_metadata can re-write it
     drafter: bool = False  # attached to a trunk: only its token list and special ids are read
+    meta_read: bool = True  # False: a NextN head file, bound by its tensors alone (metadata unread)
 
 
-def describe(name: str, path: Path, optional_tensors=(), drafter: bool = False) -> BaseInfo:
+def describe(name: str, path: Path, optional_tensors=(), drafter: bool = False, meta_read: bool = True) -> BaseInfo:
     import gguf
 
     r = gguf.GGUFReader(str(path))
@@ -101,7 +103,7 @@ def describe(name: str, path: Path, optional_tensors=(), drafter: bool = False) 
                 t.name not in optional_tensors) for t in r.tensors]
     end = max(int(t.data_offset) + int(t.n_bytes) for t in r.tensors)
     return BaseInfo(name, arch, keys, tensors, path.stat().st_size, end,
-                    all(t.tensor_type.name == "F32" for t in r.tensors), drafter)
+                    all(t.tensor_type.name == "F32" for t in r.tensors), drafter, meta_read)
 
 
 # ----------------------------------------------------------------------------- choosing cases
@@ -138,7 +140,9 @@ def _meta_cases(b: BaseInfo, rng: random.Random) -> list[Case]:
         out.append(Case(b.name, "meta", "general.architecture", ("retype", "mamba9", "STRING"), True))
         out.append(Case(b.name, "meta", "general.architecture", ("retype", 7, "UINT32"), True))
         if "tokenizer.ggml.tokens" in b.keys:
-            out.append(Case(b.name, "meta", "tokenizer.ggml.tokens", ("shorten", 1), True))
+            # fewer tokens than embedding rows is padding where {arch}.vocab_size states the rows
+            padded = f"{arch}.vocab_size" in b.keys
+            out.append(Case(b.name, "meta", "tokenizer.ggml.tokens", ("shorten", 1), None if padded else True))
             out.append(Case(b.name, "meta", "tokenizer.ggml.tokens", ("retype", [1, 2, 3], "ARRAY"), True))
             out.append(Case(b.name, "meta", "tokenizer.ggml.tokens", ("retype", "abc", "STRING"), True))
             # a drafter's own merges and token types are never read (the trunk's tokenizer splits text)
@@ -204,6 +208,8 @@ def corpus(bases: list[BaseInfo], n: int, seed: int) -> list[Case]:
     for b in bases:
         for make in (_meta_cases, _tensor_cases, _file_cases):
             cases = make(b, rng)
+            if make is _meta_cases and not b.meta_read:  # damage nothing reads: it need only not crash
+                cases = [dataclasses.replace(c, invalid=None) for c in cases]
             rng.shuffle(cases)
             pools.append(cases)
     out: list[Case] = []

@@ -50,14 +50,14 @@ def time_limit(seconds: int):
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
-    from tiny_hybrid import write_hybrid
+    from tiny_hybrid import write_hybrid, write_nextn_only
 
     d = tmp_path_factory.mktemp("fuzz_bases")
     files = {arch: write_tiny_model(d / f"{arch}.gguf", arch, n_layers=2 if arch != "gemma3" else None)
              for arch in ("llama", "qwen2", "qwen3", "gemma3")}
     files["llama_q8"] = write_tiny_model(d / "llama_q8.gguf", "llama", quant="Q8_0", tied=False)
-    for arch in ("qwen35", "qwen3next"):
-        files[arch] = write_hybrid(d / f"{arch}.gguf", arch)[0]
+    files["qwen35"], q35 = write_hybrid(d / "qwen35.gguf", "qwen35")
+    files["qwen3next"] = write_hybrid(d / "qwen3next.gguf", "qwen3next")[0]
     # a hybrid with its NextN/MTP block: without the block's eh_proj the head is simply not loaded
     files["qwen35_mtp"] = write_hybrid(d / "qwen35_mtp.gguf", "qwen35", mtp=True)[0]
     optional = {"output.weight"} | {f"blk.{i}.attn_{x}.bias" for i in range(8) for x in "qkv"}
@@ -67,9 +67,10 @@ def bases(tmp_path_factory):
     files["dflash"] = write_tiny_dflash(d / "dflash.gguf", trunk)
     files["dflash2"] = write_tiny_dflash(d / "dflash2.gguf", trunk, dflash2=True)
     files["draft_llama"] = write_tiny_model(d / "draft_llama.gguf", "qwen3", n_layers=1, seed=5)
-    trunks = {"dflash": trunk, "dflash2": trunk, "draft_llama": trunk}
-    return {name: (p, describe(name, p, optional, drafter=name in trunks), trunks.get(name))
-            for name, p in files.items()}
+    files["nextn_head"] = write_nextn_only(d / "nextn_head.gguf", q35)  # a separate MTP head file
+    trunks = {"dflash": trunk, "dflash2": trunk, "draft_llama": trunk, "nextn_head": files["qwen35"]}
+    return {name: (p, describe(name, p, optional, drafter=name in trunks, meta_read=name != "nextn_head"),
+                   trunks.get(name)) for name, p in files.items()}
 
 
 def describe_names(path: Path) -> list[str]:

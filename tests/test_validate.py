@@ -101,6 +101,12 @@ def test_hparams_refused_by_key(over, needle):
         check_hparams(F, "llama", m, 20)
 
 
+def test_padding_rows_beyond_the_token_list_are_allowed():
+    m = meta(vocab_size=304)
+    m["tokenizer.ggml.tokens"] = ["t"] * 300
+    assert check_hparams(F, "llama", m, 20)["vocab"] == 304  # token_embd must then have 304 rows
+
+
 def test_huge_block_count_is_refused_before_any_per_layer_list():
     t = time.perf_counter()
     with pytest.raises(ModelFileError, match="block_count is 4194304, but the file holds only 20 tensors"):

@@ -216,10 +216,11 @@ def check_hparams(fname: str, arch: str, meta: Mapping[str, Any], n_tensors: int
     vocab = v.get("vocab_size")
     tokens = meta.get("tokenizer.ggml.tokens")
     if isinstance(tokens, list):
-        if vocab is not None and vocab != len(tokens):
+        # more embedding rows than tokens is padding (allowed); fewer leaves token ids without a row
+        if vocab is not None and vocab < len(tokens):
             raise ModelFileError(f"{fname}: metadata {arch}.vocab_size is {vocab}, but the tokenizer has "
                                  f"{len(tokens)} tokens")
-        vocab = len(tokens)
+        vocab = len(tokens) if vocab is None else vocab
     elif tokens is not None:
         raise ModelFileError(f"{fname}: metadata tokenizer.ggml.tokens should be a list of strings, "
                              f"found {_show(tokens)}")
@@ -346,11 +347,26 @@ def _same_shape(found: tuple[int, ...], want: tuple[int, ...]) -> bool:
     return found == want
 
 
-def check_tensors(fname: str, arch: str, hp: Mapping[str, Any], tensors: Mapping[str, TensorRecord]) -> None:
-    """Every tensor the trunk loads: present, of the implied shape, of a type the loader reads."""
+def nextn_tensors(layer: int, hp: Mapping[str, Any]) -> dict[str, tuple]:
+    """name -> (shape, optional) of a NextN/MTP block at ``blk.{layer}``: a gated-attention block
+    and the ``nextn.*`` tensors, shaped by the trunk it binds to (``hp`` as ``check_hparams`` gives)."""
+    hp = {**hp, "d2": 2 * hp["d"]}
+    out = {}
+    for table in (LAYER_TENSORS["hybrid_attention"], LAYER_TENSORS["nextn"]):
+        for key, dims in table.items():
+            out[f"blk.{layer}." + key.rstrip("?")] = (tuple(hp[x] for x in dims), key.endswith("?"))
+    return out
+
+
+def check_tensors(fname: str, arch: str, hp: Mapping[str, Any], tensors: Mapping[str, TensorRecord],
+                  expected: Mapping[str, tuple] | None = None) -> None:
+    """Every tensor the trunk loads (or ``expected``: name -> (shape, optional)): present, of the
+    implied shape, of a type the loader reads."""
     hp = {**hp, "d2": 2 * hp["d"]}
     readable = weight_types()
-    for name, (want, optional) in expected_tensors(arch, hp, set(tensors)).items():
+    if expected is None:
+        expected = expected_tensors(arch, hp, set(tensors))
+    for name, (want, optional) in expected.items():
         t = tensors.get(name)
         if t is None:
             if optional:
