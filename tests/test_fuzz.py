@@ -16,12 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
+from clirun import run
 from fuzz import Case, corpus, describe, materialize
 from tiny import write_tiny_model
 from tiny_dflash import write_tiny_dflash
-from tsspec.cli import app
 
 SEED = int(os.environ.get("TSSPEC_FUZZ_SEED", "13"))
 FAST_CASES = 200
@@ -91,7 +89,7 @@ def run_case(case: Case, path: Path, trunk: Path | None = None) -> str:
                 "-n", "4", "--quiet"]
     try:
         with time_limit(CASE_SECONDS):
-            r = CliRunner().invoke(app, args, env={"TS_SPEC_SPEC": "", "TS_MTP_SPEC": ""})
+            r = run(*args)
     except Hang:
         return "hang"
     if r.exit_code == 0 and r.exception is None:

@@ -6,27 +6,19 @@ the operating system refuses."""
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 
 import pytest
-from typer.testing import CliRunner
-
+from clirun import run
 from tiny import write_tiny_model
 from tsspec import hub
 from tsspec.chat import build_messages, parse_template_kwargs, render_chat
-from tsspec.cli import app
 from tsspec.errors import BadInput, ModelFileError
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     return str(write_tiny_model(tmp_path_factory.mktemp("hostile") / "tiny.gguf", arch="llama", seed=3))
-
-
-def run(*args, input=None, env=None):
-    env = {k: "" for k in ("TS_SPEC_SPEC", "TS_MTP_SPEC", "TS_SPEC_TYPE")} | (env or {})
-    return CliRunner().invoke(app, list(args), input=input, env=env)
 
 
 def one_error(r, code, needle):

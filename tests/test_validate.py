@@ -7,10 +7,8 @@ import math
 import time
 
 import pytest
-from typer.testing import CliRunner
-
+from clirun import run
 from tiny import rewrite_metadata, write_tiny_model
-from tsspec.cli import app
 from tsspec.errors import ModelFileError
 from tsspec.validate import TensorRecord, check_hparams, check_layout, check_tensors, expected_tensors
 
@@ -214,4 +212,4 @@ def test_info_and_generate_say_what_is_wrong(good, tmp_path, key, value, needle)
     bad = rewrite_metadata(good, tmp_path / "bad.gguf", _set(key, value))
     for args in (["info", str(bad)], ["info", str(bad), "--no-load"],
                  ["generate", "-m", str(bad), "-p", "hi", "-n", "2"]):
-        one_error(CliRunner().invoke(app, args), needle)
+        one_error(run(*args), needle)

@@ -110,7 +110,7 @@ LLAMA_KEYS = (
     Key("attention.layer_norm_rms_epsilon", float, 1e-6, low=1e-30, high=1.0),
     Key("vocab_size", int, optional=True),
 )
-# per architecture: extra keys, default rope base, layout of layers
+# per architecture: the keys beyond LLAMA_KEYS, with the defaults tsspec/models/<arch>.py uses
 ARCH_KEYS: dict[str, tuple[Key, ...]] = {
     "llama": (Key("rope.freq_base", float, 10000.0, low=1e-6, high=1e30),),
     "qwen2": (Key("rope.freq_base", float, 1000000.0, low=1e-6, high=1e30),),
