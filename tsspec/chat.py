@@ -243,7 +243,7 @@ def render_chat(
                        f"grows without bound)") from None
     except _TemplateError as e:
         raise BadInput(f"chat template rejected the conversation: {_one_line(e)}") from None
-    except (Exception, MemoryError) as e:  # jinja2 errors, and Python errors raised from inside the template
+    except Exception as e:  # jinja2 errors, Python errors raised inside the template, MemoryError
         raise BadInput(f"chat template failed to render: {type(e).__name__}: {_one_line(e)}") from None
     finally:
         _budget.reset(token)

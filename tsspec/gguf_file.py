@@ -102,7 +102,7 @@ def open_reader(path: str | os.PathLike):
             reader = _fast_reader_class()(str(p), "r")
     except PermissionError as e:
         raise ModelFileError(f"cannot read model file {p}: {e.strerror}") from None
-    except (Exception, MemoryError) as e:  # gguf-py raises ValueError/IndexError/struct errors on damage
+    except Exception as e:  # gguf-py raises ValueError/IndexError/struct errors (MemoryError too) on damage
         raise ModelFileError(f"corrupt or truncated GGUF file {p}: {_one_line(e)}") from None
     # A truncated file can still parse its header: every tensor's bytes must be in the file, in
     # order, each of the size its type and shape give.
