@@ -44,3 +44,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The full fuzz corpus (``fuzz``) runs only when asked for with ``-m fuzz``; the default run
+    has its seeded subset (tests/test_fuzz.py)."""
+    if "fuzz" in (config.option.markexpr or ""):
+        return
+    keep = [i for i in items if i.get_closest_marker("fuzz") is None]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i.get_closest_marker("fuzz") is not None])
+        items[:] = keep

@@ -230,6 +230,35 @@ def test_bad_bpe_metadata(change, key):
     assert "\n" not in str(err.value)
 
 
+def test_vocabulary_tokenizers_cannot_build_is_a_model_file_error():
+    # a merge whose result is not a token: tokenizers raises a plain Exception
+    meta = bpe_meta()
+    meta["tokenizer.ggml.merges"] = meta["tokenizer.ggml.merges"] + ["\u0120 zz"]
+    with pytest.raises(ModelFileError, match="does not make a tokenizer"):
+        Tokenizer.from_metadata(meta)
+    with pytest.raises(ModelFileError, match="token_type is not a list of integers"):
+        Tokenizer.from_metadata(bpe_meta(**{"tokenizer.ggml.token_type": ["x"] * len(meta["tokenizer.ggml.tokens"])}))
+
+
+def test_tokenizers_panic_is_wrapped_but_interrupts_pass():
+    from tsspec.tokenizer import _tokenizers_call
+
+    class PanicException(BaseException):  # what pyo3 raises for a Rust panic
+        pass
+
+    def panic():
+        raise PanicException("called `Option::unwrap()` on a `None` value")
+
+    with pytest.raises(ModelFileError, match="tokenizers panicked: called `Option::unwrap"):
+        _tokenizers_call(panic)
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _tokenizers_call(interrupt)
+
+
 def test_bad_spm_metadata():
     meta = spm_meta()
     del meta["tokenizer.ggml.scores"]
@@ -309,3 +338,15 @@ def test_gemma_builds_fast(real_model_path):
     tok = Tokenizer.from_metadata(meta)
     assert time.perf_counter() - start < 10  # 262144 tokens; about 1.5 s here
     assert tok.vocab_size == 262144
+
+
+@pytest.mark.parametrize("make", [bpe_meta, spm_meta])
+def test_min_tokens_never_exceeds_the_encoding(make):
+    import random
+
+    tok = Tokenizer.from_metadata(make())
+    rng = random.Random(1)
+    alphabet = "ab cd\u00e9\u4e2d\U0001f600\n\t<>"
+    for _ in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
+        assert tok.min_tokens(text) <= len(tok.encode(text, add_special=False)), text

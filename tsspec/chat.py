@@ -8,14 +8,26 @@ Contract:
   text matches what transformers' ``apply_chat_template`` would produce. Any failure to parse or
   render becomes ``BadInput`` with one line naming the problem.
 * ``build_messages(prompt, system)`` is the message list for a single user turn.
-* ``parse_template_kwargs(text)`` reads ``--chat-template-kwargs`` (a JSON object) into a dict.
+* Rendering runs under a budget (``TEMPLATE_SECONDS`` of wall clock, ``TEMPLATE_OUTPUT_CHARS`` of
+  text beyond the messages' own): ``range`` loops, calls and every output chunk check the clock,
+  ``*``/``**`` and calls refuse results past the size budget before computing them, and on the
+  main thread an alarm stops loops that do none of those. Going over is one ``BadInput`` naming
+  the budget.
+* ``parse_template_kwargs(text)`` reads ``--chat-template-kwargs`` (a JSON object) into a dict;
+  the variables tsspec sets itself (``RESERVED_VARIABLES``) are refused.
 * ``encode_chat(tokenizer, text)`` encodes rendered chat text with special tokens parsed, adding
   BOS only when the tokenizer wants one and the template has not already written it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
+import math
+import signal
+import threading
+import time
+from contextlib import contextmanager
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -23,9 +35,100 @@ from typing import Any
 from .errors import BadInput
 from .tokenizer import Tokenizer
 
+TEMPLATE_SECONDS = 5.0
+TEMPLATE_OUTPUT_CHARS = 1_000_000  # text a template may add beyond the messages it is given
+RESERVED_VARIABLES = ("messages", "add_generation_prompt", "bos_token", "eos_token")
+
 
 class _TemplateError(Exception):
     """A template rejected its input via ``raise_exception``."""
+
+
+class _OverBudget(BaseException):
+    """A rendering ran past its time or size budget (a BaseException: templates cannot catch it,
+    and no ``except Exception`` on the way mistakes it for an ordinary failure)."""
+
+
+class _Budget:
+    def __init__(self, seconds: float, chars: int):
+        self.seconds, self.chars = seconds, chars
+        self.deadline = time.monotonic() + seconds
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise _OverBudget(f"ran past its time budget of {self.seconds:g} s")
+
+    def size(self, n: int) -> None:
+        if n > self.chars:
+            raise _OverBudget(f"would make more than its output budget of {self.chars} characters")
+
+
+_budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("template_budget", default=None)
+
+
+def _tick() -> None:
+    b = _budget.get()
+    if b is not None:
+        b.tick()
+
+
+class _BudgetedRange:
+    """``range`` for templates: jinja's size cap, and the clock checked on every step."""
+
+    def __init__(self, *args: int):
+        from jinja2.sandbox import safe_range
+
+        self._r = safe_range(*args)  # refuses more than jinja's MAX_RANGE items
+
+    def __len__(self) -> int:
+        return len(self._r)
+
+    def __getitem__(self, i):
+        return self._r[i]
+
+    def __contains__(self, x) -> bool:
+        return x in self._r
+
+    def __iter__(self):
+        for i in self._r:
+            _tick()
+            yield i
+
+    def __reversed__(self):
+        for i in reversed(self._r):
+            _tick()
+            yield i
+
+
+def _environment_class():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BudgetedEnvironment(ImmutableSandboxedEnvironment):
+        """The sandbox, with sizes checked before ``*``/``**`` and calls make something huge."""
+
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context, operator, left, right):
+            b = _budget.get()
+            if b is not None:
+                if operator == "*":
+                    for seq, n in ((left, right), (right, left)):
+                        if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+                            b.size(len(seq) * n)
+                elif operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+                    b.size(int(right * math.log2(abs(left)) / 8))  # bytes of the result
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+            b = _budget.get()
+            if b is not None:
+                b.tick()
+                for a in (*args, *kwargs.values()):  # "x".ljust(10**9), "x"|center(10**9)
+                    if isinstance(a, int) and not isinstance(a, bool):
+                        b.size(abs(a))
+            return super().call(__context, __obj, *args, **kwargs)
+
+    return BudgetedEnvironment
 
 
 def _raise_exception(message: str) -> None:
@@ -48,16 +151,58 @@ def _strftime_now(fmt: str) -> str:
 def _compile(template: str):
     from jinja2 import TemplateError
     from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
+    env = _environment_class()(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters = {name: _budgeted_filter(f) for name, f in env.filters.items()}
+    env.filters["tojson"] = _budgeted_filter(_tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["range"] = _BudgetedRange
     try:
         return env.from_string(template)
     except TemplateError as e:
         raise BadInput(f"chat template does not parse: {_one_line(e)}") from None
+
+
+def _budgeted_filter(f):
+    """A filter whose integer arguments (widths, counts) are held to the size budget and which
+    checks the clock: filters are called directly, not through the sandbox's ``call``."""
+    import functools
+
+    @functools.wraps(f)
+    def wrapped(*args, **kwargs):
+        b = _budget.get()
+        if b is not None:
+            b.tick()
+            for a in (*args[1:], *kwargs.values()):
+                if isinstance(a, int) and not isinstance(a, bool):
+                    b.size(abs(a))
+        return f(*args, **kwargs)
+
+    return wrapped
+
+
+@contextmanager
+def _alarm(budget: _Budget):
+    """On the main thread, with SIGALRM unused: stop a loop that never ticks (``for c in s``
+    nested) when the time budget runs out. Elsewhere the ticks alone enforce it."""
+    usable = (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+              and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+              and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
+    if not usable:
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise _OverBudget(f"ran past its time budget of {budget.seconds:g} s")
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, budget.seconds + 0.5)  # the ticks normally fire first
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 def _one_line(e: BaseException) -> str:
@@ -72,23 +217,36 @@ def render_chat(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    seconds: float = TEMPLATE_SECONDS,
+    max_chars: int | None = None,
     **kwargs: Any,
 ) -> str:
     """The prompt text the template makes of ``messages``; extra ``kwargs`` (e.g.
-    ``enable_thinking``) are passed to the template as variables."""
+    ``enable_thinking``) are passed to the template as variables. ``seconds`` and ``max_chars``
+    (default: ``TEMPLATE_OUTPUT_CHARS`` plus twice the messages' text) bound the rendering."""
     compiled = _compile(template)
+    own = sum(len(str(m.get("content", ""))) for m in messages) + len(bos_token) + len(eos_token)
+    budget = _Budget(seconds, TEMPLATE_OUTPUT_CHARS + 2 * own if max_chars is None else max_chars)
+    token = _budget.set(budget)
     try:
-        return compiled.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            **kwargs,
-        )
+        with _alarm(budget):
+            parts, n = [], 0
+            for chunk in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                           bos_token=bos_token, eos_token=eos_token, **kwargs):
+                n += len(chunk)
+                budget.size(n)
+                budget.tick()
+                parts.append(chunk)
+            return "".join(parts)
+    except _OverBudget as e:
+        raise BadInput(f"chat template {e} (the template or --chat-template-kwargs loops or "
+                       f"grows without bound)") from None
     except _TemplateError as e:
         raise BadInput(f"chat template rejected the conversation: {_one_line(e)}") from None
-    except Exception as e:  # jinja2 errors, and Python errors raised from inside the template
+    except Exception as e:  # jinja2 errors, Python errors raised inside the template, MemoryError
         raise BadInput(f"chat template failed to render: {type(e).__name__}: {_one_line(e)}") from None
+    finally:
+        _budget.reset(token)
 
 
 def build_messages(prompt: str, system: str | None = None) -> list[dict]:
@@ -106,8 +264,18 @@ def parse_template_kwargs(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadInput(f"--chat-template-kwargs: not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise BadInput("--chat-template-kwargs: JSON nested too deeply") from None
     if not isinstance(value, dict):
         raise BadInput(f"--chat-template-kwargs: expected a JSON object, got {type(value).__name__}")
+    reserved = [k for k in RESERVED_VARIABLES if k in value]
+    if reserved:
+        raise BadInput(f"--chat-template-kwargs: {', '.join(reserved)} cannot be set here (tsspec sets "
+                       f"{', '.join(RESERVED_VARIABLES)} from the prompt, --system and the model file)")
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # "\ud800" escapes: lone surrogates no tokenizer encodes
+    except UnicodeEncodeError:
+        raise BadInput("--chat-template-kwargs: a string in it is not valid UTF-8 text") from None
     return value
 
 

@@ -47,9 +47,23 @@ def set_threads(threads: int | None) -> None:
     import torch
 
     if threads is not None:
-        if threads < 1:
-            raise BadInput("--threads must be >= 1")
+        most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+        if not 1 <= threads <= most:  # torch/OpenMP crash on absurd counts (100000 segfaults)
+            raise BadInput(f"--threads must be between 1 and {most} ({MAX_THREADS_PER_CPU} per CPU), got {threads}")
         torch.set_num_threads(threads)
+
+
+MAX_THREADS_PER_CPU = 4
+
+
+def utf8_text(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode; a prompt from argv, stdin or a file with bytes that are not
+    UTF-8 (Python keeps them as lone surrogates) is refused here rather than inside the tokenizer."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadInput(f"{what} is not valid UTF-8 text (at character {e.start})") from None
+    return text
 
 
 # ----------------------------------------------------------------------------- loading
@@ -118,20 +132,25 @@ def build_speculation(opts, target):
     return speculator, governor, window, accept, notes
 
 
-def prompt_encoder(g, tok, *, chat: bool, system: str | None, kwargs: dict):
-    """text -> token ids: plain, or rendered through the file's chat template (one BOS at most)."""
+def prompt_encoder(g, tok, *, chat: bool, system: str | None, kwargs: dict, fits=None):
+    """text -> token ids: plain, or rendered through the file's chat template (one BOS at most).
+
+    ``fits`` (optional, ``(max_tokens, max_context)``): a text that cannot fit even at its fewest
+    possible tokens is refused before it is tokenized (a 30 MB prompt would take minutes)."""
     from .chat import build_messages, encode_chat, render_chat
+    from .generate import check_fits
 
     if chat and not tok.chat_template:
         raise BadInput(f"{g.path.name} has no chat template (tokenizer.chat_template); drop --chat")
 
     def encode(text: str) -> list[int]:
-        if not chat:
-            return tok.encode(text)
-        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        rendered = render_chat(tok.chat_template, build_messages(text, system), bos_token=bos, eos_token=eos, **kwargs)
-        return encode_chat(tok, rendered)
+        if chat:
+            bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+            eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+            text = render_chat(tok.chat_template, build_messages(text, system), bos_token=bos, eos_token=eos, **kwargs)
+        if fits is not None:
+            check_fits(tok.min_tokens(text), *fits, at_least=True)
+        return encode_chat(tok, text) if chat else tok.encode(text)
 
     return encode
 
@@ -140,7 +159,7 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
         raise BadInput("give the prompt with -p or -f, not both")
     if prompt is not None:
-        return prompt
+        return utf8_text(prompt, "the -p prompt")
     if file is not None:
         try:
             return file.read_text(encoding="utf-8")
@@ -149,7 +168,11 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
         except UnicodeDecodeError:
             raise BadInput(f"prompt file {file} is not UTF-8 text") from None
     if sys.stdin is not None and not sys.stdin.isatty():
-        text = sys.stdin.read()
+        raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadInput(f"the prompt on stdin is not UTF-8 text (byte {e.start})") from None
         if text:
             return text
     raise BadInput("no prompt: give -p TEXT, -f FILE, --prompts FILE.jsonl, or pipe text on stdin")
@@ -160,6 +183,8 @@ def read_prompt_set(path: Path) -> list[tuple[str, str]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise BadInput(f"cannot read --prompts file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise BadInput(f"--prompts file {path} is not UTF-8 text (byte {e.start})") from None
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -168,9 +193,12 @@ def read_prompt_set(path: Path) -> list[tuple[str, str]]:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise BadInput(f"{path}:{i}: not JSON ({e.msg})") from None
+        except RecursionError:
+            raise BadInput(f"{path}:{i}: JSON nested too deeply") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise BadInput(f'{path}:{i}: expected an object with a "text" string')
-        out.append((str(obj.get("id", i)), obj["text"]))
+        # JSON escapes can spell lone surrogates ("\ud800"), which no tokenizer can encode
+        out.append((utf8_text(str(obj.get("id", i)), f"{path}:{i}: the id"), utf8_text(obj["text"], f"{path}:{i}: the text")))
     if not out:
         raise BadInput(f"{path}: no prompts")
     return out
@@ -244,6 +272,9 @@ def generate(
         if (system or kwargs) and not chat:
             warn("--system and --chat-template-kwargs only apply with --chat")
         items = read_prompt_set(prompts) if prompts is not None else [(None, read_prompt(prompt, file))]
+        for text, what in [(system, "--system")] + [(x, "--stop") for x in stop]:
+            if text is not None:
+                utf8_text(text, what)
         set_threads(threads)
         g, target, tok = load_session(model, weights=weights, ctx_size=ctx_size, progress=not (json_out or quiet))
         speculator, governor, window, accept, notes = build_speculation(opts, target)
@@ -251,7 +282,8 @@ def generate(
             err.print(f"[dim]note: {n}[/]")
         engine = Engine(target, tok, speculator=speculator, governor=governor, window=window, accept_rule=accept)
 
-        encode = prompt_encoder(g, tok, chat=chat, system=system, kwargs=kwargs)
+        encode = prompt_encoder(g, tok, chat=chat, system=system, kwargs=kwargs,
+                                fits=(max_tokens, target.max_context))
 
         interactive = sys.stdout.isatty() and not quiet and not json_out
         for pid, text in items:
@@ -288,12 +320,15 @@ def info(
     from .models import arch_module
     from .options import SpecOptions
     from .tokenizer import Tokenizer
+    from .validate import validate_model
 
     out = Console()
     with user_errors():
         path = resolve_model(model, console=err)
         g = GGUFFile(path)
-        cfg = arch_module(g.arch).config(g)
+        mod = arch_module(g.arch)
+        validate_model(g)  # a file whose metadata and tensors disagree is refused here, by name
+        cfg = mod.config(g)
         tok = Tokenizer.from_metadata(g.metadata)
         t = Table(title=f"{path.name}", show_header=False)
         t.add_column(style="bold cyan")
@@ -358,12 +393,13 @@ def models():
 
     from .hub import KNOWN_MODELS, is_cached
 
-    t = Table(title="known models")
-    for col in ("name", "model", "size", "cached"):
-        t.add_column(col)
-    for name, m in KNOWN_MODELS.items():
-        t.add_row(name, m.description, f"{m.size / 1e6:.0f} MB", "yes" if is_cached(name) else "no")
-    Console().print(t)
+    with user_errors():
+        t = Table(title="known models")
+        for col in ("name", "model", "size", "cached"):
+            t.add_column(col)
+        for name, m in KNOWN_MODELS.items():
+            t.add_row(name, m.description, f"{m.size / 1e6:.0f} MB", "yes" if is_cached(name) else "no")
+        Console().print(t)
 
 @app.command()
 def bench(

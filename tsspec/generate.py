@@ -38,12 +38,15 @@ class GenerationResult:
         }
 
 
-def check_fits(prompt_tokens: int, max_tokens: int, max_context: int) -> None:
-    if prompt_tokens == 0:
+def check_fits(prompt_tokens: int, max_tokens: int, max_context: int, *, at_least: bool = False) -> None:
+    """``at_least``: ``prompt_tokens`` is a lower bound (``Tokenizer.min_tokens``), checked before
+    tokenizing a text too long to fit anyway."""
+    if prompt_tokens == 0 and not at_least:
         raise BadInput("the prompt is empty")
     if prompt_tokens + max_tokens > max_context:
+        size = f"at least {prompt_tokens}" if at_least else f"{prompt_tokens}"
         raise BadInput(
-            f"prompt ({prompt_tokens} tokens) plus --max-tokens ({max_tokens}) exceeds the context "
+            f"prompt ({size} tokens) plus --max-tokens ({max_tokens}) exceeds the context "
             f"of {max_context} tokens; shorten the prompt, lower --max-tokens or raise --ctx-size"
         )
 

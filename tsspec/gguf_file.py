@@ -6,6 +6,7 @@ Dequantization is gguf-py's (``gguf.quants.dequantize``); nothing here re-implem
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,25 +85,39 @@ def open_reader(path: str | os.PathLike):
         raise ModelFileError(f"model file not found: {p}")
     if p.is_dir():
         raise ModelFileError(f"model path is a directory, not a GGUF file: {p}")
-    size = p.stat().st_size
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelFileError(f"cannot read model file {p}: {e.strerror or e}") from None
     if size == 0:
         raise ModelFileError(f"empty file, not a GGUF model: {p}")
-    with open(p, "rb") as f:
-        magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"not a GGUF file (bad magic {magic!r}): {p}")
     try:
-        reader = _fast_reader_class()(str(p), "r")
-    except Exception as e:  # gguf-py raises ValueError/IndexError/struct errors on damage
-        raise ModelFileError(f"corrupt or truncated GGUF file {p}: {e}") from None
-    # A truncated file can still parse its header; the last tensor's bytes must be in the file.
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size:
-            raise ModelFileError(
-                f"truncated GGUF file {p}: tensor {t.name} ends at byte {end}, file has {size}"
-            )
+        with warnings.catch_warnings():
+            # numpy overflow warnings from damaged sizes: the layout check below names the tensor
+            warnings.simplefilter("ignore", RuntimeWarning)
+            reader = _fast_reader_class()(str(p), "r")
+    except PermissionError as e:
+        raise ModelFileError(f"cannot read model file {p}: {e.strerror}") from None
+    except Exception as e:  # gguf-py raises ValueError/IndexError/struct errors (MemoryError too) on damage
+        raise ModelFileError(f"corrupt or truncated GGUF file {p}: {_one_line(e)}") from None
+    # A truncated file can still parse its header: every tensor's bytes must be in the file, in
+    # order, each of the size its type and shape give.
+    from .validate import check_layout, records
+
+    reader.records = records(reader)
+    check_layout(p.name, reader.records, int(reader.data_offset), size, int(reader.alignment),
+                 reader.data)
     return reader
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    text = text if len(text) <= 200 else text[:197] + "..."
+    return text or type(e).__name__
 
 
 def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
@@ -131,6 +146,7 @@ class GGUFFile:
         except Exception as e:
             raise ModelFileError(f"corrupt GGUF metadata in {self.path}: {e}") from None
         self._tensors = {t.name: t for t in self.reader.tensors}
+        self.records = self.reader.records  # validate.TensorRecord per tensor, in file order
 
     @property
     def arch(self) -> str:

@@ -197,7 +197,13 @@ def cache_dir() -> Path:
     """``$TSSPEC_CACHE`` if set (and non-empty), else ``~/.cache/tsspec/models``; created on demand."""
     env = os.environ.get("TSSPEC_CACHE")
     d = Path(env).expanduser() if env else Path.home() / ".cache" / "tsspec" / "models"
-    d.mkdir(parents=True, exist_ok=True)
+    where = "$TSSPEC_CACHE" if env else "the model cache"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise BadInput(f"{where} {d} is a file, not a directory") from None
+    except OSError as e:
+        raise BadInput(f"{where} {d} cannot be created: {e.strerror or e}") from None
     return d
 
 
@@ -270,9 +276,15 @@ def verify_cached(name: str) -> bool:
     if not path.is_file() or path.stat().st_size != m.size:
         return False
     if _hash_file(path) != m.sha256:
-        sidecar_path(name).unlink(missing_ok=True)
+        try:
+            sidecar_path(name).unlink(missing_ok=True)
+        except OSError:  # a read-only cache: the stale sidecar stays, is_cached distrusts it anyway
+            pass
         return False
-    _write_sidecar(name, m.sha256)
+    try:
+        _write_sidecar(name, m.sha256)
+    except OSError:  # a read-only cache holding a good file: use it, verify again next time
+        pass
     return True
 
 
@@ -411,6 +423,17 @@ def pull(name: str, *, force: bool = False, progress: bool = True, console: obje
     """
     m = _known(name)
     final = model_path(name)
+    d = final.parent
+    if not force and is_cached(name):  # before the lock: a read-only cache that holds it is fine
+        return final
+    try:
+        return _pull_locked(m, name, final, force=force, progress=progress, console=console)
+    except OSError as e:  # the cache is not writable, or the disk failed mid-write
+        where = f": {e.filename}" if e.filename else ""
+        raise TsspecError(f"cannot write {m.name} into the cache {d}: {e.strerror or e}{where}") from None
+
+
+def _pull_locked(m: KnownModel, name: str, final: Path, *, force: bool, progress: bool, console) -> Path:
     d = final.parent
     with _lock(d / f".{final.name}.lock"):
         # Another process may have finished the same pull while we waited for the lock.

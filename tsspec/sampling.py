@@ -8,6 +8,8 @@ its output identical to plain sampling with the same seed.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -45,11 +47,11 @@ class SamplingParams:
 
     def validate(self) -> "SamplingParams":
         checks = [
-            (self.temperature >= 0, "--temp must be >= 0"),
+            (0 <= self.temperature < math.inf, "--temp must be a finite number >= 0"),
             (self.top_k >= 0, "--top-k must be >= 0"),
             (0 < self.top_p <= 1, "--top-p must be in (0, 1]"),
             (0 <= self.min_p < 1, "--min-p must be in [0, 1)"),
-            (self.repeat_penalty > 0, "--repeat-penalty must be > 0"),
+            (0 < self.repeat_penalty < math.inf, "--repeat-penalty must be a finite number > 0"),
             (-2 <= self.presence_penalty <= 2, "--presence-penalty must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "--frequency-penalty must be in [-2, 2]"),
             (self.repeat_last_n >= 0, "--repeat-last-n must be >= 0"),

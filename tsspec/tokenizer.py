@@ -32,6 +32,7 @@ Contract:
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import re
 import warnings
@@ -39,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from .errors import ModelFileError
+from .errors import BadInput, ModelFileError
 
 # llama.cpp token types (gguf TokenType).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -143,6 +144,28 @@ def _checked_list(meta: Mapping[str, Any], key: str, n: int) -> list:
             f"GGUF tokenizer metadata {key} has {got} entries, tokenizer.ggml.tokens has {n}"
         )
     return value
+
+
+def _tokenizers_call(fn):
+    """``fn()``, with what the ``tokenizers`` library raises on a vocabulary it cannot build (a plain
+    Exception, or a Rust panic, which arrives as pyo3's PanicException: a BaseException) turned into
+    ``ModelFileError``."""
+    try:
+        return fn()
+    except ModelFileError:
+        raise
+    except Exception as e:
+        raise ModelFileError(f"GGUF tokenizer metadata does not make a tokenizer: {_one_line(e)}") from None
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":  # KeyboardInterrupt, SystemExit: not ours to turn
+            raise
+        raise ModelFileError(f"GGUF tokenizer metadata does not make a tokenizer (tokenizers panicked: "
+                             f"{_one_line(e)})") from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return (text if len(text) <= 200 else text[:197] + "...") or type(e).__name__
 
 
 def _token_map(tokens: Sequence[str]) -> dict[str, int]:
@@ -299,36 +322,42 @@ class Tokenizer:
             raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.tokens is not a list of strings")
         n = len(tokens)
         if "tokenizer.ggml.token_type" in meta:
-            types = [int(t) for t in _checked_list(meta, "tokenizer.ggml.token_type", n)]
+            types = _checked_list(meta, "tokenizer.ggml.token_type", n)
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in types):
+                raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.token_type is not a list of integers")
         else:
             types = [NORMAL] * n
 
         kind = _require(meta, "tokenizer.ggml.model")
         add_space_prefix = False
-        if kind == "gpt2":
-            model, pre_tokenizer = _byte_level_model(meta, tokens)
-            default_add_bos = False
-        elif kind == "llama":
-            model, pre_tokenizer, add_space_prefix = _spm_model(meta, tokens, types)
-            default_add_bos = True  # llama.cpp's default for SentencePiece vocabularies
-        else:
+        if kind not in ("gpt2", "llama"):
             raise ModelFileError(
                 f"unsupported tokenizer.ggml.model {kind!r} (supported: 'gpt2', 'llama')"
             )
+        default_add_bos = kind == "llama"  # llama.cpp's default for SentencePiece vocabularies
 
-        hf = HFTokenizer(model)
-        hf.pre_tokenizer = pre_tokenizer
-        # normalized=False: matched against the raw text, before "▁" escaping or byte mapping.
-        hf.add_special_tokens(
-            [AddedToken(tokens[i], special=True, normalized=False) for i in range(n) if types[i] == CONTROL]
-        )
-        hf.add_tokens(
-            [
-                AddedToken(tokens[i], special=False, normalized=False)
-                for i in range(n)
-                if types[i] == USER_DEFINED
-            ]
-        )
+        def build() -> HFTokenizer:
+            nonlocal add_space_prefix
+            if kind == "gpt2":
+                model, pre_tokenizer = _byte_level_model(meta, tokens)
+            else:
+                model, pre_tokenizer, add_space_prefix = _spm_model(meta, tokens, types)
+            hf = HFTokenizer(model)
+            hf.pre_tokenizer = pre_tokenizer
+            # normalized=False: matched against the raw text, before "▁" escaping or byte mapping.
+            hf.add_special_tokens(
+                [AddedToken(tokens[i], special=True, normalized=False) for i in range(n) if types[i] == CONTROL]
+            )
+            hf.add_tokens(
+                [
+                    AddedToken(tokens[i], special=False, normalized=False)
+                    for i in range(n)
+                    if types[i] == USER_DEFINED
+                ]
+            )
+            return hf
+
+        hf = _tokenizers_call(build)
 
         bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", n)
         eos_id = _optional_id(meta, "tokenizer.ggml.eos_token_id", n)
@@ -367,9 +396,25 @@ class Tokenizer:
 
     # -- encoding -----------------------------------------------------------------------------
 
+    @functools.cached_property
+    def _max_token_bytes(self) -> int:
+        # >= 4: an unknown character (up to 4 bytes) becomes one <unk> at most
+        return max(4, max(len(t.encode("utf-8", "surrogatepass")) for t in self._tokens))
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))`` without encoding: no token stands for more bytes of
+        text than its own spelling has (byte-level: one character per byte; SentencePiece: "▁"
+        for a space, "<0x41>" for a byte). Lets a caller refuse a text far past the context before
+        tokenizing all of it."""
+        return -(-len(text.encode("utf-8", "surrogatepass")) // self._max_token_bytes)
+
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special`` adds BOS/EOS as the file asks, ``parse_special``
         lets control-token texts such as ``<|im_start|>`` become their single ids."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # lone surrogates: tokenizers would raise a TypeError
+            raise BadInput(f"text to encode is not valid UTF-8 (at character {e.start})") from None
         # The flag lives on the shared HF object; set it on every call so no call sees another's.
         self.hf.encode_special_tokens = not parse_special
         ids = self.hf.encode(text, add_special_tokens=False).ids if text else []

@@ -88,11 +88,13 @@ from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
 from ..models.base import apply_rope, rms_norm
 from ..spec.protocols import DraftHeadKind
+from ..validate import MAX_DIM, typed_value
 from ..weights import Linear, load_format, to_tensor
 
 ARCH = "dflash"
 ENV_SELECTOR = "TS_DFLASH_SELECTOR"
 ENV_CONV = "TS_DFLASH_CONV"
+MAX_TAPS = 256  # target layers a drafter may read (real ones read a handful)
 
 # pick(e, row [vocab]) -> token: how the walk turns block position e's scores into a draft token
 Pick = Callable[[int, torch.Tensor], int]
@@ -130,7 +132,9 @@ class DFlashConfig:
     final_softcap: float | None = None
 
 
-def _meta_int(g: GGUFFile, key: str, default=None, *, required: bool = False) -> int | None:
+def _meta_int(g: GGUFFile, key: str, default=None, *, required: bool = False, low: int = 0,
+              high: int = MAX_DIM) -> int | None:
+    """An integer key in [low, high] (type and range checked as ``tsspec.validate`` does)."""
     v = g.get(key)
     if v is None:
         if required:
@@ -140,20 +144,16 @@ def _meta_int(g: GGUFFile, key: str, default=None, *, required: bool = False) ->
         if not v or any(x != v[0] for x in v):
             raise ModelFileError(f"{g.path.name}: {key} must be one value, got {v!r}")
         v = v[0]
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        raise ModelFileError(f"{g.path.name}: {key} must be an integer, got {v!r}") from None
+    return typed_value(g.path.name, key, v, int, low, high)
 
 
-def _meta_float(g: GGUFFile, key: str, default: float | None) -> float | None:
+def _meta_float(g: GGUFFile, key: str, default: float | None, *, low: float = -1e30,
+                high: float = 1e30) -> float | None:
+    """A finite number in [low, high], or ``default`` when absent."""
     v = g.get(key)
     if v is None:
         return default
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise ModelFileError(f"{g.path.name}: {key} must be a number, got {v!r}") from None
+    return typed_value(g.path.name, key, v, float, low, high)
 
 
 def read_config(g: GGUFFile, trunk_rope_base: float | None = None) -> DFlashConfig:
@@ -170,7 +170,7 @@ def read_config(g: GGUFFile, trunk_rope_base: float | None = None) -> DFlashConf
             f"attention.head_count={n_heads}, attention.head_count_kv={n_kv}"
         )
     head_dim = _meta_int(g, f"{a}.attention.key_length", d // n_heads)
-    rope_base = _meta_float(g, f"{a}.rope.freq_base", trunk_rope_base)
+    rope_base = _meta_float(g, f"{a}.rope.freq_base", trunk_rope_base, low=1e-6)
     if rope_base is None:
         raise ModelFileError(f"{name}: missing metadata key '{a}.rope.freq_base'")
     rope_dim = _meta_int(g, f"{a}.rope.dimension_count", head_dim)
@@ -183,17 +183,22 @@ def read_config(g: GGUFFile, trunk_rope_base: float | None = None) -> DFlashConf
     mask = g.get(f"{a}.mask_token_id", g.get("tokenizer.ggml.mask_token_id"))
     if mask is None:
         raise ModelFileError(f"{name}: missing metadata key '{a}.mask_token_id'")
-    mask = int(mask)
+    mask = typed_value(name, f"{a}.mask_token_id", mask, int, 0, MAX_DIM)  # below the vocabulary: _check_trunk
 
     layers = g.get(f"{a}.target_layers")
     if layers is None:
         ids = g.get(f"{a}.target_layer_ids")
         if ids is None:
             raise ModelFileError(f"{name}: missing metadata key '{a}.target_layers'")
-        layers = [int(i) + 1 for i in ids]  # HF output of layer i == residual entering layer i + 1
+        if not isinstance(ids, list):
+            raise ModelFileError(f"{name}: {a}.target_layer_ids must be a list, got {ids!r}")
+        # HF output of layer i == residual entering layer i + 1
+        layers = [typed_value(name, f"{a}.target_layer_ids", i, int, -1, 1 << 62) + 1 for i in ids]
     if not isinstance(layers, list) or not layers:
         raise ModelFileError(f"{name}: {a}.target_layers must be a non-empty list, got {layers!r}")
-    layers = tuple(int(x) for x in layers)
+    if len(layers) > MAX_TAPS:
+        raise ModelFileError(f"{name}: {a}.target_layers lists {len(layers)} layers (at most {MAX_TAPS})")
+    layers = tuple(typed_value(name, f"{a}.target_layers", x, int, -(1 << 62), 1 << 62) for x in layers)
     if min(layers) < 0:
         raise ModelFileError(f"{name}: {a}.target_layers has a negative index: {list(layers)}")
 
@@ -209,10 +214,10 @@ def read_config(g: GGUFFile, trunk_rope_base: float | None = None) -> DFlashConf
         swa = tuple(bool(x) and window is not None for x in pattern)
 
     scale = _meta_float(g, f"{a}.logit_scale", 1.0)
-    softcap = _meta_float(g, f"{a}.final_logit_softcapping", None)
+    softcap = _meta_float(g, f"{a}.final_logit_softcapping", None, low=0.0)
     return DFlashConfig(
         n_layers=n_layers, d_model=d, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, ffn_dim=0,
-        rms_eps=_meta_float(g, f"{a}.attention.layer_norm_rms_epsilon", 1e-6),
+        rms_eps=_meta_float(g, f"{a}.attention.layer_norm_rms_epsilon", 1e-6, low=1e-30, high=1.0),
         rope_base=rope_base, rope_dim=rope_dim, block_size=block, mask_token_id=mask,
         target_layers=layers, sliding_window=window, swa_layers=swa,
         causal=bool(g.get(f"{a}.attention.causal", False)),
@@ -729,6 +734,9 @@ def load(g: GGUFFile, target, options=None, *, fmt: str | None = None) -> DFlash
     f = cfg.ffn_dim
 
     conv_on = g.has_tensor("blk.0.attn_conv_base")
+    stray = [n for n in g.tensor_names() if n.endswith("_conv_base")]
+    if stray and not conv_on:
+        raise ModelFileError(f"{name}: conv tensors present ({stray[0]}, ...) but blk.0.attn_conv_base is missing")
     if conv_on:
         if cfg.conv_kernel <= 0 or cfg.conv_group <= 0:
             raise ModelFileError(f"{name}: conv tensors present but dflash.conv_kernel_size / "
@@ -786,6 +794,10 @@ def load(g: GGUFFile, target, options=None, *, fmt: str | None = None) -> DFlash
         lm_head = target.lm_head
 
     selector = None
+    parts = [n for n in ("selector_hidden.weight", "selector_predecessor.weight", "selector_successor.weight")
+             if g.has_tensor(n)]
+    if parts and not g.has_tensor("selector_hidden.weight"):
+        raise ModelFileError(f"{name}: selector tensors present ({parts[0]}) but selector_hidden.weight is missing")
     if g.has_tensor("selector_hidden.weight"):
         r, k = cfg.selector_rank, cfg.selector_top_k
         if r <= 0 or k <= 0:

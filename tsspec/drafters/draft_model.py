@@ -69,6 +69,15 @@ def _show(tok: str) -> str:
     return repr(tok) if len(tok) <= 40 else repr(tok[:37] + "...")
 
 
+def _token_list(meta: Mapping[str, Any], who: str) -> list[str]:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        return []
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ModelFileError(f"{who} metadata tokenizer.ggml.tokens is not a list of strings")
+    return tokens
+
+
 def check_vocab(trunk: Mapping[str, Any], draft: Mapping[str, Any]) -> list[str]:
     """Compare two files' tokenizer metadata; -> notes on what was allowed, or ``BadInput``.
 
@@ -78,8 +87,8 @@ def check_vocab(trunk: Mapping[str, Any], draft: Mapping[str, Any]) -> list[str]
     tm, dm = trunk.get("tokenizer.ggml.model"), draft.get("tokenizer.ggml.model")
     if tm != dm:
         raise BadInput(f"draft model tokenizer type differs from the trunk's: {dm!r} vs {tm!r}")
-    tt: list[str] = list(trunk.get("tokenizer.ggml.tokens") or [])
-    dt: list[str] = list(draft.get("tokenizer.ggml.tokens") or [])
+    tt: list[str] = _token_list(trunk, "trunk")
+    dt: list[str] = _token_list(draft, "draft model")
     if not tt or not dt:
         raise BadInput("draft model and trunk must both carry a token list (tokenizer.ggml.tokens) to be compared")
     shared = min(len(tt), len(dt))
@@ -109,7 +118,10 @@ def check_vocab(trunk: Mapping[str, Any], draft: Mapping[str, Any]) -> list[str]
     for name in SPECIAL_IDS:
         key = f"tokenizer.ggml.{name}_token_id"
         a, b = draft.get(key), trunk.get(key)
-        if a is not None and b is not None and int(a) != int(b):
+        for who, v in (("draft model", a), ("trunk", b)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+                raise ModelFileError(f"{who} metadata {key} should be a token id, found {_show(str(v))}")
+        if a is not None and b is not None and a != b:
             raise BadInput(f"draft model {name} token id differs from the trunk's: {a} vs {b}")
         if (a is None) != (b is None):
             notes.append(f"only the {'draft model' if a is not None else 'trunk'} defines a {name} token id")

@@ -28,6 +28,7 @@ import torch
 
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
+from ..validate import check_tensors, nextn_tensors
 from ..spec.protocols import DraftHeadKind
 from ..weights import Linear, load_format, to_tensor
 from ..models.base import KVCache, rms_norm
@@ -65,6 +66,10 @@ class NextNHead:
         if cfg is None or not hasattr(target, "out_norm"):
             raise ModelFileError(f"{g.path.name}: a NextN head needs a transformer trunk to bind to")
         p = f"blk.{layer}."
+        # every tensor of the block against the trunk it binds to, by name, before any is read
+        hp = dict(d=cfg.d_model, q=cfg.n_heads * cfg.head_dim, q2=2 * cfg.n_heads * cfg.head_dim,
+                  kv=cfg.n_kv_heads * cfg.head_dim, hd=cfg.head_dim, ffn=cfg.ffn_dim, vocab=cfg.vocab_size)
+        check_tensors(g.path.name, "nextn", hp, {t.name: t for t in g.records}, nextn_tensors(layer, hp))
         eh = g.tensor(p + "nextn.eh_proj.weight")
         want_q = 2 * cfg.n_heads * cfg.head_dim
         if eh.shape != (cfg.d_model, 2 * cfg.d_model) or g.tensor_info(p + "attn_q.weight").shape[0] != want_q:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
+from ..validate import validate_model
 
 ARCHITECTURES = {
     "llama": "llama",
@@ -37,6 +38,7 @@ def load_model(path: str | Path | GGUFFile, *, fmt: str | None = None, n_ctx: in
     if g.arch in DRAFTER_ARCHITECTURES:
         raise ModelFileError(f"{g.path.name} is a {g.arch} drafter, not a language model; attach it with --draft-model")
     mod = arch_module(g.arch)
+    validate_model(g)
     try:
         return mod.load(g, fmt=fmt, n_ctx=n_ctx)
     except ModelFileError:

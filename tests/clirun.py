@@ -1,0 +1,20 @@
+"""The CLI in process with the speculation environment cleared around each call.
+
+``generate`` publishes its resolved settings into ``os.environ`` (for child processes); the runner
+restores only the variables it was given, so every one ``publish`` writes is listed here, or one
+call's ``--draft-model`` would steer the next test's run.
+"""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from tsspec.cli import app
+from tsspec.options import FAMILIES
+
+SPEC_ENV = {f"{fam}{key}": None for fam in FAMILIES
+            for key in ("SPEC", "TYPE", "DRAFT", "ACCEPT", "ADAPTIVE", "PMIN", "DRAFT_MODEL")}
+
+
+def run(*args, env=None, input=None):
+    return CliRunner().invoke(app, list(args), env=SPEC_ENV | (env or {}), input=input)

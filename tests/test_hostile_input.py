@@ -1,0 +1,232 @@
+"""Every entry point turns hostile input into one ``error:`` line and its exit code: prompts that are
+not UTF-8 (argv, stdin, a --prompts line, the file itself), template kwargs that clash or nest too
+deep, chat templates that loop or grow without bound, out-of-range flags, and a cache or model file
+the operating system refuses."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+from clirun import run
+from tiny import write_tiny_model
+from tsspec import hub
+from tsspec.chat import build_messages, parse_template_kwargs, render_chat
+from tsspec.errors import BadInput, ModelFileError
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return str(write_tiny_model(tmp_path_factory.mktemp("hostile") / "tiny.gguf", arch="llama", seed=3))
+
+
+def one_error(r, code, needle):
+    assert r.exit_code == code, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert needle in lines[0], lines[0]
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def test_prompt_argument_with_undecodable_bytes(model):
+    # Python keeps argv bytes that are not UTF-8 as lone surrogates
+    one_error(run("generate", "-m", model, "-p", "caf\udce9", "-n", "2"), 2, "-p prompt is not valid UTF-8")
+
+
+def test_stdin_prompt_that_is_not_utf8(model):
+    one_error(run("generate", "-m", model, "-n", "2", input=b"caf\xe9 au lait"), 2, "stdin is not UTF-8")
+    r = run("generate", "-m", model, "-n", "2", "--quiet", input="caf\u00e9".encode())
+    assert r.exit_code == 0, r.output
+
+
+def test_prompts_file_not_utf8_or_with_surrogate_escapes(model, tmp_path):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"text": "caf\xe9"}\n')
+    one_error(run("generate", "-m", model, "--prompts", str(bad), "-n", "2"), 2, "is not UTF-8 text")
+    esc = tmp_path / "escape.jsonl"
+    esc.write_text('{"text": "ok"}\n{"text": "bad \\ud800 half"}\n')
+    one_error(run("generate", "-m", model, "--prompts", str(esc), "-n", "2"), 2, ":2: the text is not valid UTF-8")
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100000 + "]" * 100000 + "\n")
+    one_error(run("generate", "-m", model, "--prompts", str(deep), "-n", "2"), 2, "nested too deeply")
+
+
+def test_system_and_stop_must_be_text(model):
+    one_error(run("generate", "-m", model, "-p", "hi", "--stop", "\udcff", "-n", "2"), 2, "--stop is not valid UTF-8")
+
+
+def test_tokenizer_refuses_lone_surrogates(model):
+    from tsspec.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(model)
+    with pytest.raises(BadInput, match="not valid UTF-8"):
+        tok.encode("a\ud800b")
+
+
+# ----------------------------------------------------------------------------- chat
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('{"messages": []}', "messages cannot be set here"),
+    ('{"bos_token": "x", "eos_token": "y"}', "bos_token, eos_token cannot be set here"),
+    ('{"add_generation_prompt": false}', "add_generation_prompt cannot be set here"),
+    ('{"a": ' * 50000 + "1" + "}" * 50000, "nested too deeply"),
+    ('{"a": "\\udc80"}', "not valid UTF-8"),
+])
+def test_template_kwargs_refused(text, needle):
+    with pytest.raises(BadInput, match=needle):
+        parse_template_kwargs(text)
+
+
+def test_template_kwargs_reserved_key_through_the_cli(model):
+    one_error(run("generate", "-m", model, "-p", "hi", "--chat", "--chat-template-kwargs", '{"messages": 1}'),
+              2, "messages cannot be set here")
+
+
+@pytest.mark.parametrize("template, needle", [
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "time budget of 0.5 s"),
+    # loops that never call anything: stopped by the alarm on the main thread
+    ("{% for i in 'x' * 30000 %}{% for j in 'y' * 30000 %}{% endfor %}{% endfor %}", "time budget of 0.5 s"),
+    ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}",
+     "time budget of 0.5 s"),
+    ("{{ 'x' * 10 ** 9 }}", "output budget of 1000"),
+    ("{{ 'x' | center(10 ** 9) }}", "output budget of 1000"),
+    ("{{ 'x'.ljust(10 ** 9) }}", "output budget of 1000"),
+    ("{{ 7 ** (10 ** 9) }}", "output budget of 1000"),
+    ("{% for i in range(3000) %}{{ 'y' * 900 }}{% endfor %}", "output budget of 1000"),
+])
+def test_template_budget(template, needle):
+    t = time.perf_counter()
+    with pytest.raises(BadInput, match=needle):
+        # the size cases with a small output budget; the time cases with the default one
+        render_chat(template, build_messages("hi"), seconds=0.5, max_chars=1000 if "output" in needle else None)
+    assert time.perf_counter() - t < 3
+
+
+def test_budget_leaves_ordinary_templates_alone():
+    template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+                "{% for i in range(3) | reverse %}{{ i }}{% endfor %}{{ range(5) | list | length }}{{ 'ab' * 2 }}")
+    assert render_chat(template, build_messages("hi", system="s"), seconds=0.5) == "<system>s<user>hi210" + "5abab"
+    # the default output budget grows with the messages: a long prompt is not a runaway template
+    long = "z" * 2_000_000
+    assert render_chat("{{ messages[0].content }}", build_messages(long)) == long
+
+
+def test_sandbox_escapes_still_refused():
+    for template in ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "{{ messages.append(1) }}",
+                     "{{ cycler.__init__.__globals__ }}"):
+        with pytest.raises(BadInput, match="failed to render"):
+            render_chat(template, build_messages("hi"))
+
+
+# ----------------------------------------------------------------------------- flags
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--threads", "100000"], "--threads must be between 1 and"),
+    (["--threads", "0"], "--threads must be between 1 and"),
+    (["--temp", "inf"], "--temp must be a finite number"),
+    (["--temp", "nan"], "--temp must be a finite number"),
+    (["--repeat-penalty", "inf"], "--repeat-penalty must be a finite number"),
+])
+def test_out_of_range_flags(model, args, needle):
+    one_error(run("generate", "-m", model, "-p", "hi", "-n", "2", *args), 2, needle)
+
+
+# ----------------------------------------------------------------------------- files and cache
+
+
+def test_cache_that_is_a_file(tmp_path):
+    f = tmp_path / "cachefile"
+    f.write_text("not a directory")
+    for args in (["models"], ["pull", "smollm2-135m"], ["generate", "-m", "smollm2-135m", "-p", "hi"]):
+        one_error(run(*args, env={"TSSPEC_CACHE": str(f)}), 2, "$TSSPEC_CACHE")
+    one_error(run("models", env={"TSSPEC_CACHE": str(f / "sub")}), 2, "cannot be created")
+
+
+def test_read_only_cache_that_holds_the_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("TSSPEC_CACHE", str(tmp_path))
+    data = b"GGUF fake model bytes"
+    m = hub.KnownModel(name="fake-ro", description="fake", arch="llama", parts=(hub.WheelPart("p", "1", "m"),),
+                       sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    monkeypatch.setitem(hub.KNOWN_MODELS, "fake-ro", m)
+    hub.model_path("fake-ro").write_bytes(data)
+
+    def read_only(*a, **k):
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(hub, "_write_sidecar", read_only)
+    monkeypatch.setattr(hub, "_lock", read_only)
+    assert hub.ensure_model("fake-ro", progress=False) == hub.model_path("fake-ro")  # adopted, unwritten
+    monkeypatch.setattr(hub, "is_cached", lambda name: True)
+    assert hub.pull("fake-ro", progress=False) == hub.model_path("fake-ro")  # no lock taken
+    with pytest.raises(hub.TsspecError, match="cannot write fake-ro into the cache .*Permission denied"):
+        hub.pull("fake-ro", force=True, progress=False)
+
+
+def test_unreadable_model_file(model, monkeypatch):
+    from tsspec import gguf_file
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(gguf_file, "open", denied, raising=False)
+    with pytest.raises(ModelFileError, match="cannot read model file .*Permission denied"):
+        gguf_file.GGUFFile(model)
+    one_error(run("info", model), 3, "Permission denied")
+
+
+# ----------------------------------------------------------------------------- huge prompts
+
+
+def test_min_tokens_is_a_lower_bound(model):
+    import random
+
+    from tsspec.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(model)
+    rng = random.Random(0)
+    alphabet = "the cat sat on mat. \u00e9\u4e2d\U0001f600<|im_end|>\n"
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 200)))
+        assert tok.min_tokens(text) <= len(tok.encode(text, add_special=False))
+
+
+def test_prompt_far_past_the_context_is_refused_before_tokenizing(model):
+    t = time.perf_counter()
+    r = run("generate", "-m", model, "-p", "the cat sat. " * 2_000_000, "-n", "2", "-c", "64")
+    one_error(r, 2, "prompt (at least")
+    assert time.perf_counter() - t < 20  # tokenizing 26 MB would take far longer
+
+
+# ----------------------------------------------------------------------------- every numeric flag
+
+NUMERIC_FLAGS = ("-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
+                 "--presence-penalty", "--frequency-penalty", "--seed", "-c", "-t", "--spec-draft", "--spec-pmin")
+EDGE_VALUES = ("-1", "0", "nan", "inf", "-inf", "1e30", "99999999999999999999", "x")
+
+
+def test_numeric_flag_edges_never_trace(model):
+    """Every numeric flag of generate at every edge value: a clean run, typer's usage error or one
+    error line; never a traceback or a crash."""
+    outcomes = {"ran": 0, "refused": 0, "usage": 0}
+    for flag in NUMERIC_FLAGS:
+        for value in EDGE_VALUES:
+            r = run("generate", "-m", model, "-p", "the cat", "-n", "2", "--quiet", "--spec", "--spec-type", "ngram",
+                    flag, value)
+            what = f"{flag} {value}: exit {r.exit_code} {r.exception!r} {r.output[-300:]}"
+            assert r.exception is None or isinstance(r.exception, SystemExit), what
+            assert "Traceback" not in r.output, what
+            if r.exit_code == 0:
+                outcomes["ran"] += 1
+            elif "Invalid value" in r.output:  # typer could not parse it as the flag's type
+                outcomes["usage"] += 1
+            else:
+                one_error(r, 2, "")
+                outcomes["refused"] += 1
+    print(f"\nflag edges: {sum(outcomes.values())} cases, {outcomes}")
+    assert outcomes["refused"] > 0 and outcomes["usage"] > 0
