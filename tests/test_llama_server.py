@@ -32,7 +32,7 @@ FAKE = textwrap.dedent('''\
     from http.server import BaseHTTPRequestHandler, HTTPServer
     argv = sys.argv[1:]
     port = int(argv[argv.index("--port") + 1])
-    mode = argv[argv.index("--spec-type") + 1] if "--spec-type" in argv else ("draft" if "-md" in argv else "?")
+    mode = argv[argv.index("--spec-type") + 1] if "--spec-type" in argv else "?"
     log = open({log!r}, "a")
     log.write(json.dumps({{"argv": argv}}) + "\\n"); log.flush()
     if "--fail" in argv or mode == "ngram-cache":
@@ -109,7 +109,7 @@ def test_server_argv_per_mode(tmp_path):
     mod = llama_server.server_argv(exe, m, 8080, threads=2, ctx=4096, mode="ngram-mod")
     assert mod[mod.index("--spec-type") + 1] == "ngram-mod"
     dr = llama_server.server_argv(exe, m, 8080, threads=2, ctx=4096, mode="draft", draft_model=Path("/d.gguf"))
-    assert dr[dr.index("-md") + 1] == "/d.gguf" and "--spec-type" not in dr
+    assert dr[dr.index("-md") + 1] == "/d.gguf" and dr[dr.index("--spec-type") + 1] == "draft-simple"
     with pytest.raises(BadInput):
         llama_server.server_argv(exe, m, 8080, threads=2, ctx=4096, mode="draft")
 

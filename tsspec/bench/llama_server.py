@@ -99,7 +99,9 @@ def server_argv(exe: Path, model: Path, port: int, *, threads: int, ctx: int, mo
     elif mode == "draft":
         if draft_model is None:
             raise BadInput("llama.cpp draft mode needs a draft model file")
-        argv += ["-md", str(draft_model), "-td", str(threads), "-tbd", str(threads)]
+        # a plain language-model drafter must be named: b11434 infers only sidecar drafter types
+        # (dflash, eagle3, ...) from the file, and without a type the server does not speculate
+        argv += ["-md", str(draft_model), "--spec-type", "draft-simple", "-td", str(threads), "-tbd", str(threads)]
     else:
         argv += ["--spec-type", mode]
     return argv
