@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from tsspec.bench import llama_server
-from tsspec.bench.llama_server import LlamaServer, check_url, free_port, llama_tool
+from tsspec.bench.llama_server import LlamaServer, free_port, llama_tool
 from tsspec.errors import TsspecError
 from tsspec.hub import KNOWN_MODELS, recorded_sha256
 
@@ -188,8 +188,7 @@ def record(name: str, exe: Path, version: dict, n_tokens: int, out_dir: Path) ->
     path = ensure_model(name)
     cases = prompts_for(name, path)
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    url = check_url(url)
+    url = f"http://127.0.0.1:{port}"  # LlamaServer holds it to loopback
     argv = server_argv(exe, path, port)
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="tsspec-llama-") as tmp:

@@ -92,11 +92,12 @@ def decode(
         step_t0 = time.perf_counter()
         pos = target.cache_len  # last token takes this position
         remaining = max_tokens - len(out_tokens)
-        k_max = min(window if governor is None else governor.draft_length(window), remaining - 1,
-                    target.max_context - pos - 1)
         draft = Draft()
-        drafting = speculator is not None and k_max > 0 and (governor is None or governor.should_draft())
-        if drafting:
+        drafting = speculator is not None and (governor is None or governor.should_draft())
+        # sized only when a draft will be asked for: a parked stretch pays no sizing per token
+        k_max = 0 if not drafting else min(window if governor is None else governor.draft_length(window),
+                                           remaining - 1, target.max_context - pos - 1)
+        if k_max > 0:
             t = time.perf_counter()
             ctx = DraftContext(last, pos, k_max, history, hidden_last, sampler)
             draft = speculator.propose(ctx)
