@@ -244,6 +244,8 @@ def test_bench_cli_peer_errors_are_one_line(fake_bin, tmp_path):
     assert r.exit_code != 0 and "go with --peer" in r.output
     r = CliRunner().invoke(app, ["bench", "--peer", "llama.cpp", "--llama-bin", str(tmp_path / "none")])
     assert r.exit_code != 0 and "llama-server not found" in r.output
+    r = CliRunner().invoke(app, ["bench", "--peer", "llama.cpp", "--baseline", "llama.cpp/plain"])
+    assert r.exit_code != 0 and "the baseline is one of tsspec's configurations" in r.output
     r = CliRunner().invoke(app, ["bench", "--json", str(tmp_path / "no" / "r.json")])
     assert r.exit_code != 0 and "directory does not exist" in r.output
     assert "Traceback" not in r.output

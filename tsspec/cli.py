@@ -466,8 +466,11 @@ def bench(
                 raise BadInput(f"--peer {peer!r}: the peer engine is {llama_server.ENGINE}")
             if not sampler.greedy:
                 raise BadInput("--peer compares greedy runs only (drop --temp)")
-            peer_exe = llama_server.llama_tool("llama-server", llama_bin)
             peer_cfgs = llama_server.peer_configs(peer_spec or llama_server.DEFAULT_PEER_MODES[1:], draft_model)
+            if base in {c.name for c in peer_cfgs}:  # its drift would be reported as our correctness bug
+                raise BadInput(f"--baseline {base}: the baseline is one of tsspec's configurations; "
+                               f"{llama_server.ENGINE}'s are judged against {llama_server.ENGINE}/plain")
+            peer_exe = llama_server.llama_tool("llama-server", llama_bin)
         elif peer_spec or llama_bin:
             raise BadInput("--peer-spec and --llama-bin go with --peer llama.cpp")
         set_threads(threads)
