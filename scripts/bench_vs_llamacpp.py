@@ -268,22 +268,22 @@ class TsspecBench:
     def verify_curve(self, context: int, max_rows: int, reps: int) -> dict[int, list[float]]:
         """ms per ``forward(r rows, all_logits=True)`` after ``context`` cached tokens, r = 1..max_rows."""
         t = self.target
-        t.reset()
-        t.ensure_capacity(context + max_rows + 1)
+        c = t.make_cache()
+        c.reserve(context + max_rows + 1)
         for i in range(0, context, 256):
-            t.forward(self.prompt[i:min(i + 256, context)])
+            t.forward(self.prompt[i:min(i + 256, context)], c)
         rows = list(range(1, max_rows + 1))
         draft = self.prompt[context : context + max_rows]
         for r in rows:  # warm-up: one of each shape
-            t.forward(draft[:r], all_logits=True)
-            t.rewind(context)
+            t.forward(draft[:r], c, all_logits=True)
+            c.trim(c.length - context)
         ms: dict[int, list[float]] = {r: [] for r in rows}
         for _ in range(reps):
             for r in rows:
                 t0 = time.perf_counter()
-                t.forward(draft[:r], all_logits=True)
+                t.forward(draft[:r], c, all_logits=True)
                 ms[r].append((time.perf_counter() - t0) * 1000.0)
-                t.rewind(context)
+                c.trim(c.length - context)
         return ms
 
 

@@ -75,8 +75,8 @@ def _hf_logits(model, ids: list[int], f16_matrices: bool) -> torch.Tensor:
 
 
 def _logits(m, ids: list[int]) -> torch.Tensor:
-    m.reset()
-    return m.forward(ids, all_logits=True).logits.float()
+    c = m.make_cache()
+    return m.forward(ids, c, all_logits=True).logits.float()
 
 
 # ----------------------------------------------------------------------------- the files themselves

@@ -69,19 +69,19 @@ class Steer:
         self.head, self.full = head, full
         self.kind, self.block_size = head.kind, head.block_size
 
-    def walk_block(self, anchor, position, pick=None):
-        tokens, conf = self.head.walk_block(anchor, position, pick)
+    def new_state(self):
+        return self.head.new_state()
+
+    def walk_block(self, anchor, position, state, pick=None):
+        tokens, conf = self.head.walk_block(anchor, position, state, pick)
         j = position % self.block_size
         for e in range(min(j, len(tokens))):
             if position + 1 + e < len(self.full):
                 tokens[e] = self.full[position + 1 + e]
         return tokens, [1.0] * len(conf)
 
-    def catch_up(self, tokens, hidden, start_pos):
-        self.head.catch_up(tokens, hidden, start_pos)
-
-    def reset(self):
-        self.head.reset()
+    def catch_up(self, tokens, hidden, start_pos, state):
+        self.head.catch_up(tokens, hidden, start_pos, state)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -96,7 +96,7 @@ def test_loads_both_generations(files):
         assert dr.model.generation == gen
         assert (dr.model.has_conv, dr.model.has_selector) == (conv, sel)
         assert dr.taps == (1, 3)
-        assert dr.cfg.block_size == 5 and dr.model.ring.rows == WINDOW
+        assert dr.cfg.block_size == 5 and dr.model.new_state().rows == WINDOW
 
 
 def test_registry_builds_the_block_speculator(files):
@@ -217,12 +217,12 @@ def test_cumulative_gate():
 
 def test_gate_and_window_in_propose(files):
     target, dr = _load(files, "dflash")
-    hidden = target.forward(PROMPT[:-1], taps=dr.taps).hidden
+    hidden = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
     ctx = DraftContext(PROMPT[-1], len(PROMPT) - 1, 3, PROMPT)
     spec = BlockSpeculator(dr.draft_head, dr.taps, 8, min_draft_prob=0.0)
     spec.begin(PROMPT[:-1], hidden)
     assert len(spec.propose(ctx).tokens) == 3  # ctx.max_tokens bounds it
-    _, conf = dr.draft_head.walk_block(PROMPT[-1], len(PROMPT) - 1)
+    _, conf = dr.draft_head.walk_block(PROMPT[-1], len(PROMPT) - 1, spec.state)
     for pmin in (0.0, 0.5 * conf[0], conf[0] * conf[1] * 0.999, 0.999):
         spec.min_draft_prob = pmin
         want = gate_cumulative(conf[:3], pmin)
@@ -343,13 +343,14 @@ def reference_block(path, trunk_path, feats, anchor, position, *, conv=True, sel
 def test_passes_match_the_reference(files, which):
     target, dr = _load(files, which)
     P = len(PROMPT) - 1
-    feats = target.forward(PROMPT[:-1], taps=dr.taps).hidden
-    dr.draft_head.catch_up(PROMPT[:-1], feats, 0)
-    h, logits = dr.model.block_forward(PROMPT[-1], P)
+    feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
+    ring = dr.draft_head.new_state()
+    dr.draft_head.catch_up(PROMPT[:-1], feats, 0, ring)
+    h, logits = dr.model.block_forward(PROMPT[-1], P, ring)
     rh, rlogits, rwalk = reference_block(files[which], files["trunk"], feats, PROMPT[-1], P)
     assert torch.allclose(h.double(), rh, atol=1e-4, rtol=1e-4)
     assert torch.allclose(logits.double(), rlogits, atol=1e-4, rtol=1e-4)
-    tokens, _ = dr.draft_head.walk_block(PROMPT[-1], P)
+    tokens, _ = dr.draft_head.walk_block(PROMPT[-1], P, ring)
     assert tokens == (rwalk if rwalk is not None else rlogits.argmax(-1).tolist())
 
 
@@ -363,13 +364,13 @@ def test_ring_after_a_speculative_run_equals_one_shot_injection(files, which):
     spec = BlockSpeculator(Steer(dr.draft_head, PROMPT + plain), dr.taps, 8, min_draft_prob=0.0)
     out = decode(target, sampler, PROMPT, N_TOKENS, speculator=spec, window=8)
     assert out == plain
-    n = target.cache_len  # committed positions 0..n-1
-    ring = dr.model.ring
+    n = len(PROMPT) + len(out) - 1  # committed positions 0..n-1 (the last token is not forwarded)
+    ring = spec.state
     assert sorted(ring.pos_of[ring.pos_of >= 0].tolist()) == list(range(n - WINDOW, n))
     full = PROMPT + out
     fresh = load_model(files["trunk"], fmt="f32")
-    feats = fresh.forward(full[:n], taps=dr.taps).hidden
-    h, logits = dr.model.block_forward(full[n], n)
+    feats = fresh.forward(full[:n], fresh.make_cache(), taps=dr.taps).hidden
+    h, logits = dr.model.block_forward(full[n], n, ring)
     rh, rlogits, _ = reference_block(files[which], files["trunk"], feats[n - WINDOW :], full[n], n)
     assert torch.allclose(logits.double(), rlogits, atol=1e-4, rtol=1e-4)
 
@@ -378,11 +379,11 @@ def test_arms_after_a_reused_prefix(files):
     """Tap rows for only a suffix of the prompt (an adopted KV prefix): the ring holds that suffix
     and the block drafts from it, exactly as the reference with that shorter context."""
     target, dr = _load(files, "dflash2")
-    feats = target.forward(PROMPT[:-1], taps=dr.taps).hidden
+    feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
     spec = BlockSpeculator(dr.draft_head, dr.taps, 8, min_draft_prob=0.0)
     spec.begin(PROMPT[:-1], feats[-4:])
     P = len(PROMPT) - 1
-    assert sorted(dr.model.ring.pos_of[dr.model.ring.pos_of >= 0].tolist()) == list(range(P - 4, P))
+    assert sorted(spec.state.pos_of[spec.state.pos_of >= 0].tolist()) == list(range(P - 4, P))
     draft = spec.propose(DraftContext(PROMPT[-1], P, 4, PROMPT))
     _, rlogits, rwalk = reference_block(files["dflash2"], files["trunk"], feats[-4:], PROMPT[-1], P)
     assert draft.tokens == rwalk
@@ -476,17 +477,18 @@ def test_conv_never_reads_across_a_block_boundary(files):
     With only the anchor row of the block changed, rows beyond the conv's reach through attention
     still move, so the check is end to end: different previous blocks, identical drafts."""
     target, dr = _load(files, "conv_only")
-    feats = target.forward(PROMPT[:-1], taps=dr.taps).hidden
-    dr.draft_head.catch_up(PROMPT[:-1], feats, 0)
+    feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
+    ring = dr.draft_head.new_state()
+    dr.draft_head.catch_up(PROMPT[:-1], feats, 0, ring)
     P = len(PROMPT) - 1
-    h0, l0 = dr.model.block_forward(PROMPT[-1], P)
+    h0, l0 = dr.model.block_forward(PROMPT[-1], P, ring)
     for prev_anchor, prev_pos in ((3, P - 5), (200, P - 1), (17, P)):
-        dr.model.block_forward(prev_anchor, prev_pos)  # some previous block
-        h1, l1 = dr.model.block_forward(PROMPT[-1], P)
+        dr.model.block_forward(prev_anchor, prev_pos, ring)  # some previous block
+        h1, l1 = dr.model.block_forward(PROMPT[-1], P, ring)
         assert torch.equal(l0, l1) and torch.equal(h0, h1)
     # and the conv is real: switched off, the logits differ
     dr.model.conv_enabled = False
-    _, l2 = dr.model.block_forward(PROMPT[-1], P)
+    _, l2 = dr.model.block_forward(PROMPT[-1], P, ring)
     assert not torch.allclose(l0, l2, atol=1e-3)
 
 
@@ -495,11 +497,12 @@ def test_switches_turn_each_piece_off(files, monkeypatch):
 
     def run(which):
         target, dr = _load(files, which)
-        feats = target.forward(PROMPT[:-1], taps=dr.taps).hidden
-        dr.draft_head.catch_up(PROMPT[:-1], feats, 0)
+        feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
+        ring = dr.draft_head.new_state()
+        dr.draft_head.catch_up(PROMPT[:-1], feats, 0, ring)
         anchors = [PROMPT[-1], 5, 77, 130, 201, 250]
-        logits = [dr.model.block_forward(a, P)[1] for a in anchors]
-        return dr, logits, [dr.draft_head.walk_block(a, P)[0] for a in anchors]
+        logits = [dr.model.block_forward(a, P, ring)[1] for a in anchors]
+        return dr, logits, [dr.draft_head.walk_block(a, P, ring)[0] for a in anchors]
 
     _, plain_logits, plain_tokens = run("dflash")
     dr2, logits2, tokens2 = run("dflash2")
@@ -544,8 +547,8 @@ def test_qwen35_hybrid_trunk(tmp_path):
     assert decode(target, sampler, PROMPT, N_TOKENS, speculator=spec, window=8, stats=stats) == plain
     assert 0 < stats.accepted < stats.drafted
     # the ring holds the committed tail, whichever way the trunk rolled back
-    n = target.cache_len
-    ring = dr.model.ring
+    n = len(PROMPT) + len(plain) - 1
+    ring = spec.state
     assert sorted(ring.pos_of[ring.pos_of >= 0].tolist()) == list(range(n - WINDOW, n))
 
 
@@ -556,12 +559,13 @@ def test_reduced_draft_vocabulary(files, tmp_path):
     p = write_tiny_dflash(tmp_path / "d2t.gguf", files["trunk"], dflash2=True, draft_vocab=keep, softcap=5.0)
     target = load_model(files["trunk"], fmt="f32")
     dr = load_drafter(p, target, SpecOptions())
-    feats = target.forward(PROMPT[:-1], taps=dr.taps).hidden
-    dr.draft_head.catch_up(PROMPT[:-1], feats, 0)
-    _, logits = dr.model.block_forward(PROMPT[-1], len(PROMPT) - 1)
+    feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
+    ring = dr.draft_head.new_state()
+    dr.draft_head.catch_up(PROMPT[:-1], feats, 0, ring)
+    _, logits = dr.model.block_forward(PROMPT[-1], len(PROMPT) - 1, ring)
     assert logits.shape == (4, 300)
     assert torch.isinf(logits[:, 1]).all() and logits[:, keep].abs().max() <= 5.0
-    tokens, _ = dr.draft_head.walk_block(PROMPT[-1], len(PROMPT) - 1)
+    tokens, _ = dr.draft_head.walk_block(PROMPT[-1], len(PROMPT) - 1, ring)
     assert all(t in keep for t in tokens)
     sampler = Sampler()
     spec = BlockSpeculator(dr.draft_head, dr.taps, 8, min_draft_prob=0.0)

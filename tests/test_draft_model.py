@@ -154,17 +154,18 @@ def test_drafter_cache_follows_the_committed_sequence(files, trunk, governor):
 
     def on_step(stats):
         committed = prompt + emitted[:-1]  # the last emitted token is not in the trunk's KV yet
-        assert trunk.cache_len == len(committed)
+        assert cache.length == len(committed)
         assert spec._committed == committed
         cached = spec.cached_tokens
-        assert spec.model.cache_len == len(cached)
+        assert spec.cache.length == len(cached)
         assert cached == committed[: len(cached)]  # no stale draft token survives a rejection
-        assert spec.model.cache_len + len(spec.pending) == trunk.cache_len
+        assert spec.cache.length + len(spec.pending) == cache.length
         checks.append(len(spec.pending))
 
     plain = decode(trunk, Sampler(), prompt, 60)
-    out = decode(trunk, Sampler(), prompt, 60, speculator=spec, window=5, on_token=on_token, on_step=on_step,
-                 governor=governor() if governor else None)
+    cache = trunk.make_cache()
+    out = decode(trunk, Sampler(), prompt, 60, cache=cache, speculator=spec, window=5, on_token=on_token,
+                 on_step=on_step, governor=governor() if governor else None)
     assert out == plain
     assert checks
     if governor is None:
@@ -172,25 +173,25 @@ def test_drafter_cache_follows_the_committed_sequence(files, trunk, governor):
     else:
         assert max(checks) >= 2  # parked steps left a catch-up for the next draft
     spec.sync()
-    assert spec.model.cache_len == trunk.cache_len
-    assert spec.cached_tokens == (prompt + emitted)[: trunk.cache_len]
+    assert spec.cache.length == cache.length
+    assert spec.cached_tokens == (prompt + emitted)[: cache.length]
 
 
 def test_commit_rewinds_to_what_the_trunk_kept(files, trunk):
     spec = _speculator(files["other"], trunk, window=4)
     prompt = PROMPTS[0]
     spec.begin(prompt, None)
-    assert spec.model.cache_len == len(prompt) and not spec.pending
+    assert spec.cache.length == len(prompt) and not spec.pending
     sampler = Sampler()
     ctx = DraftContext(last_token=7, position=len(prompt), max_tokens=4, history=prompt + [7],
                        sampler=sampler)
     draft = spec.propose(ctx)
     assert len(draft) == 4 and draft.probs is None  # greedy: no distribution needed
     # the drafter forwarded last + the first three drafts; the fourth is never forwarded
-    assert spec.model.cache_len == len(prompt) + 4
+    assert spec.cache.length == len(prompt) + 4
     # the trunk keeps last + one draft, then recovers a different token
     spec.commit([7, draft.tokens[0]], None, len(prompt))
-    assert spec.model.cache_len == len(prompt) + 2 and not spec.pending
+    assert spec.cache.length == len(prompt) + 2 and not spec.pending
     # a full acceptance leaves only the last draft token pending
     hist = prompt + [7, draft.tokens[0], 9]
     draft = spec.propose(DraftContext(9, len(prompt) + 2, 3, hist, sampler=sampler))

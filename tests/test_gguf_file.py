@@ -70,7 +70,7 @@ def test_no_tokenizer_model_takes_vocab_from_arch_key(tmp_path):
     p = write_tiny_model(tmp_path / "m.gguf", "qwen3", vocab_size=96, tokenizer=None)
     m = load_model(p)
     assert m.vocab_size == 96
-    assert m.forward([1, 2, 95]).logits.shape == (1, 96)
+    assert m.forward([1, 2, 95], m.make_cache()).logits.shape == (1, 96)
 
 
 @pytest.mark.parametrize(
@@ -100,8 +100,9 @@ def test_quantized_tiny_models_dequantize_close(tmp_path, quant, max_err):
     # the whole model: logits near the F32 file's (mean error relative to the logits' spread;
     # measured 0.017-0.019 for Q8_0 and 0.27-0.29 for Q4_0 of these Gaussian random weights)
     ids = list(range(10, 50))
-    a = load_model(f32, fmt="f32").forward(ids, all_logits=True).logits
-    b = load_model(qp, fmt="f32").forward(ids, all_logits=True).logits
+    ma, mb = load_model(f32, fmt="f32"), load_model(qp, fmt="f32")
+    a = ma.forward(ids, ma.make_cache(), all_logits=True).logits
+    b = mb.forward(ids, mb.make_cache(), all_logits=True).logits
     rel = float((a - b).abs().mean() / a.std())
     assert 0 < rel < (0.04 if quant == "Q8_0" else 0.5), rel
 

@@ -25,7 +25,7 @@ from tsspec.errors import ModelFileError
 from tsspec.models import load_model
 from tsspec.models.gated_delta import delta_rule_chunked, delta_rule_rows, delta_rule_step, l2norm
 from tsspec.sampling import Sampler, SamplingParams
-from tsspec.spec.loop import decode
+from tsspec.spec.loop import Sequence as Seq, decode
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.protocols import Draft, DraftContext
 from tsspec.spec.stats import SpecStats
@@ -56,13 +56,13 @@ def test_logits_match_transformers(files, arch):
     path, hf = files[arch]
     m = load_model(path, fmt="f32")
     ids = [int(x) for x in np.random.default_rng(1).integers(0, VOCAB, 90)]
-    got = m.forward(ids, all_logits=True).logits
+    got = m.forward(ids, m.make_cache(), all_logits=True).logits
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     assert float((got - ref).abs().max()) <= 2e-3, float((got - ref).abs().max())
     # the same rows token by token (row form throughout)
-    m.reset()
-    rows = torch.stack([m.forward([t]).logits[0] for t in ids])
+    c = m.make_cache()
+    rows = torch.stack([m.forward([t], c).logits[0] for t in ids])
     assert float((rows - ref).abs().max()) <= 2e-3
 
 
@@ -95,18 +95,18 @@ def test_long_prefill_chunked_matches_token_by_token(files):
     path, _ = files["qwen35"]
     m = load_model(path, fmt="f32")
     ids = [int(x) for x in np.random.default_rng(2).integers(0, VOCAB, 150)]
-    long = m.forward(ids).logits[-1]  # > ROW_FORM_MAX rows: chunked delta rule
-    m.reset()
+    long = m.forward(ids, m.make_cache()).logits[-1]  # > ROW_FORM_MAX rows: chunked delta rule
+    c = m.make_cache()
     for t in ids:
-        one = m.forward([t]).logits[-1]
+        one = m.forward([t], c).logits[-1]
     assert float((long - one).abs().max()) <= 1e-3
     # prefill in row-form chunks (<= 65 rows) is bit-exact against token by token
-    m.reset()
+    c = m.make_cache()
     for i in range(0, 60, 20):
-        chunked = m.forward(ids[i : i + 20]).logits[-1]
-    m.reset()
+        chunked = m.forward(ids[i : i + 20], c).logits[-1]
+    c = m.make_cache()
     for t in ids[:60]:
-        one = m.forward([t]).logits[-1]
+        one = m.forward([t], c).logits[-1]
     assert torch.equal(chunked, one)
 
 
@@ -114,15 +114,15 @@ def test_long_prefill_chunked_matches_token_by_token(files):
 def test_rows_are_batch_invariant(files, arch):
     m = load_model(files[arch][0])  # default bf16 weights
     prompt = _prompt()
-    m.forward(prompt)
-    n0 = m.cache_len
+    c = m.make_cache()
+    m.forward(prompt, c)
+    n0 = c.length
     verify = [5, 17, 200, 3, 99, 42, 7, 1, 250]
-    m.snapshot()
-    many = m.forward(verify, all_logits=True).logits
-    m.restore()
-    m.rewind(n0)
+    many = m.forward(verify, c, all_logits=True).logits
+    c.trim(len(verify))  # none kept: the state returns to the end of the prompt
+    assert c.length == n0
     for i, t in enumerate(verify):
-        one = m.forward([t]).logits[0]
+        one = m.forward([t], c).logits[0]
         assert torch.equal(one, many[i]), f"row {i} differs"
 
 
@@ -174,17 +174,16 @@ def _run(model, params, spec=None, n=40, window=4):
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-rollback", "snapshots-off"])
 @pytest.mark.parametrize("sampling", ["greedy", "seeded"])
 @pytest.mark.parametrize("arch", ["qwen35", "qwen3next"])
-def test_speculation_equals_plain(files, monkeypatch, arch, sampling, fast):
-    monkeypatch.setenv("TS_Q35_VERIFY_SNAPSHOTS", "1" if fast else "0")
-    m = load_model(files[arch][0])
-    assert m.snapshots is fast
+def test_speculation_equals_plain(files, arch, sampling, fast):
+    m = load_model(files[arch][0], verify_snapshots=fast)
+    assert m.make_cache().snapshots is fast
     params = SAMPLERS[sampling]
     plain, _ = _run(m, params)
-    forwards = []
+    replayed = []
     real_forward = m.forward
-    m.forward = lambda toks, **kw: (forwards.append(len(toks)), real_forward(toks, **kw))[1]
+    m.forward = lambda toks, cache, **kw: (replayed.append(len(cache.replay)), real_forward(toks, cache, **kw))[1]
     for keep in (0, 2, 4, -1):  # none / some / all / varying per step
-        forwards.clear()
+        replayed.clear()
         out, st = _run(m, params, Scripted(plain, len(_prompt()), keep))
         assert out == plain, f"keep={keep}"
         assert st.verify_calls > 0
@@ -192,47 +191,43 @@ def test_speculation_equals_plain(files, monkeypatch, arch, sampling, fast):
             assert st.accepted == st.drafted
         if keep == 0:
             assert st.accepted == 0
-        # fast rollback never re-forwards: one forward per step (+ prefill)
-        n_steps = st.verify_calls + st.plain_steps
-        if fast:
-            assert len(forwards) == n_steps + 1
-        elif keep != 4:
-            assert len(forwards) > n_steps + 1
+        # one forward per step (+ prefill); fast rollback never re-runs a kept row, copies do
+        assert len(replayed) == st.verify_calls + st.plain_steps + 1
+        if fast or keep == 4:
+            assert sum(replayed) == 0
+        else:
+            assert sum(replayed) > 0
     out, st = _run(m, params, NGramSpeculator(max_draft_tokens=4))
     assert out == plain
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-rollback", "snapshots-off"])
-def test_state_after_partial_accept_is_plain_state(files, monkeypatch, fast):
-    monkeypatch.setenv("TS_Q35_VERIFY_SNAPSHOTS", "1" if fast else "0")
-    a = load_model(files["qwen35"][0])
-    b = load_model(files["qwen35"][0])
+def test_state_after_partial_accept_is_plain_state(files, fast):
+    m = load_model(files["qwen35"][0], verify_snapshots=fast)
+    a, b = m.make_cache(), m.make_cache()  # two sequences on one model
     prompt = _prompt()
-    a.forward(prompt)
-    b.forward(prompt)
-    pos = a.cache_len
+    m.forward(prompt, a)
+    m.forward(prompt, b)
+    pos = a.length
     verify = [11, 22, 33, 44, 55]
     kept = verify[:3]
-    live_before = [s.ssm.data_ptr() for s in a.recurrent_states()]
-    a.snapshot()
-    if fast:  # the snapshot copied nothing and the verify left the live state alone
-        assert a._snap is None
-    a.forward(verify, all_logits=True)
-    if fast:
-        assert [s.ssm.data_ptr() for s in a.states] == live_before
-        assert a.verify_persists_kv
-        a.rewind(pos + len(kept))
+    live_before = [s.ssm.data_ptr() for s in a.live_states()]
+    m.forward(verify, a, all_logits=True)
+    if fast:  # the verify left the live state alone and copied nothing
+        assert [s.ssm.data_ptr() for s in a.states] == live_before and a.saved is None
     else:
-        assert not a.verify_persists_kv
-        a.restore()
-        a.rewind(pos)
-        a.forward(kept)
+        assert a.saved is not None and a.saved.start == pos
+    a.trim(len(verify) - len(kept))
+    if not fast:  # the copy is back and the kept rows wait for the next forward
+        assert a.replay == kept
     for t in kept:
-        b.forward([t])
-    assert a.cache_len == b.cache_len == pos + 3
-    for sa, sb in zip(a.recurrent_states(), b.recurrent_states()):
+        m.forward([t], b)
+    assert a.length == b.length == pos + 3
+    assert torch.equal(m.forward([77], a).logits, m.forward([77], b).logits)
+    for sa, sb in zip(a.live_states(), b.live_states()):
         assert torch.equal(sa.ssm, sb.ssm) and torch.equal(sa.conv, sb.conv)
-    assert torch.equal(a.forward([77]).logits, b.forward([77]).logits)
+    with pytest.raises(ValueError):  # a recurrent state cannot go back past the last forward
+        a.trim(5)
 
 
 def test_rollback_memory_and_window(files):
@@ -255,3 +250,41 @@ def test_qwen3next_moe_is_declined(tmp_path):
     path = _write(tmp_path / "moe.gguf", "qwen3next", hf.config, t, 4, 0)
     with pytest.raises(ModelFileError, match="mixture-of-experts"):
         load_model(path)
+
+
+# ----------------------------------------------------------------------------- many sequences, one model
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-rollback", "snapshots-off"])
+def test_sequences_interleaved_on_one_hybrid_equal_each_alone(files, fast):
+    """Two sequences step by step on one loaded hybrid trunk, each with its own cache (recurrent
+    state, slots or copies) and speculator: each gets exactly what it gets alone."""
+    m = load_model(files["qwen35"][0], verify_snapshots=fast)
+    jobs = [(_prompt(), Sampler(SAMPLERS["greedy"]), lambda ref: Scripted(ref, len(_prompt()), -1), 4),
+            (_prompt(20, seed=3), Sampler(SAMPLERS["seeded"]), lambda ref: Scripted(ref, 20, 2, k=3), 3)]
+    n = 30
+    alone, seqs, outs = [], [], []
+    for prompt, sampler, make, window in jobs:
+        ref = decode(m, sampler, prompt, n)
+        alone.append(ref)
+        assert decode(m, sampler, prompt, n, speculator=make(ref), window=window) == ref
+        seqs.append(Seq(m, sampler, speculator=make(ref), window=window))
+    outs = [[seq.start(prompt)] for seq, (prompt, *_) in zip(seqs, jobs)]
+    while any(len(o) < n for o in outs):
+        for seq, out in zip(seqs, outs):
+            if len(out) < n:
+                out.extend(seq.step(n - len(out)))
+    assert outs == alone
+    assert all(seq.stats.verify_calls > 0 for seq in seqs)
+
+
+def test_extending_a_kept_hybrid_cache_equals_a_fresh_run(files):
+    """Both runs stay in the row form (every forward <= ROW_FORM_MAX rows), so they agree bit for bit."""
+    m = load_model(files["qwen35"][0])
+    first = _prompt(16)
+    cache = m.make_cache()
+    out1 = decode(m, Sampler(), first, 12, cache=cache, speculator=NGramSpeculator(max_draft_tokens=3), window=3)
+    turn2 = first + out1 + _prompt(10, seed=5)
+    assert len(turn2) <= 65
+    got = decode(m, Sampler(), turn2, 16, cache=cache, speculator=NGramSpeculator(max_draft_tokens=3), window=3)
+    assert got == decode(m, Sampler(), turn2, 16)

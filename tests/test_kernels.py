@@ -209,10 +209,10 @@ def test_fused_forward_matches_torch_blocks(tiny_q):
     m = load_model(path, n_ctx=256)
     assert m.fused is not None, arch
     ids = [int(t) for t in np.random.default_rng(0).integers(0, 300, size=40)]
-    fused = m.forward(ids, all_logits=True, taps=[1, m.n_layers]).logits
-    m.reset()
+    fused = m.forward(ids, m.make_cache(), all_logits=True, taps=[1, m.n_layers]).logits
+    c = m.make_cache()
     keep, m.fused = m.fused, None
-    ref = m.forward(ids, all_logits=True).logits
+    ref = m.forward(ids, c, all_logits=True).logits
     m.fused = keep
     scale = float(ref.abs().max())
     # int8 inputs: the two paths round a few inputs differently, nothing more
@@ -228,15 +228,15 @@ def test_fused_rows_equal_single_steps(tiny_q):
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            m.reset()
-            m.forward(ids[:10])
-            full = m.forward(ids[10:90], all_logits=True, taps=[0, 1]).logits
-            m.rewind(10)
+            c = m.make_cache()
+            m.forward(ids[:10], c)
+            full = m.forward(ids[10:90], c, all_logits=True, taps=[0, 1]).logits
+            c.trim(c.length - 10)
             for i in range(10, 90):
-                assert torch.equal(m.forward([ids[i]]).logits[0], full[i - 10]), f"{arch} row {i} at {threads}"
-            m.rewind(10)
+                assert torch.equal(m.forward([ids[i]], c).logits[0], full[i - 10]), f"{arch} row {i} at {threads}"
+            c.trim(c.length - 10)
             for i in range(10, 90, 9):
-                chunk = m.forward(ids[i : i + 9], all_logits=True).logits
+                chunk = m.forward(ids[i : i + 9], c, all_logits=True).logits
                 assert torch.equal(chunk, full[i - 10 : i - 10 + chunk.shape[0]])
     finally:
         torch.set_num_threads(before)
@@ -246,7 +246,7 @@ def test_fused_taps_equal_torch_taps_layout(tiny_q):
     arch, path = tiny_q
     m = load_model(path, n_ctx=256)
     ids = list(range(3, 20))
-    out = m.forward(ids, all_logits=True, taps=[0, 1, m.n_layers])
+    out = m.forward(ids, m.make_cache(), all_logits=True, taps=[0, 1, m.n_layers])
     assert out.hidden.shape == (len(ids), 3 * m.hidden_size)
     emb = m.embed[ids] * m.cfg.embed_scale
     assert torch.equal(out.hidden[:, : m.hidden_size], emb)  # tap 0 is the embedding row
@@ -266,7 +266,7 @@ def test_no_compiler_falls_back_with_a_reason(monkeypatch, tmp_path):
     path = write_tiny_model(tmp_path / "q.gguf", "llama", quant="Q4_0", d_model=64, ffn_dim=128, vocab_size=320)
     m = load_model(path)
     assert m.fused is None and m.blocks[0].qkv.fmt == "int4"
-    assert m.forward([1, 2, 3]).logits.shape == (1, m.vocab_size)
+    assert m.forward([1, 2, 3], m.make_cache()).logits.shape == (1, m.vocab_size)
 
 
 def test_switch_off_by_environment(monkeypatch):

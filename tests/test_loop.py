@@ -15,9 +15,10 @@ import pytest
 
 from tiny import write_tiny_model
 from tsspec.models import load_model
+from tsspec.models.cache import KVCache
 from tsspec.sampling import Sampler, SamplingParams
 from tsspec.spec.governor import FIRST_DRAFT, GovernorConfig, SpeculationCostGovernor
-from tsspec.spec.loop import decode
+from tsspec.spec.loop import Sequence as Seq, decode
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.protocols import Draft, DraftContext, Speculator
 from tsspec.spec.stats import SpecStats
@@ -300,79 +301,43 @@ def test_governor_keeps_output_identical(models, arch):
                 assert gov.steps == stats.verify_calls + stats.plain_steps
 
 
-# ----------------------------------------------------------------------------- non-persisting target
+# ----------------------------------------------------------------------------- rollback is the cache's
 
 
-class RecurrentDouble:
-    """A tiny model posing as a target with recurrent state: a verify does NOT leave usable state
-    for the accepted rows, so the loop must ``restore`` the snapshot and re-advance over them.
+class PoisonedTrim(KVCache):
+    """A KV cache whose ``trim`` overwrites the forgotten rows with garbage, so a loop that trimmed
+    too little, or read a row it had trimmed, would change the output. (Finite garbage: attention
+    multiplies masked rows by an exact 0, and 0 * NaN would poison every run.)"""
 
-    ``restore`` puts the cache back where ``snapshot`` found it, and overwrites the rows a verify
-    wrote beyond it with garbage, so a loop that skipped the re-advance would read it. (Finite
-    garbage: attention multiplies masked rows by an exact 0, and 0 * NaN would poison every run.)"""
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.trims: list[int] = []
 
-    def __init__(self, model):
-        self.m = model
-        self.vocab_size, self.n_layers, self.hidden_size = model.vocab_size, model.n_layers, model.hidden_size
-        self.snapshots = self.restores = 0
-        self.readvances: list[int] = []  # row count of each forward right after a restore
-        self._snap: int | None = None
-        self._after_restore = False
-
-    max_context = property(lambda self: self.m.max_context)
-    cache_len = property(lambda self: self.m.cache_len)
-    verify_persists_kv = property(lambda self: False)
-
-    def forward(self, tokens, *, all_logits=False, taps=None):
-        if self._after_restore:
-            self.readvances.append(len(tokens))
-            self._after_restore = False
-        return self.m.forward(tokens, all_logits=all_logits, taps=taps)
-
-    def ensure_capacity(self, n):
-        self.m.ensure_capacity(n)
-
-    def rewind(self, length):
-        assert self._snap is not None and length == self._snap, "rewind only to the snapshot"
-        self.m.rewind(length)
-
-    def snapshot(self):
-        self.snapshots += 1
-        self._snap = self.m.cache_len
-
-    def restore(self):
-        self.restores += 1
-        n = self.m.cache_len
-        self.m.cache.k[:, :, self._snap : n] = 1e3
-        self.m.cache.v[:, :, self._snap : n] = -1e3
-        self.m.rewind(self._snap)
-        self._after_restore = True
-
-    def reset(self):
-        self.m.reset()
-        self._snap = None
+    def trim(self, n):
+        self.trims.append(n)
+        self.k[:, :, self.length - n : self.length] = 1e3
+        self.v[:, :, self.length - n : self.length] = -1e3
+        super().trim(n)
 
 
 @pytest.mark.parametrize("pattern", ["accept-some", "accept-none", "accept-all"])
-def test_non_persisting_target_restores_and_readvances(models, pattern):
+def test_loop_trims_exactly_the_rejected_rows(models, pattern):
     m = models["qwen2"]
     prompt = PROMPTS["random"]
     want = plain(m, prompt)
-    target = RecurrentDouble(m)
+    cfg = m.cfg
+    cache = PoisonedTrim(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, m.max_context)
     spec = ScriptedSpeculator(prompt + want, PATTERNS[pattern], m.vocab_size)
     stats = SpecStats()
-    got = decode(target, GREEDY, prompt, N_NEW, speculator=spec, window=8, stats=stats)
+    got = decode(m, GREEDY, prompt, N_NEW, cache=cache, speculator=spec, window=8, stats=stats)
     assert got == want
     check_stats(stats, got, spec.drafts)
-    partial = [(k, a) for k, a in zip(spec.drafts, spec.accepted) if a < k]
-    assert target.snapshots == stats.verify_calls
-    assert target.restores == len(partial)
-    # the re-advance forwards exactly the kept rows: the last token plus the accepted drafts
-    assert target.readvances == [a + 1 for _, a in partial]
+    # one trim per verify, of exactly its rejected drafts
+    assert cache.trims == [k - a for k, a in zip(spec.drafts, spec.accepted)]
     if pattern == "accept-all":
-        assert target.restores == 0
+        assert set(cache.trims) == {0}
     else:
-        assert target.restores > 0
+        assert max(cache.trims) > 0
 
 
 def test_governed_draft_length_shrinks_on_rejection_and_grows_back(models):
@@ -398,3 +363,69 @@ def test_governed_draft_length_shrinks_on_rejection_and_grows_back(models):
     decode(m, GREEDY, prompt, N_NEW, speculator=ungoverned, window=8)
     assert set(ungoverned.drafts[:-8]) == {8}  # without a governor the window is what it says (the
     # last drafts run into the end of the known continuation)
+
+
+# ----------------------------------------------------------------------------- many sequences, one model
+
+
+def run_interleaved(model, jobs, n=N_NEW) -> list[list[int]]:
+    """Decode several sequences on one loaded model, one step of each in turn: ``jobs`` is a list
+    of (prompt, sampler, speculator or None, window)."""
+    seqs = [Seq(model, sampler, speculator=spec, window=window) for _, sampler, spec, window in jobs]
+    outs = [[seq.start(prompt)] for seq, (prompt, *_) in zip(seqs, jobs)]
+    while any(len(o) < n for o in outs):
+        for seq, out in zip(seqs, outs):
+            if len(out) < n:
+                out.extend(seq.step(n - len(out)))
+    return outs
+
+
+def interleaving_jobs(model):
+    """Four sequences that differ in prompt, sampler, speculator and window."""
+    jobs = [
+        (PROMPTS["periodic"], GREEDY, NGramSpeculator(max_draft_tokens=8), 8),
+        (PROMPTS["random"], sampled(3), None, 8),
+        (PROMPTS["phrase"], sampled(5), NGramSpeculator(max_draft_tokens=3), 3),
+        (PROMPTS["long-random"], GREEDY, NGramSpeculator(max_draft_tokens=4), 4),
+    ]
+    alone = [decode(model, sampler, prompt, N_NEW, speculator=spec, window=window)
+             for prompt, sampler, spec, window in jobs]
+    return jobs, alone
+
+
+@pytest.mark.parametrize("arch", MODEL_ARCHS)
+def test_sequences_interleaved_on_one_model_equal_each_alone(models, arch):
+    m = models[arch]
+    jobs, alone = interleaving_jobs(m)
+    for (prompt, sampler, *_), out in zip(jobs, alone):
+        assert out == plain(m, prompt, sampler)  # each alone is plain decoding
+    assert run_interleaved(m, jobs) == alone
+
+
+@pytest.mark.parametrize("arch", MODEL_ARCHS)
+def test_extending_a_kept_cache_equals_a_fresh_run(models, arch):
+    """A conversation's second turn: the cache kept from the first run holds the prompt and the
+    generated tokens but the last; the next prompt extends that, and only the new tokens are
+    forwarded. The result equals a fresh run over the whole concatenated prompt."""
+    m = models[arch]
+    first = PROMPTS["random"]
+    cache = m.make_cache()
+    out1 = decode(m, GREEDY, first, 20, cache=cache, speculator=NGramSpeculator())
+    assert cache.length == len(first) + len(out1) - 1
+    turn2 = first + out1 + PROMPTS["phrase"]
+    stats = SpecStats()
+    got = decode(m, GREEDY, turn2, N_NEW, cache=cache, speculator=NGramSpeculator(), stats=stats)
+    assert got == plain(m, turn2)
+    assert cache.length == len(turn2) + len(got) - 1
+    # a speculator that cannot arm after a reused prefix is left out, never wrong
+    class NoReuse(ScriptedSpeculator):
+        can_arm_after_prefix_reuse = False
+
+    cache = m.make_cache()
+    decode(m, GREEDY, first, 20, cache=cache)
+    stats = SpecStats()
+    spec = NoReuse(turn2 + got, lambda s, i: False, m.vocab_size)
+    assert decode(m, GREEDY, turn2, N_NEW, cache=cache, speculator=spec, stats=stats) == got
+    assert stats.speculator is None and spec.drafts == []
+    with pytest.raises(ValueError):  # a prompt that does not extend the cache
+        decode(m, GREEDY, first[:3], 4, cache=cache)

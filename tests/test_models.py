@@ -22,7 +22,7 @@ from tiny import ARCHS, write_tiny_model
 from tsspec.errors import BadInput
 from tsspec.gguf_file import GGUFFile
 from tsspec.models import load_model
-from tsspec.models.base import SPAN_BLOCK
+from tsspec.models.cache import SPAN_BLOCK
 
 SEQ = 80  # crosses the 64-position attention-span boundary; 10x gemma's window of 8
 GEMMA_WINDOW = 8
@@ -137,7 +137,7 @@ def test_f32_matches_plain_reference(tiny_paths, variant):
     ids = tokens(SEQ, seed=3)
     want, _ = reference_forward(tiny_paths[variant], ids)
     m = load_model(tiny_paths[variant], fmt="f32")
-    got = m.forward(ids, all_logits=True).logits
+    got = m.forward(ids, m.make_cache(), all_logits=True).logits
     assert got.shape == want.shape
     assert want.std() > 0.5  # logits are not degenerate, so agreement means something
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
@@ -150,7 +150,8 @@ def test_bf16_close_to_plain_reference(tiny_paths, variant):
     # models: max 4-9%, mean 0.7-1.2%); argmax agrees on >= 90% of rows (random logits have near-ties).
     ids = tokens(SEQ, seed=4)
     want, _ = reference_forward(tiny_paths[variant], ids)
-    got = load_model(tiny_paths[variant]).forward(ids, all_logits=True).logits
+    m = load_model(tiny_paths[variant])
+    got = m.forward(ids, m.make_cache(), all_logits=True).logits
     err, scale = (got - want).abs(), float(want.std())
     assert float(err.max()) < 0.15 * scale, (float(err.max()), scale)
     assert float(err.mean()) < 0.02 * scale, (float(err.mean()), scale)
@@ -164,7 +165,7 @@ def test_taps_are_the_residual_entering_the_layer(tiny_paths, variant):
     m = load_model(tiny_paths[variant], fmt="f32")
     n = m.n_layers
     taps = [n, 0, n - 1]  # any order, the after-last-layer tap included
-    out = m.forward(ids, all_logits=False, taps=taps)
+    out = m.forward(ids, m.make_cache(), all_logits=False, taps=taps)
     assert out.logits.shape == (1, m.vocab_size)
     assert out.hidden.shape == (len(ids), len(taps) * m.hidden_size)
     for j, layer in enumerate(taps):
@@ -176,15 +177,15 @@ def test_taps_are_the_residual_entering_the_layer(tiny_paths, variant):
 
 
 def _step_by_step(m, ids) -> torch.Tensor:
-    return torch.cat([m.forward([t]).logits for t in ids])
+    c = m.make_cache()
+    return torch.cat([m.forward([t], c).logits for t in ids])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_one_forward_equals_single_steps_bitwise(tiny_paths, variant):
     ids = tokens(SEQ, seed=6)
     m = load_model(tiny_paths[variant])
-    whole = m.forward(ids, all_logits=True).logits
-    m.reset()
+    whole = m.forward(ids, m.make_cache(), all_logits=True).logits
     steps = _step_by_step(m, ids)
     assert torch.equal(whole, steps)
 
@@ -194,13 +195,13 @@ def test_one_forward_equals_single_steps_bitwise(tiny_paths, variant):
 def test_rows_do_not_depend_on_chunking(tiny_paths, variant, fmt):
     ids = tokens(SEQ, seed=7)
     m = load_model(tiny_paths[variant], fmt=fmt)
-    whole = m.forward(ids, all_logits=True).logits
+    whole = m.forward(ids, m.make_cache(), all_logits=True).logits
     for sizes in ([1, 2, 3, 5, 9], [9, 5, 3, 2, 1], [4, 7, 2, 8, 1, 6]):
-        m.reset()
+        c = m.make_cache()
         rows, i, s = [], 0, 0
         while i < len(ids):
             n = sizes[s % len(sizes)]
-            rows.append(m.forward(ids[i : i + n], all_logits=True).logits)
+            rows.append(m.forward(ids[i : i + n], c, all_logits=True).logits)
             i, s = i + n, s + 1
         assert torch.equal(torch.cat(rows), whole), sizes
 
@@ -209,16 +210,18 @@ def test_rows_do_not_depend_on_chunking(tiny_paths, variant, fmt):
 def test_rewind_then_redecode_equals_fresh_run(tiny_paths, variant):
     prefix, a, b = tokens(30, seed=8), tokens(9, seed=9), tokens(12, seed=10)
     m = load_model(tiny_paths[variant])
-    m.forward(prefix)
-    m.forward(a, all_logits=True)  # a rejected draft: written into the cache, then forgotten
-    m.rewind(len(prefix) + 2)  # keep two of its rows, as a partial accept does
-    assert m.cache_len == len(prefix) + 2
-    after = m.forward(b, all_logits=True).logits
-    fresh = load_model(tiny_paths[variant])
-    want = fresh.forward(prefix + a[:2] + b, all_logits=True).logits[-len(b) :]
+    c = m.make_cache()
+    m.forward(prefix, c)
+    m.forward(a, c, all_logits=True)  # a rejected draft: written into the cache, then forgotten
+    c.trim(len(a) - 2)  # keep two of its rows, as a partial accept does
+    assert c.length == len(prefix) + 2
+    after = m.forward(b, c, all_logits=True).logits
+    want = m.forward(prefix + a[:2] + b, m.make_cache(), all_logits=True).logits[-len(b) :]
     assert torch.equal(after, want)
     with pytest.raises(ValueError):
-        m.rewind(m.cache_len + 1)
+        c.trim(c.length + 1)
+    with pytest.raises(ValueError):
+        c.trim(-1)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -226,15 +229,16 @@ def test_kv_growth_and_span_boundaries_keep_results(tiny_paths, variant):
     # the cache starts at 512 positions and doubles; rows straddle every 64-position span boundary
     ids = tokens(656, seed=11)
     m = load_model(tiny_paths[variant])
-    assert m.cache.capacity == 512
+    c = m.make_cache()
+    assert c.capacity == 512
     rows, i = [], 0
     for n in [250, 9, 1, 3, 200, 9, 9, 9, 9, 1, 1, 7, 40, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]:
-        rows.append(m.forward(ids[i : i + n], all_logits=True).logits)
+        rows.append(m.forward(ids[i : i + n], c, all_logits=True).logits)
         i += n
-    assert i > 512 and m.cache.capacity == 1024
-    big = load_model(tiny_paths[variant])
-    big.ensure_capacity(1024)
-    want = big.forward(ids[:i], all_logits=True).logits
+    assert i > 512 and c.capacity == 1024
+    big = m.make_cache()
+    big.reserve(1024)
+    want = m.forward(ids[:i], big, all_logits=True).logits
     got = torch.cat(rows)
     # compare per row so a failure names the first position that differs
     bad = [p for p in range(i) if not torch.equal(got[p], want[p])]
@@ -244,15 +248,16 @@ def test_kv_growth_and_span_boundaries_keep_results(tiny_paths, variant):
 def test_context_overflow_raises_bad_input(tiny_paths):
     m = load_model(tiny_paths["llama"], n_ctx=100)
     assert m.max_context == 100
-    m.forward(tokens(99))
-    m.forward([1])  # exactly full
+    c = m.make_cache()
+    m.forward(tokens(99), c)
+    m.forward([1], c)  # exactly full
     with pytest.raises(BadInput):
-        m.forward([1])
-    m.reset()
+        m.forward([1], c)
+    c.reset()
     with pytest.raises(BadInput):
-        m.forward(tokens(101))
+        m.forward(tokens(101), c)
     with pytest.raises(BadInput):
-        m.ensure_capacity(101)
+        c.reserve(101)
     # n_ctx is capped at the trained context the file declares
     assert load_model(tiny_paths["llama"], n_ctx=10**6).max_context == 1024
 
@@ -260,9 +265,9 @@ def test_context_overflow_raises_bad_input(tiny_paths):
 def test_out_of_range_token_raises_bad_input(tiny_paths):
     m = load_model(tiny_paths["qwen2"])
     with pytest.raises(BadInput):
-        m.forward([m.vocab_size])
+        m.forward([m.vocab_size], m.make_cache())
     with pytest.raises(BadInput):
-        m.forward([-1])
+        m.forward([-1], m.make_cache())
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -17,7 +17,7 @@ import torch
 
 from tiny_hybrid import write_hybrid, write_nextn_only
 from tsspec.drafters import load_drafter
-from tsspec.drafters.nextn import NextNHead
+from tsspec.drafters.nextn import NextNHead, builtin_head
 from tsspec.models import load_model
 from tsspec.options import SpecOptions
 from tsspec.sampling import Sampler, SamplingParams
@@ -39,7 +39,7 @@ def mtp_file(tmp_path_factory):
 
 
 def _spec(model, pmin=0.0, draft=3):
-    spec = DraftHeadSpeculator.build(model, model.draft_head, SpecOptions(draft=draft, pmin=pmin))
+    spec = DraftHeadSpeculator.build(model, builtin_head(model), SpecOptions(draft=draft, pmin=pmin))
     assert isinstance(spec, DraftHeadSpeculator), spec
     return spec
 
@@ -52,8 +52,9 @@ def _run(model, params, spec=None, n=32, window=3):
 
 def test_trunk_carries_head(mtp_file):
     m = load_model(mtp_file[0])
-    assert isinstance(m.draft_head, NextNHead)
-    assert m.draft_head.kind is DraftHeadKind.PER_TOKEN
+    head = builtin_head(m)
+    assert isinstance(head, NextNHead) and builtin_head(m) is head  # loaded once per trunk
+    assert head.kind is DraftHeadKind.PER_TOKEN
     assert m.n_layers == 4  # the MTP block is not part of the main stack
     spec = _spec(m)
     assert spec.taps == (m.n_layers,) and spec.needs_hidden_state
@@ -63,9 +64,8 @@ def test_trunk_carries_head(mtp_file):
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-rollback", "snapshots-off"])
 @pytest.mark.parametrize("sampling", ["greedy", "seeded"])
-def test_draft_head_equals_plain(mtp_file, monkeypatch, sampling, fast):
-    monkeypatch.setenv("TS_Q35_VERIFY_SNAPSHOTS", "1" if fast else "0")
-    m = load_model(mtp_file[0])
+def test_draft_head_equals_plain(mtp_file, sampling, fast):
+    m = load_model(mtp_file[0], verify_snapshots=fast)
     plain, _ = _run(m, SAMPLERS[sampling])
     spec = _spec(m, pmin=0.0)
     out, st = _run(m, SAMPLERS[sampling], spec)
@@ -95,7 +95,7 @@ class Oracle:
 
     def __init__(self, head, seq):
         self.head, self.seq = head, seq
-        self.from_trunk, self.reset, self.cache = head.from_trunk, head.reset, head.cache
+        self.from_trunk, self.new_state = head.from_trunk, head.new_state
         self.fold_rows = []
 
     def _logits(self, position):
@@ -104,20 +104,20 @@ class Oracle:
         out[tok if position % 3 else (tok + 1) % 300] = 10.0
         return out
 
-    def catch_up_and_step(self, tokens, hidden, start_pos):
+    def catch_up_and_step(self, tokens, hidden, start_pos, state):
         self.fold_rows.append(len(tokens))
-        _, h = self.head.catch_up_and_step(tokens, hidden, start_pos)
+        _, h = self.head.catch_up_and_step(tokens, hidden, start_pos, state)
         return self._logits(start_pos + len(tokens)), h
 
-    def draft_step(self, token, hidden, position):
-        _, h = self.head.draft_step(token, hidden, position)
+    def draft_step(self, token, hidden, position, state):
+        _, h = self.head.draft_step(token, hidden, position, state)
         return self._logits(position + 1), h
 
 
 def test_catch_up_is_folded_and_in_sync(mtp_file):
     m = load_model(mtp_file[0], fmt="f32")
     plain, _ = _run(m, SAMPLERS["greedy"], n=30)
-    oracle = Oracle(m.draft_head, PROMPT + plain)
+    oracle = Oracle(builtin_head(m), PROMPT + plain)
     spec = DraftHeadSpeculator(oracle, m.n_layers, max_draft_tokens=3, min_draft_prob=0.0)
     lens = []
     real = spec.propose
@@ -136,13 +136,13 @@ def test_catch_up_is_folded_and_in_sync(mtp_file):
     assert spec.head_calls == len(lens) + sum(max(n - 1, 0) for n, _, _ in lens)
     # head-cache rows equal a from-scratch catch-up over the final sequence
     seq = PROMPT + out
-    ref_model = load_model(mtp_file[0], fmt="f32")
-    hid = ref_model.forward(seq, taps=(ref_model.n_layers,)).hidden
-    ref_head = ref_model.draft_head
+    hid = m.forward(seq, m.make_cache(), taps=(m.n_layers,)).hidden
+    head = builtin_head(m)
+    ref = head.new_state()
     n = spec.head_len
-    ref_head.catch_up(seq[1 : n + 1], ref_head.from_trunk(hid[:n]), 1)
-    assert torch.allclose(m.draft_head.cache.k[0, :, :n], ref_head.cache.k[0, :, :n], atol=1e-3)
-    assert torch.allclose(m.draft_head.cache.v[0, :, :n], ref_head.cache.v[0, :, :n], atol=1e-3)
+    head.catch_up(seq[1 : n + 1], head.from_trunk(hid[:n]), 1, ref)
+    assert torch.allclose(spec.state.k[0, :, :n], ref.k[0, :, :n], atol=1e-3)
+    assert torch.allclose(spec.state.v[0, :, :n], ref.v[0, :, :n], atol=1e-3)
 
 
 def test_no_drafting_across_a_gap(mtp_file):
@@ -158,7 +158,7 @@ def test_no_drafting_across_a_gap(mtp_file):
 def test_separate_head_file_attaches(mtp_file, tmp_path, arch):
     path, hf = mtp_file
     trunk = load_model(write_hybrid(tmp_path / "trunk.gguf", "qwen35", model=hf)[0])
-    assert trunk.draft_head is None
+    assert builtin_head(trunk) is None
     head_path = write_nextn_only(tmp_path / "head.gguf", hf, arch=arch)
     opts = SpecOptions(draft=3, pmin=0.0)
     drafter = load_drafter(head_path, trunk, opts)
@@ -169,6 +169,7 @@ def test_separate_head_file_attaches(mtp_file, tmp_path, arch):
     assert out == plain and st.drafted > 0
     # the same head weights as the trunk-carried one: same drafts
     full = load_model(path)
-    a = full.draft_head.forward_rows([5, 6], torch.ones(2, full.hidden_size), 1)[0]
-    b = drafter.draft_head.forward_rows([5, 6], torch.ones(2, trunk.hidden_size), 1)[0]
+    head = builtin_head(full)
+    a = head.forward_rows([5, 6], torch.ones(2, full.hidden_size), 1, head.new_state())[0]
+    b = drafter.draft_head.forward_rows([5, 6], torch.ones(2, trunk.hidden_size), 1, drafter.draft_head.new_state())[0]
     assert torch.equal(a, b)

@@ -55,8 +55,8 @@ def real(request, real_model_path):
 def teacher_forced(model, case) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (our logits at the reference's top ids, reference logits, our argmax), each per position."""
     ids = case["prompt_ids"] + case["continuation_ids"][:-1]
-    model.reset()
-    logits = model.forward(ids, all_logits=True).logits  # [len(ids), vocab]
+    c = model.make_cache()
+    logits = model.forward(ids, c, all_logits=True).logits  # [len(ids), vocab]
     top_ids = torch.tensor(case["top_ids"])  # [len(ids), 8]
     assert top_ids.shape[0] == len(ids)
     ours = torch.gather(logits, 1, top_ids)

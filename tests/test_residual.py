@@ -41,15 +41,15 @@ def pair(tmp_path_factory):
 def exact_distribution(trunk, sampler: Sampler) -> dict[tuple[int, int, int], float]:
     """P(t0, t1, t2 | PROMPT) under plain sampling, from the trunk's rows."""
     out = {}
-    trunk.reset()
-    p0 = sampler.probs(trunk.forward(PROMPT).logits[-1], PROMPT)
+    cache = trunk.make_cache()
+    p0 = sampler.probs(trunk.forward(PROMPT, cache).logits[-1], PROMPT)
     for a in torch.nonzero(p0).flatten().tolist():
-        trunk.rewind(len(PROMPT))
+        cache.trim(cache.length - len(PROMPT))
         h1 = PROMPT + [a]
-        p1 = sampler.probs(trunk.forward([a]).logits[-1], h1)
+        p1 = sampler.probs(trunk.forward([a], cache).logits[-1], h1)
         for b in torch.nonzero(p1).flatten().tolist():
-            trunk.rewind(len(h1))
-            p2 = sampler.probs(trunk.forward([b]).logits[-1], h1 + [b])
+            cache.trim(cache.length - len(h1))
+            p2 = sampler.probs(trunk.forward([b], cache).logits[-1], h1 + [b])
             for c in torch.nonzero(p2).flatten().tolist():
                 out[(a, b, c)] = float(p0[a]) * float(p1[b]) * float(p2[c])
     return out

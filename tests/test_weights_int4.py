@@ -194,8 +194,8 @@ def test_tiny_q4_loads_int4_and_is_close_to_bf16(tiny_q4, no_native):
     assert auto.embed.dtype == torch.bfloat16
     assert auto.weight_bytes() < bf16.weight_bytes()
     ids = list(range(1, 40))
-    la = auto.forward(ids, all_logits=True).logits
-    lb = bf16.forward(ids, all_logits=True).logits
+    la = auto.forward(ids, auto.make_cache(), all_logits=True).logits
+    lb = bf16.forward(ids, bf16.make_cache(), all_logits=True).logits
     assert la.shape == lb.shape
     scale = lb.abs().max()
     assert (la - lb).abs().max() <= 0.05 * scale
@@ -210,16 +210,16 @@ def test_tiny_q4_forward_rows_equal_single_steps(tiny_q4, backend):
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            m.reset()
-            m.forward(ids[:20])
-            full = m.forward(ids[20:80], all_logits=True).logits
-            m.rewind(20)
+            c = m.make_cache()
+            m.forward(ids[:20], c)
+            full = m.forward(ids[20:80], c, all_logits=True).logits
+            c.trim(c.length - 20)
             for i in range(20, 80):
-                step = m.forward([ids[i]]).logits
+                step = m.forward([ids[i]], c).logits
                 assert torch.equal(step[0], full[i - 20]), f"row {i} differs at {threads} threads"
-            m.rewind(20)
+            c.trim(c.length - 20)
             for i in range(20, 80, 9):  # verify-sized chunks
-                chunk = m.forward(ids[i : i + 9], all_logits=True).logits
+                chunk = m.forward(ids[i : i + 9], c, all_logits=True).logits
                 assert torch.equal(chunk, full[i - 20 : i - 20 + chunk.shape[0]])
         finally:
             torch.set_num_threads(before)
@@ -228,10 +228,8 @@ def test_tiny_q4_forward_rows_equal_single_steps(tiny_q4, backend):
 def test_tiny_q4_speculative_equals_plain(tiny_q4, backend):
     m = load_model(tiny_q4, fmt="auto")
     prompt = [5, 6, 7, 8, 9, 10] * 6 + [11, 12, 13]
-    m.reset()
     plain = decode(m, GREEDY, prompt, 64)
     for window in (4, 8):
-        m.reset()
         got = decode(m, GREEDY, prompt, 64, speculator=NGramSpeculator(max_draft_tokens=8), window=window)
         assert got == plain
 
@@ -276,8 +274,6 @@ def test_real_speculative_equals_plain(real_model_path, backend):
     tok = Tokenizer.from_gguf(path)
     prompt = tok.encode("def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n"
                         "def fib2(n):\n")
-    m.reset()
     plain = decode(m, GREEDY, prompt, 48)
-    m.reset()
     spec = decode(m, GREEDY, prompt, 48, speculator=NGramSpeculator(max_draft_tokens=8), window=8)
     assert spec == plain and len(plain) == 48

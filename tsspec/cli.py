@@ -85,7 +85,8 @@ def load_session(model: str | None, *, weights: str | None, ctx_size: int | None
     path = resolve_model(model, progress=progress, console=err)
     with err.status(f"loading {path.name}", spinner="dots") if progress else contextlib.nullcontext():
         g = GGUFFile(path)
-        target = load_model(g, fmt=weights, n_ctx=ctx_size)
+        snapshots = os.environ.get("TS_Q35_VERIFY_SNAPSHOTS", "1").strip().lower() not in ("0", "false", "no", "off")
+        target = load_model(g, fmt=weights, n_ctx=ctx_size, verify_snapshots=snapshots)
         tokenizer = Tokenizer.from_metadata(g.metadata)
     _notice_without_kernels(weights)
     return g, target, tokenizer

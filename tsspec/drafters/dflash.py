@@ -336,7 +336,7 @@ class KVRing:
         self.v = torch.zeros(n_layers, n_kv, rows, head_dim)
         self.pos_of = torch.full((rows,), -1, dtype=torch.long)  # -1: empty
 
-    def clear(self) -> None:
+    def reset(self) -> None:
         self.pos_of.fill_(-1)
 
     def forget_from(self, position: int) -> None:
@@ -380,7 +380,7 @@ class DFlashModel:
         self.d2t = d2t  # [Vd] long, draft row -> target token id
         self.selector = selector
         self.path = path
-        self.ring = KVRing(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, ring_rows)
+        self.ring_rows = ring_rows
         self.q_dim = cfg.n_heads * cfg.head_dim
         self.kv_dim = cfg.n_kv_heads * cfg.head_dim
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
@@ -420,32 +420,34 @@ class DFlashModel:
             vs.append(v.transpose(0, 1))
         return torch.stack(ks), torch.stack(vs)
 
+    def new_state(self) -> KVRing:
+        """One sequence's KV ring (the drafter's only per-sequence state)."""
+        cfg = self.cfg
+        return KVRing(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, self.ring_rows)
+
     @torch.inference_mode()
-    def inject(self, feat: torch.Tensor, start_pos: int) -> None:
-        """PASSES A+B for committed rows at ``start_pos``..: their K/V go into the ring."""
+    def inject(self, feat: torch.Tensor, start_pos: int, ring: KVRing) -> None:
+        """PASSES A+B for committed rows at ``start_pos``..: their K/V go into ``ring``."""
         n = feat.shape[0]
         if n == 0:
             return
-        if n > self.ring.rows:  # only the newest rows can stay in the ring
-            feat, start_pos = feat[-self.ring.rows :], start_pos + n - self.ring.rows
-            n = self.ring.rows
-        self.ring.forget_from(start_pos)
+        if n > ring.rows:  # only the newest rows can stay in the ring
+            feat, start_pos = feat[-ring.rows :], start_pos + n - ring.rows
+            n = ring.rows
+        ring.forget_from(start_pos)
         positions = torch.arange(start_pos, start_pos + n)
         k, v = self.context_kv(self.encode(feat), positions)
-        self.ring.write(positions, k, v)
-
-    def reset(self) -> None:
-        self.ring.clear()
+        ring.write(positions, k, v)
 
     # -- pass C ---------------------------------------------------------------------------------
     def _attend(self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position: int,
-                slots: torch.Tensor) -> torch.Tensor:
+                ring: KVRing, slots: torch.Tensor) -> torch.Tensor:
         """Block queries over ring context (``slots``) + the block. q [B, nh, hd]; k, v [B, n_kv, hd]."""
         cfg = self.cfg
         rows = q.shape[0]
-        ctx_pos = self.ring.pos_of[slots]
-        keys = torch.cat([self.ring.k[li][:, slots], k.transpose(0, 1)], dim=1)  # [n_kv, C+B, hd]
-        vals = torch.cat([self.ring.v[li][:, slots], v.transpose(0, 1)], dim=1)
+        ctx_pos = ring.pos_of[slots]
+        keys = torch.cat([ring.k[li][:, slots], k.transpose(0, 1)], dim=1)  # [n_kv, C+B, hd]
+        vals = torch.cat([ring.v[li][:, slots], v.transpose(0, 1)], dim=1)
         rep = cfg.n_heads // cfg.n_kv_heads
         keys = keys.repeat_interleave(rep, dim=0)  # [nh, C+B, hd]: query head h reads kv head h // rep
         vals = vals.repeat_interleave(rep, dim=0)
@@ -462,7 +464,7 @@ class DFlashModel:
         return torch.einsum("hbk,hkd->bhd", probs, vals)  # [B, nh, hd]
 
     def _layer(self, li: int, layer: DraftLayer, x: torch.Tensor, position: int,
-               cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+               cos: torch.Tensor, sin: torch.Tensor, ring: KVRing, slots: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         rows = x.shape[0]
         conv = self.conv_enabled
@@ -477,7 +479,7 @@ class DFlashModel:
         v = kv[:, self.kv_dim :].view(rows, cfg.n_kv_heads, cfg.head_dim)
         q = apply_rope(rms_norm(q, layer.q_norm, cfg.rms_eps), cos, sin, True)
         k = apply_rope(rms_norm(k, layer.k_norm, cfg.rms_eps), cos, sin, True)
-        a = layer.o(self._attend(li, q, k, v, position, slots).reshape(rows, self.q_dim))
+        a = layer.o(self._attend(li, q, k, v, position, ring, slots).reshape(rows, self.q_dim))
         if dyn is not None:
             a = grouped_dynamic_conv(a, dyn[:, 1], layer.attn_conv.base[1], layer.attn_conv.group_size)
         x = x + a
@@ -503,16 +505,16 @@ class DFlashModel:
         return logits
 
     @torch.inference_mode()
-    def block_forward(self, anchor: int, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def block_forward(self, anchor: int, position: int, ring: KVRing) -> tuple[torch.Tensor, torch.Tensor]:
         """PASS C: -> (h [B-1, H] after the final norm, logits [B-1, V] after the transform)."""
         cfg = self.cfg
         ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long)
         ids[0] = anchor
         x = self.embed[ids].float()  # [B, H]
         cos, sin = _rope_at(torch.arange(position, position + cfg.block_size), cfg.rope_base, cfg.rope_dim)
-        slots = self.ring.context(position)  # committed positions < P the ring still holds
+        slots = ring.context(position)  # committed positions < P the ring still holds
         for li, layer in enumerate(self.layers):
-            x = self._layer(li, layer, x, position, cos, sin, slots)
+            x = self._layer(li, layer, x, position, cos, sin, ring, slots)
         h = rms_norm(x[1:], self.out_norm, cfg.rms_eps)
         logits = self.transform_logits(self.lm_head(h))
         if self.d2t is not None:  # reduced draft vocabulary: scatter into the target's (after the
@@ -522,7 +524,8 @@ class DFlashModel:
         return h, logits
 
     @torch.inference_mode()
-    def walk(self, anchor: int, position: int, pick: Pick | None = None) -> tuple[list[int], list[float]]:
+    def walk(self, anchor: int, position: int, ring: KVRing, pick: Pick | None = None
+             ) -> tuple[list[int], list[float]]:
         """PASS C plus the read-out: (B-1 draft tokens, each one's drafter confidence).
 
         ``pick(e, row)`` chooses position e's token from a [vocab] score row (default: argmax).
@@ -531,7 +534,7 @@ class DFlashModel:
         the softmax of the row at the picked token (the gate multiplies these).
         """
         pick = pick or (lambda e, row: int(torch.argmax(row)))
-        h, logits = self.block_forward(anchor, position)
+        h, logits = self.block_forward(anchor, position, ring)
         tokens: list[int] = []
         conf: list[float] = []
         if self.selector is None or not self.selector_enabled:
@@ -570,24 +573,25 @@ class DFlashHead:
         self.model = model
         self.block_size = model.cfg.block_size
 
-    def draft_step(self, token: int, hidden: torch.Tensor, position: int):
+    def new_state(self) -> KVRing:
+        return self.model.new_state()
+
+    def draft_step(self, token: int, hidden: torch.Tensor, position: int, state: KVRing):
         raise NotImplementedError("a DFlash drafter proposes whole blocks, not single tokens")
 
-    def draft_block(self, last_token: int, hidden: torch.Tensor | None,
-                    position: int) -> tuple[list[int], torch.Tensor]:
+    def draft_block(self, last_token: int, hidden: torch.Tensor | None, position: int,
+                    state: KVRing) -> tuple[list[int], torch.Tensor]:
         """Greedy block: (block_size - 1 drafts, per-token confidence). ``hidden`` is unused: the
         anchor's own residual does not exist yet; the context comes from the ring."""
-        tokens, conf = self.model.walk(last_token, position)
+        tokens, conf = self.model.walk(last_token, position, state)
         return tokens, torch.tensor(conf)
 
-    def walk_block(self, last_token: int, position: int, pick: Pick | None = None) -> tuple[list[int], list[float]]:
-        return self.model.walk(last_token, position, pick)
+    def walk_block(self, last_token: int, position: int, state: KVRing, pick: Pick | None = None
+                   ) -> tuple[list[int], list[float]]:
+        return self.model.walk(last_token, position, state, pick)
 
-    def catch_up(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int) -> None:
-        self.model.inject(hidden, start_pos)
-
-    def reset(self) -> None:
-        self.model.reset()
+    def catch_up(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int, state: KVRing) -> None:
+        self.model.inject(hidden, start_pos, state)
 
 
 # ----------------------------------------------------------------------------- the drafter

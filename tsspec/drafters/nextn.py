@@ -16,12 +16,17 @@ Hidden space. The head reads the trunk's *final-normed* hidden (llama.cpp's ``h_
 chains its own normed output, so ``draft_step``/``catch_up`` take rows in that space;
 ``from_trunk`` maps trunk tap rows (tap ``n_layers``: the residual before the final norm) into it.
 
-The head keeps its own small KV cache (row r holds the pair (h_r, t_{r+1})); rows written while
-chaining drafts are provisional and are rewritten from the trunk's exact rows by the next catch-up.
+Each sequence gives the head its own small KV cache (``new_state()``; row r holds the pair
+(h_r, t_{r+1})); rows written while chaining drafts are provisional and are rewritten from the
+trunk's exact rows by the next catch-up. The head itself holds weights only.
+
+A trunk file that carries NextN blocks gets its head from ``builtin_head(trunk)``, loaded once per
+trunk on first use (the model layer never imports a drafter).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 import torch
@@ -31,8 +36,9 @@ from ..gguf_file import GGUFFile
 from ..validate import check_tensors, nextn_tensors
 from ..spec.protocols import DraftHeadKind
 from ..weights import Linear, load_format, to_tensor
-from ..models.base import KVCache, rms_norm
-from ..models.qwen35 import AttnLayer, ffn, gated_attention, load_attn_layer
+from ..models.base import rms_norm
+from ..models.cache import KVCache
+from ..models.gated_attention import AttnLayer, ffn, gated_attention, load_attn_layer
 
 
 def nextn_layer_index(g: GGUFFile) -> int | None:
@@ -54,7 +60,10 @@ class NextNHead:
         self.cfg = target.cfg
         self.eh_proj, self.enorm, self.hnorm = eh_proj, enorm, hnorm
         self.block, self.head_norm, self.lm_head, self.embed = block, head_norm, lm_head, embed
-        self.cache = KVCache(1, self.cfg.n_kv_heads, self.cfg.head_dim, 256)
+
+    def new_state(self) -> KVCache:
+        """One sequence's head cache (one attention layer), growing up to the trunk's context."""
+        return KVCache(1, self.cfg.n_kv_heads, self.cfg.head_dim, self.target.max_context, capacity=256)
 
     @classmethod
     def from_gguf(cls, g: GGUFFile, target, *, layer: int | None = None, fmt: str | None = None) -> "NextNHead":
@@ -97,17 +106,8 @@ class NextNHead:
         return rms_norm(rows.float(), self.target.out_norm, self.cfg.rms_eps)
 
     # -- compute --------------------------------------------------------------------------------
-    def _ensure(self, rows: int) -> None:
-        if rows <= self.cache.capacity:
-            return
-        old = self.cache
-        self.cache = KVCache(1, self.cfg.n_kv_heads, self.cfg.head_dim, max(rows, 2 * old.capacity))
-        self.cache.k[:, :, : old.capacity] = old.k
-        self.cache.v[:, :, : old.capacity] = old.v
-        self.target.ensure_capacity(min(self.target.max_context, rows))
-
     @torch.inference_mode()
-    def forward_rows(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int
+    def forward_rows(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int, cache: KVCache
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens at positions start_pos.., hidden [n, d] of positions start_pos-1.. -> (logits, h') per row."""
         cfg = self.cfg
@@ -115,40 +115,38 @@ class NextNHead:
         r0 = start_pos - 1
         if r0 < 0:
             raise ValueError("a NextN step needs the hidden row of the previous position")
-        self._ensure(r0 + n)
+        cache.reserve(r0 + n)
         ids = torch.as_tensor(list(tokens), dtype=torch.long)
         e = rms_norm(self.embed[ids].float(), self.enorm, cfg.rms_eps)
         h = rms_norm(hidden.float().reshape(n, -1), self.hnorm, cfg.rms_eps)
         x = self.eh_proj(torch.cat([e, h], dim=-1))
-        cos, sin = self.target._rope[cfg.layers[0].rope_base]
+        cos, sin = self.target.rope(cfg.layers[0].rope_base)
         blk = self.block
-        x = x + gated_attention(cfg, blk, rms_norm(x, blk.attn_norm, cfg.rms_eps), self.cache.k[0],
-                                self.cache.v[0], r0, cos[r0 : r0 + n], sin[r0 : r0 + n])
+        x = x + gated_attention(cfg, blk, rms_norm(x, blk.attn_norm, cfg.rms_eps), cache.k[0],
+                                cache.v[0], r0, cos[r0 : r0 + n], sin[r0 : r0 + n])
         x = x + ffn(blk, rms_norm(x, blk.post_norm, cfg.rms_eps))
-        self.cache.length = r0 + n
+        cache.length = r0 + n
         h_out = rms_norm(x, self.head_norm, cfg.rms_eps)
         return self.lm_head(h_out), h_out
 
     # -- DraftHead ------------------------------------------------------------------------------
-    def draft_step(self, token: int, hidden: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, h = self.forward_rows([token], hidden.reshape(1, -1), position)
+    def draft_step(self, token: int, hidden: torch.Tensor, position: int, state: KVCache
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, h = self.forward_rows([token], hidden.reshape(1, -1), position, state)
         return logits[0], h[0]
 
-    def catch_up(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int) -> None:
+    def catch_up(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int, state: KVCache) -> None:
         if tokens:
-            self.forward_rows(tokens, hidden, start_pos)
+            self.forward_rows(tokens, hidden, start_pos, state)
 
-    def catch_up_and_step(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int
+    def catch_up_and_step(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int, state: KVCache
                           ) -> tuple[torch.Tensor, torch.Tensor]:
         """The catch-up over committed rows folded with the first draft step: one forward, last row out."""
-        logits, h = self.forward_rows(tokens, hidden, start_pos)
+        logits, h = self.forward_rows(tokens, hidden, start_pos, state)
         return logits[-1], h[-1]
 
-    def draft_block(self, last_token, hidden, position):
+    def draft_block(self, last_token, hidden, position, state):
         raise NotImplementedError("a NextN head drafts one token per pass")
-
-    def reset(self) -> None:
-        self.cache.length = 0
 
 
 class NextNDrafter:
@@ -167,8 +165,26 @@ class NextNDrafter:
 
 def load(g: GGUFFile, target, options) -> NextNDrafter:
     """Bind a NextN/MTP-only GGUF to ``target`` (shapes must match; embeddings/head are borrowed)."""
-    fmt = None
-    lm = getattr(target, "lm_head", None)
-    if lm is not None:  # the trunk's format
-        fmt = load_format(lm.fmt)
+    fmt = getattr(target, "weight_format", None)  # the trunk's format
     return NextNDrafter(NextNHead.from_gguf(g, target, fmt=fmt))
+
+
+_BUILTIN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def builtin_head(target) -> NextNHead | None:
+    """The NextN/MTP head stored in the trunk's own file (a hybrid trunk with ``nextn_predict_layers``),
+    loaded once per trunk on first use; None when the file carries none."""
+    hy = getattr(target, "cfg", None) and target.cfg.extra.get("hybrid")
+    if not hy or not hy.n_nextn or getattr(target, "path", None) is None:
+        return None
+    try:
+        return _BUILTIN[target]
+    except KeyError:
+        pass
+    g = GGUFFile(target.path)
+    head = None
+    if g.has_tensor(f"blk.{target.cfg.n_layers}.nextn.eh_proj.weight"):
+        head = NextNHead.from_gguf(g, target, layer=target.cfg.n_layers, fmt=target.weight_format)
+    _BUILTIN[target] = head
+    return head

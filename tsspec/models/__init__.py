@@ -32,16 +32,23 @@ def arch_module(arch: str):
     return importlib.import_module(f"{__name__}.{mod}")
 
 
-def load_model(path: str | Path | GGUFFile, *, fmt: str | None = None, n_ctx: int | None = None):
-    """Load a GGUF language model as a ``SpecTarget``."""
+def load_model(path: str | Path | GGUFFile, *, fmt: str | None = None, n_ctx: int | None = None,
+               verify_snapshots: bool | None = None):
+    """Load a GGUF language model as a ``SpecTarget`` (weights only: sequences get ``make_cache()``).
+
+    ``verify_snapshots`` (hybrid trunks): how their caches undo a verify, per-row slots (True, the
+    default) or copies and replay (False); see ``cache.HybridCache``. Ignored by attention trunks."""
     g = path if isinstance(path, GGUFFile) else GGUFFile(path)
     if g.arch in DRAFTER_ARCHITECTURES:
         raise ModelFileError(f"{g.path.name} is a {g.arch} drafter, not a language model; attach it with --draft-model")
     mod = arch_module(g.arch)
     validate_model(g)
     try:
-        return mod.load(g, fmt=fmt, n_ctx=n_ctx)
+        model = mod.load(g, fmt=fmt, n_ctx=n_ctx)
     except ModelFileError:
         raise
     except (KeyError, ValueError) as e:
         raise ModelFileError(f"{g.path.name}: inconsistent {g.arch} model: {e}") from None
+    if verify_snapshots is not None and hasattr(model, "verify_snapshots"):
+        model.verify_snapshots = verify_snapshots
+    return model

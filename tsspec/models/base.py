@@ -1,13 +1,12 @@
-"""The target side: a decoder-only transformer trunk with a preallocated KV cache.
+"""The target side: a decoder-only transformer trunk.
 
 Architectures (one file each in this package) turn GGUF metadata into an ``ArchConfig`` and name
 their tensors; the compute below is shared. The model implements ``tsspec.spec.protocols.SpecTarget``:
+it holds weights only, and every sequence has its own cache (``make_cache()``, see ``cache``):
 
-* ``forward(tokens, all_logits=, taps=)`` appends rows to the cache and returns per-row logits and,
-  on request, the residual entering each tapped layer;
-* the KV cache is preallocated; ``rewind(n)`` is arithmetic (the length counter moves back);
-* attention-only trunks have no recurrent state, so ``snapshot``/``restore`` are free no-ops and a
-  verify always persists the accepted rows' KV (``verify_persists_kv``).
+* ``forward(tokens, cache, all_logits=, taps=)`` appends rows to ``cache`` and returns per-row
+  logits and, on request, the residual entering each tapped layer;
+* the cache is a ``KVCache``; trimming a rejected draft is arithmetic (``cache.trim(n)``).
 
 Batch invariance is the contract that makes speculative output equal plain output: a row's
 logits do not depend on how many rows share the forward. Linear layers get it from ``Linear``;
@@ -31,10 +30,8 @@ from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
 from ..spec.protocols import ForwardOutput
 from ..weights import Embedding, Linear, pad_rows, to_tensor
+from .cache import SPAN_BLOCK, KVCache, round_span
 
-# Keys are attended in spans rounded up to this many positions, so a row's attention shape is a
-# function of its own position only (the same in a 1-row decode and a 9-row verify).
-SPAN_BLOCK = 64
 # fp32 batched GEMM takes a different route below 4 rows; pad to stay on the invariant one.
 ATTN_MIN_ROWS = 4
 DEFAULT_CTX = 4096
@@ -225,28 +222,6 @@ class Block:
     post_ffn_norm: torch.Tensor | None = None
 
 
-class KVCache:
-    """Preallocated K/V for every layer, with a length counter; rewinding is arithmetic."""
-
-    def __init__(self, n_layers: int, n_kv: int, head_dim: int, capacity: int):
-        capacity = -(-capacity // SPAN_BLOCK) * SPAN_BLOCK
-        self.k = torch.zeros(n_layers, n_kv, capacity, head_dim)
-        self.v = torch.zeros(n_layers, n_kv, capacity, head_dim)
-        self.length = 0
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-    def rewind(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot rewind a cache of length {self.length} to {length}")
-        self.length = length
-
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * 4
-
-
 class TransformerModel:
     """A llama-family trunk; architectures differ only by config and tensor names."""
 
@@ -263,11 +238,12 @@ class TransformerModel:
         self.vocab_size = cfg.vocab_size
         self.n_layers = cfg.n_layers
         self.hidden_size = cfg.d_model
-        ctx = min(n_ctx or DEFAULT_CTX, cfg.train_ctx)
-        self._max_context = ctx
-        self.cache = KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, min(ctx, 512))
-        self._rope: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._build_rope(self.cache.capacity)
+        self.weight_format: str | None = None  # set by the loader
+        self._max_context = min(n_ctx or DEFAULT_CTX, cfg.train_ctx)
+        # rope tables for every position a cache can hold, shared by every sequence
+        self._rope: dict[float, tuple[torch.Tensor, torch.Tensor]] = {
+            base: rope_tables(base, cfg.rope_dim, round_span(self._max_context))
+            for base in {spec.rope_base for spec in cfg.layers}}
         self.act = ACTIVATIONS[cfg.activation]
         scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(cfg.head_dim)
         self.q_scale = scale
@@ -286,69 +262,39 @@ class TransformerModel:
     def max_context(self) -> int:
         return self._max_context
 
-    @property
-    def cache_len(self) -> int:
-        return self.cache.length
+    def make_cache(self) -> KVCache:
+        """A new, empty cache for one sequence."""
+        cfg = self.cfg
+        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, self._max_context)
 
-    @property
-    def verify_persists_kv(self) -> bool:
-        return True
-
-    def snapshot(self) -> None:  # no recurrent state: free by construction
-        pass
-
-    def restore(self) -> None:
-        pass
-
-    def rewind(self, length: int) -> None:
-        self.cache.rewind(length)
-
-    def reset(self) -> None:
-        self.cache.length = 0
-
-    def ensure_capacity(self, n: int) -> None:
-        if n > self._max_context:
-            raise BadInput(f"{n} tokens do not fit the context of {self._max_context}")
-        if n <= self.cache.capacity:
-            return
-        new_cap = min(self._max_context, max(n, 2 * self.cache.capacity))
-        old = self.cache
-        # old.k.shape[0]: the layers that hold KV (a hybrid trunk's attention layers only)
-        self.cache = KVCache(old.k.shape[0], self.cfg.n_kv_heads, self.cfg.head_dim, new_cap)
-        self.cache.k[:, :, : old.capacity] = old.k
-        self.cache.v[:, :, : old.capacity] = old.v
-        self.cache.length = old.length
-        self._build_rope(self.cache.capacity)
-
-    def _build_rope(self, n_pos: int) -> None:
-        for base in {spec.rope_base for spec in self.cfg.layers}:
-            self._rope[base] = rope_tables(base, self.cfg.rope_dim, n_pos)
+    def rope(self, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [positions, rope_dim / 2] for ``base``; shared with heads that ride the trunk."""
+        return self._rope[base]
 
     # -- compute ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], *, all_logits: bool = False,
+    def forward(self, tokens: Sequence[int], cache: KVCache, *, all_logits: bool = False,
                 taps: Sequence[int] | None = None) -> ForwardOutput:
         cfg = self.cfg
         n = len(tokens)
-        start = self.cache.length
-        self.ensure_capacity(start + n)
+        start = cache.length
         h = self._token_rows(tokens)  # [n, d]
+        cache.reserve(start + n)
         want = {t: None for t in (taps or ())}
         if self.fused is not None:
-            h = self._fused_forward(h, start, want)
-            self.cache.length = start + n
-            return self._output(h, want, taps, all_logits)
-        groups = plan_attention(start, n, self.cache.capacity, cfg.n_heads // cfg.n_kv_heads, self._windows)
-        for li, blk in enumerate(self.blocks):
-            if li in want:
-                want[li] = h
-            h = self._block(li, blk, h, start, groups)
-        if cfg.n_layers in want:
-            want[cfg.n_layers] = h
-        self.cache.length = start + n
+            h = self._fused_forward(h, cache, start, want)
+        else:
+            groups = plan_attention(start, n, cache.capacity, cfg.n_heads // cfg.n_kv_heads, self._windows)
+            for li, blk in enumerate(self.blocks):
+                if li in want:
+                    want[li] = h
+                h = self._block(li, blk, h, cache, start, groups)
+            if cfg.n_layers in want:
+                want[cfg.n_layers] = h
+        cache.length = start + n
         return self._output(h, want, taps, all_logits)
 
-    def _fused_forward(self, h: torch.Tensor, start: int, want: dict) -> torch.Tensor:
+    def _fused_forward(self, h: torch.Tensor, cache: KVCache, start: int, want: dict) -> torch.Tensor:
         """All blocks natively; tapped residuals are copied between runs of blocks."""
         h = h.contiguous()
         cos = [self._rope[b][0] for b in self._rope_bases]
@@ -357,7 +303,7 @@ class TransformerModel:
         for a, b in zip(cuts[:-1], cuts[1:]):
             if a in want:
                 want[a] = h.clone()
-            self.fused.run(h, a, b, start, self.cache.k, self.cache.v, cos, sin)
+            self.fused.run(h, a, b, start, cache.k, cache.v, cos, sin)
         if self.n_layers in want:
             want[self.n_layers] = h.clone()
         return h
@@ -381,7 +327,8 @@ class TransformerModel:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         return ForwardOutput(logits=logits, hidden=hidden)
 
-    def _block(self, li: int, blk: Block, h: torch.Tensor, start: int, groups: list[SpanGroup]) -> torch.Tensor:
+    def _block(self, li: int, blk: Block, h: torch.Tensor, cache: KVCache, start: int,
+               groups: list[SpanGroup]) -> torch.Tensor:
         cfg = self.cfg
         spec = cfg.layers[li]
         n = h.shape[0]
@@ -397,9 +344,9 @@ class TransformerModel:
         cos, sin = cos[start : start + n], sin[start : start + n]
         q = apply_rope(q, cos, sin, cfg.rope_neox) * self.q_scale
         k = apply_rope(k, cos, sin, cfg.rope_neox)
-        self.cache.k[li, :, start : start + n] = k.transpose(0, 1)
-        self.cache.v[li, :, start : start + n] = v.transpose(0, 1)
-        a = attend(q, self.cache.k[li], self.cache.v[li], groups, spec.window)
+        cache.k[li, :, start : start + n] = k.transpose(0, 1)
+        cache.v[li, :, start : start + n] = v.transpose(0, 1)
+        a = attend(q, cache.k[li], cache.v[li], groups, spec.window)
         a = blk.o(a.reshape(n, self.q_dim))
         if blk.post_attn_norm is not None:
             a = rms_norm(a, blk.post_attn_norm, cfg.rms_eps)
@@ -593,4 +540,6 @@ def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None
     blocks = load_blocks(g, cfg, fmt, bias=bias)
     embed, lm_head = load_embedding(g, cfg, fmt)
     out_norm = to_tensor(g.tensor("output_norm.weight"), torch.float32)
-    return TransformerModel(cfg, blocks, embed, out_norm, lm_head, n_ctx=n_ctx, path=g.path)
+    model = TransformerModel(cfg, blocks, embed, out_norm, lm_head, n_ctx=n_ctx, path=g.path)
+    model.weight_format = fmt  # the load format as resolved ("auto", "bf16", ...): drafters bound to it follow
+    return model

@@ -1,6 +1,6 @@
 """``qwen3next`` (Qwen3-Next): the qwen35 hybrid trunk with Qwen3-Next's tensor layout.
 
-Differences from ``qwen35`` (the compute is ``qwen35.HybridModel``'s):
+Differences from ``qwen35`` (the compute is ``hybrid.HybridModel``'s):
 
 * value heads stay in HF's grouped order (value head h reads key head h // (n_v / n_k));
 * the GatedDeltaNet input projection is either split (``attn_qkv`` + ``attn_gate``, newer
@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from .base import ArchConfig
-from .qwen35 import HybridModel, HybridSpec, build_hybrid, hybrid_config
+from .hybrid import HybridModel, HybridSpec, build_hybrid, hybrid_config
 
 ARCH = "qwen3next"
 
@@ -48,7 +48,8 @@ def gdn_projections(g: GGUFFile, p: str, hy: HybridSpec) -> list[np.ndarray]:
     return [qkv, z, ba[:, :r].reshape(nk * r, -1), ba[:, r:].reshape(nk * r, -1)]
 
 
-def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None) -> HybridModel:
+def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None, *,
+         verify_snapshots: bool = True) -> HybridModel:
     cfg = config(g)
     moe = [n for n in g.tensor_names() if n.endswith(".ffn_gate_inp.weight") or "_exps." in n]
     if moe:
@@ -56,4 +57,4 @@ def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None) -> Hybri
             f"{g.path.name}: this qwen3next file has mixture-of-experts FFN layers ({moe[0]}, ...); "
             "only the dense-FFN subset of qwen3next is supported"
         )
-    return build_hybrid(g, cfg, fmt, n_ctx, gdn_projections)
+    return build_hybrid(g, cfg, fmt, n_ctx, gdn_projections, verify_snapshots=verify_snapshots)

@@ -59,7 +59,8 @@ class BlockSpeculator:
                  min_draft_prob: float | None = None, *, sample_drafts: bool = False) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
-        self.head = head
+        self.head = head  # weights; this sequence's drafter state (a KV ring) is ``state``
+        self.state = head.new_state()
         self._taps = tuple(int(t) for t in taps)
         self.max_draft_tokens = min(max_draft_tokens, head.block_size - 1)
         self.min_draft_prob = min_draft_prob  # validated; None: the default
@@ -75,11 +76,11 @@ class BlockSpeculator:
         return self._taps
 
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
-        self.head.reset()
+        self.reset()
         if hidden is not None and hidden.shape[0]:
             # tap rows may cover only a forwarded suffix (an adopted prefix): they end at the prompt's end
             start = len(prompt) - hidden.shape[0]
-            self.head.catch_up(prompt[start:], hidden, start)
+            self.head.catch_up(prompt[start:], hidden, start, self.state)
 
     def propose(self, ctx: DraftContext) -> Draft:
         self.proposals += 1
@@ -102,9 +103,9 @@ class BlockSpeculator:
 
         walk = getattr(self.head, "walk_block", None)
         if walk is not None:
-            tokens, conf = walk(ctx.last_token, ctx.position, pick)
+            tokens, conf = walk(ctx.last_token, ctx.position, self.state, pick)
         else:  # a block head with only the protocol's greedy draft_block: no sampled drafts
-            tokens, conf = self.head.draft_block(ctx.last_token, ctx.hidden, ctx.position)
+            tokens, conf = self.head.draft_block(ctx.last_token, ctx.hidden, ctx.position, self.state)
             conf, rows = [float(c) for c in conf], []
         self.last_conf = [float(c) for c in conf]
         n = gate_cumulative(conf[:k], self.min_draft_prob)
@@ -117,7 +118,7 @@ class BlockSpeculator:
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         if hidden is not None and len(tokens):
-            self.head.catch_up(tokens, hidden[: len(tokens)], start_pos)
+            self.head.catch_up(tokens, hidden[: len(tokens)], start_pos, self.state)
 
     def reset(self) -> None:
-        self.head.reset()
+        self.state.reset()

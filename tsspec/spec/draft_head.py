@@ -46,7 +46,8 @@ class DraftHeadSpeculator:
     def __init__(self, head, n_layers: int, max_draft_tokens: int = 8, min_draft_prob: float | None = None):
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
-        self.head = head
+        self.head = head  # weights; this sequence's head cache is ``state``
+        self.state = head.new_state()
         self.n_layers = n_layers
         self.max_draft_tokens = max_draft_tokens
         self.min_draft_prob = min_draft_prob  # validated; None: the default
@@ -75,8 +76,7 @@ class DraftHeadSpeculator:
         self._base = 0
         self.head_len = 0  # head-cache rows 0..head_len-1 are exact
         self._gap = False
-        if hasattr(self.head, "reset"):
-            self.head.reset()
+        self.state.reset()
 
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
         self.reset()
@@ -102,7 +102,7 @@ class DraftHeadSpeculator:
             return Draft()
         lo = self.head_len
         tokens = [int(t) for t in ctx.history[lo + 1 : P + 1]]  # positions lo+1 .. P (last included)
-        logits, h = self.head.catch_up_and_step(tokens, self._take(lo, P), lo + 1)
+        logits, h = self.head.catch_up_and_step(tokens, self._take(lo, P), lo + 1, self.state)
         self.head_calls += 1
         self.head_len = P
         # rows below P are folded into the head cache; keep only what the next catch-up needs
@@ -118,7 +118,7 @@ class DraftHeadSpeculator:
             out.append(tok)
             if len(out) >= k:
                 break
-            logits, h = self.head.draft_step(tok, h, P + len(out))
+            logits, h = self.head.draft_step(tok, h, P + len(out), self.state)
             self.head_calls += 1
         self.drafted += len(out)
         return Draft(out)

@@ -73,12 +73,13 @@ class DraftModelSpeculator:
                  min_draft_prob: float | None = None) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
-        self.model = model  # the drafter LM; its KV cache is this speculator's state
+        self.model = model  # the drafter LM (weights); its cache below is this speculator's state
+        self.cache = model.make_cache()
         self.vocab_size = vocab_size  # the trunk's logit width: drafts and probs live in it
         self.max_draft_tokens = max_draft_tokens
         self.min_draft_prob = min_draft_prob  # validated; None: the default
         self._committed: list[int] = []  # what the trunk's KV holds
-        self._cached: list[int] = []  # what the drafter's KV holds (== model.cache_len tokens)
+        self._cached: list[int] = []  # what the drafter's KV holds (== cache.length tokens)
         self._disabled = False  # the sequence outgrew the drafter's context
         # counters one report line can print
         self.proposals = 0
@@ -103,7 +104,7 @@ class DraftModelSpeculator:
     # -- the drafter's cache ---------------------------------------------------------------------
     def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
         """Append ``tokens`` to the drafter's cache; -> logits of the last row, in the trunk's width."""
-        out = self.model.forward(list(tokens))
+        out = self.model.forward(list(tokens), self.cache)
         self._cached.extend(int(t) for t in tokens)
         self.forwards += 1
         self.forward_rows += len(tokens)
@@ -118,7 +119,7 @@ class DraftModelSpeculator:
     def _rewind_to_committed(self) -> None:
         keep = _common_prefix(self._cached, self._committed)
         if keep < len(self._cached):
-            self.model.rewind(keep)
+            self.cache.trim(self.cache.length - keep)
             del self._cached[keep:]
 
     def sync(self) -> None:
@@ -204,7 +205,7 @@ class DraftModelSpeculator:
         self._rewind_to_committed()
 
     def reset(self) -> None:
-        self.model.reset()
+        self.cache.reset()
         self._committed = []
         self._cached = []
         self._disabled = False

@@ -5,6 +5,10 @@ drives. With no speculator, or while the governor has parked drafting, or when t
 nothing to propose, a step is a plain one-row forward: exactly what plain decoding does, so a
 parked speculative run costs what plain decoding costs.
 
+A ``Sequence`` is one sequence's decoding state (its cache, speculator, governor and history); the
+model it runs on holds weights only, so several sequences can share one loaded model and advance
+in any interleaving. ``decode`` runs one sequence to the end.
+
 Positions: the token drawn from the trunk row that processed position ``p`` sits at position
 ``p + 1``; the sampler keys its draw on that position, so a verify row and a plain step agree.
 """
@@ -12,12 +16,12 @@ Positions: the token drawn from the trunk row that processed position ``p`` sits
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import Callable, Sequence as Seq
 
 import torch
 
 from ..sampling import Sampler
-from .protocols import Draft, DraftContext, SpecTarget, Speculator
+from .protocols import Cache, Draft, DraftContext, SpecTarget, Speculator
 from .stats import SpecStats
 from .verify import verify
 
@@ -28,23 +32,160 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-def prefill(target: SpecTarget, prompt: Sequence[int], taps: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward the prompt in chunks; -> (last row's logits [vocab], tap rows [len(prompt), F] or None)."""
+def prefill(target: SpecTarget, cache: Cache, tokens: Seq[int], taps: Seq[int]
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Forward ``tokens`` in chunks after what ``cache`` holds; -> (last row's logits [vocab], tap rows
+    [len(tokens), F] or None)."""
     hidden = []
     out = None
-    for i in range(0, len(prompt), PREFILL_CHUNK):
-        out = target.forward(prompt[i : i + PREFILL_CHUNK], all_logits=False, taps=taps or None)
+    for i in range(0, len(tokens), PREFILL_CHUNK):
+        out = target.forward(tokens[i : i + PREFILL_CHUNK], cache, all_logits=False, taps=taps or None)
         if taps:
             hidden.append(out.hidden)
     return out.logits[-1], (torch.cat(hidden) if taps else None)
 
 
+class Sequence:
+    """One sequence decoding on a shared target: ``start`` it, then ``step`` until ``done``.
+
+    ``cache`` may already hold a prefix of the prompt (a kept cache: a conversation's earlier turns);
+    only the rest is forwarded. A speculator that cannot arm after such a reused prefix
+    (``can_arm_after_prefix_reuse``) is not used for this sequence.
+    """
+
+    def __init__(self, target: SpecTarget, sampler: Sampler, *, cache: Cache | None = None,
+                 speculator: Speculator | None = None, governor=None, window: int = 8,
+                 accept_rule: str | None = None, stats: SpecStats | None = None):
+        self.target = target
+        self.sampler = sampler
+        self.cache = cache if cache is not None else target.make_cache()
+        self.speculator = speculator
+        self.governor = governor
+        self.window = window
+        self.accept_rule = accept_rule
+        self.stats = stats if stats is not None else SpecStats()
+        self.history: list[int] = []  # prompt + emitted tokens; the last is not in the cache yet
+        self.emitted: list[int] = []
+        self.last = -1
+        self.hidden_last: torch.Tensor | None = None
+        self.taps: tuple[int, ...] = ()
+
+    # -- prefill and the first token -------------------------------------------------------------
+    def start(self, prompt: Seq[int]) -> int:
+        """Forward what the cache does not hold of ``prompt`` and draw the first token."""
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        reused = self.cache.length
+        if reused >= len(prompt):
+            raise ValueError(f"the cache holds {reused} positions; the prompt must extend it (has {len(prompt)})")
+        spec = self.speculator
+        if spec is not None and reused and not spec.can_arm_after_prefix_reuse:
+            spec = self.speculator = None
+        self.taps = tuple(spec.taps) if spec is not None and spec.needs_hidden_state else ()
+        if self.accept_rule is None:
+            self.accept_rule = spec.default_accept_rule if spec is not None else "match"
+        st = self.stats
+        st.speculator = spec.name if spec is not None else None
+        st.window = self.window if spec is not None else 0
+        st.prompt_tokens = len(prompt)
+        if self.governor is not None:
+            self.governor.reset()
+        t0 = time.perf_counter()
+        self.cache.reserve(len(prompt) + 1)
+        logits, hidden = prefill(self.target, self.cache, prompt[reused:], self.taps)
+        self.history = list(prompt)
+        self.last = self.sampler.sample(logits, len(prompt), self.history)
+        self.history.append(self.last)
+        self.emitted = [self.last]
+        self.hidden_last = hidden[-1] if hidden is not None else None
+        if spec is not None:
+            # tap rows cover the forwarded suffix only when a prefix was reused
+            spec.begin(prompt, hidden)
+        st.prefill_ms = _ms(t0)
+        st.generated = 1
+        return self.last
+
+    # -- one step ----------------------------------------------------------------------------------
+    def step(self, budget: int) -> list[int]:
+        """Emit at least one and at most ``budget`` tokens (more than one only by verifying a draft)."""
+        t0 = time.perf_counter()
+        pos = self.cache.length  # the last token takes this position
+        draft = self._draft(pos, budget)
+        if draft.tokens:
+            emitted = self._verify(pos, draft)
+        else:
+            emitted = self._plain(pos)
+        emitted = emitted[:budget]
+        self.emitted.extend(emitted)
+        self.history.extend(emitted)
+        self.last = emitted[-1]
+        st = self.stats
+        st.generated = len(self.emitted)
+        if self.governor is not None:
+            self.governor.record(bool(draft.tokens), _ms(t0), len(emitted), len(draft.tokens) or None)
+            st.governor_state = self.governor.state
+            st.governor_parks = self.governor.parks
+        return emitted
+
+    def _draft(self, pos: int, budget: int) -> Draft:
+        spec, gov = self.speculator, self.governor
+        if spec is None or (gov is not None and not gov.should_draft()):
+            return Draft()
+        # sized only when a draft will be asked for: a parked stretch pays no sizing per token
+        window = self.window if gov is None else gov.draft_length(self.window)
+        k_max = min(window, budget - 1, self.target.max_context - pos - 1)
+        if k_max <= 0:
+            return Draft()
+        with self.stats.phase("draft"):
+            ctx = DraftContext(self.last, pos, k_max, self.history, self.hidden_last, self.sampler)
+            draft = spec.propose(ctx)
+        if len(draft.tokens) > k_max:
+            draft = Draft(draft.tokens[:k_max], None if draft.probs is None else draft.probs[:k_max])
+        return draft
+
+    def _plain(self, pos: int) -> list[int]:
+        """One row, exactly as plain decoding."""
+        st = self.stats
+        with st.phase("plain"):
+            out = self.target.forward([self.last], self.cache, taps=self.taps or None)
+            tok = self.sampler.sample(out.logits[-1], pos + 1, self.history)
+        st.plain_steps += 1
+        self._commit([self.last], out.hidden, pos)
+        return [tok]
+
+    def _verify(self, pos: int, draft: Draft) -> list[int]:
+        """One forward over [last, d1..dK]; keep the accepted prefix, trim the rest from the cache."""
+        st = self.stats
+        k = len(draft.tokens)
+        with st.phase("verify"):
+            out = self.target.forward([self.last, *draft.tokens], self.cache, all_logits=True,
+                                      taps=self.taps or None)
+        with st.phase("accept"):
+            verdict = verify(self.accept_rule, out.logits, draft.tokens, draft.probs, self.sampler, pos + 1,
+                             self.history)
+        st.record_verify(k, verdict.accepted)
+        kept = [self.last, *draft.tokens[: verdict.accepted]]
+        with st.phase("rollback"):
+            self.cache.trim(k - verdict.accepted)
+        self._commit(kept, out.hidden, pos)
+        return verdict.emitted(draft.tokens)
+
+    def _commit(self, kept: list[int], hidden: torch.Tensor | None, pos: int) -> None:
+        """Tell the speculator which tokens landed in the trunk, with their tap rows."""
+        hid = hidden[: len(kept)] if hidden is not None else None
+        self.hidden_last = hid[-1] if hid is not None else None
+        if self.speculator is not None:
+            with self.stats.phase("commit"):
+                self.speculator.commit(kept, hid, pos)
+
+
 def decode(
     target: SpecTarget,
     sampler: Sampler,
-    prompt: Sequence[int],
+    prompt: Seq[int],
     max_tokens: int,
     *,
+    cache: Cache | None = None,
     speculator: Speculator | None = None,
     governor=None,
     window: int = 8,
@@ -55,118 +196,30 @@ def decode(
 ) -> list[int]:
     """Generate up to ``max_tokens`` tokens after ``prompt``; returns them.
 
-    ``on_token(tok) -> stop`` is called for every emitted token in order; returning True ends the
-    run after that token. ``on_step(stats)`` is called after every step (for a live display).
+    ``cache``: a kept cache holding a prefix of ``prompt`` (default: a new one). ``on_token(tok) ->
+    stop`` is called for every emitted token in order; returning True ends the run after that token.
+    ``on_step(stats)`` is called after every step (for a live display).
     """
-    stats = stats if stats is not None else SpecStats()
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
     if max_tokens <= 0:
         return []
-    taps = tuple(speculator.taps) if speculator is not None and speculator.needs_hidden_state else ()
-    rule = accept_rule or (speculator.default_accept_rule if speculator is not None else "match")
-    stats.speculator = speculator.name if speculator is not None else None
-    stats.window = window if speculator is not None else 0
-    stats.prompt_tokens = len(prompt)
-    if governor is not None:
-        governor.reset()
-
-    # -- prefill and the first token -------------------------------------------------------------
-    t0 = time.perf_counter()
-    target.reset()
-    target.ensure_capacity(len(prompt) + 1)
-    logits, prompt_hidden = prefill(target, prompt, taps)
-    history = list(prompt)
-    last = sampler.sample(logits, len(prompt), history)
-    history.append(last)
-    hidden_last = prompt_hidden[-1] if prompt_hidden is not None else None
-    if speculator is not None:
-        speculator.begin(prompt, prompt_hidden)
-    stats.prefill_ms = _ms(t0)
-    out_tokens = [last]
-    stats.generated = 1
-    stop = on_token(last) if on_token else False
-
+    seq = Sequence(target, sampler, cache=cache, speculator=speculator, governor=governor, window=window,
+                   accept_rule=accept_rule, stats=stats)
+    first = seq.start(prompt)
+    out = [first]
+    stop = on_token(first) if on_token else False
+    st = seq.stats
     t_decode = time.perf_counter()
-    while not stop and len(out_tokens) < max_tokens:
-        step_t0 = time.perf_counter()
-        pos = target.cache_len  # last token takes this position
-        remaining = max_tokens - len(out_tokens)
-        draft = Draft()
-        drafting = speculator is not None and (governor is None or governor.should_draft())
-        # sized only when a draft will be asked for: a parked stretch pays no sizing per token
-        k_max = 0 if not drafting else min(window if governor is None else governor.draft_length(window),
-                                           remaining - 1, target.max_context - pos - 1)
-        if k_max > 0:
-            t = time.perf_counter()
-            ctx = DraftContext(last, pos, k_max, history, hidden_last, sampler)
-            draft = speculator.propose(ctx)
-            if len(draft.tokens) > k_max:
-                draft = Draft(draft.tokens[:k_max], None if draft.probs is None else draft.probs[:k_max])
-            stats.add_phase("draft", _ms(t))
-
-        if not draft.tokens:
-            # plain step: one row, exactly as plain decoding
-            t = time.perf_counter()
-            out = target.forward([last], taps=taps or None)
-            emitted = [sampler.sample(out.logits[-1], pos + 1, history)]
-            stats.add_phase("plain", _ms(t))
-            stats.plain_steps += 1
-            if speculator is not None:
-                t = time.perf_counter()
-                speculator.commit([last], out.hidden, pos)
-                stats.add_phase("commit", _ms(t))
-            hidden_last = out.hidden[-1] if out.hidden is not None else None
-            speculative = False
-        else:
-            k = len(draft.tokens)
-            t = time.perf_counter()
-            target.snapshot()
-            stats.add_phase("snapshot", _ms(t))
-            t = time.perf_counter()
-            out = target.forward([last, *draft.tokens], all_logits=True, taps=taps or None)
-            stats.add_phase("verify", _ms(t))
-            t = time.perf_counter()
-            verdict = verify(rule, out.logits, draft.tokens, draft.probs, sampler, pos + 1, history)
-            stats.add_phase("accept", _ms(t))
-            n_acc = verdict.accepted
-            stats.record_verify(k, n_acc)
-            kept = [last, *draft.tokens[:n_acc]]
-            t = time.perf_counter()
-            hidden_rows = out.hidden
-            if n_acc < k:
-                if target.verify_persists_kv:
-                    target.rewind(pos + len(kept))
-                else:  # recurrent state absorbed the rejected tail: restore and re-advance
-                    target.restore()
-                    target.rewind(pos)
-                    redo = target.forward(kept, all_logits=False, taps=taps or None)
-                    hidden_rows = redo.hidden
-            stats.add_phase("rollback", _ms(t))
-            t = time.perf_counter()
-            hid = hidden_rows[: len(kept)] if hidden_rows is not None else None
-            speculator.commit(kept, hid, pos)
-            stats.add_phase("commit", _ms(t))
-            hidden_last = hid[-1] if hid is not None else None
-            emitted = verdict.emitted(draft.tokens)
-            speculative = True
-
-        for tok in emitted:
-            out_tokens.append(tok)
-            history.append(tok)
-            last = tok
+    while not stop and len(out) < max_tokens:
+        for tok in seq.step(max_tokens - len(out)):
+            out.append(tok)
             if on_token is not None and on_token(tok):
                 stop = True
                 break
-            if len(out_tokens) >= max_tokens:
-                break
-        stats.generated = len(out_tokens)
-        if governor is not None:
-            governor.record(speculative, _ms(step_t0), len(emitted), len(draft.tokens) if speculative else None)
-            stats.governor_state = governor.state
-            stats.governor_parks = governor.parks
-        stats.decode_ms = _ms(t_decode)
+        st.decode_ms = _ms(t_decode)
         if on_step is not None:
-            on_step(stats)
-    stats.decode_ms = _ms(t_decode)
-    return out_tokens
+            on_step(st)
+    st.decode_ms = _ms(t_decode)
+    st.generated = len(out)
+    return out

@@ -31,10 +31,35 @@ class ForwardOutput:
 
 
 @runtime_checkable
+class Cache(Protocol):
+    """One sequence's state inside a trunk (or a drafter): created by its model, passed to ``forward``.
+
+    ``trim`` is the whole rollback surface: a KV cache moves its length back; a hybrid trunk's cache
+    returns its recurrent state to the kept row of the last verify (see ``models.cache``).
+    """
+
+    @property
+    def length(self) -> int:
+        """Positions held; the next forward's first row takes this position."""
+        ...
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` positions, or a ``BadInput`` naming the context limit."""
+        ...
+
+    def trim(self, n: int) -> None:
+        """Forget the last ``n`` positions (for a hybrid: only back into the last multi-row forward)."""
+        ...
+
+    def reset(self) -> None: ...
+
+
+@runtime_checkable
 class SpecTarget(Protocol):
     """What the loop needs from the trunk, and nothing about drafting.
 
-    ``forward`` appends ``tokens`` to the cache at ``cache_len`` and returns per-row logits.
+    The model holds weights only; ``make_cache()`` gives each sequence its own ``Cache``.
+    ``forward`` appends ``tokens`` to ``cache`` at ``cache.length`` and returns per-row logits.
     ``taps`` names layers whose *entering* residual is returned per row, concatenated in the
     order given; tap ``n_layers`` is the residual after the last layer (before the final norm).
     A row's logits never depend on how many rows share the forward (batch invariance): that is
@@ -48,33 +73,11 @@ class SpecTarget(Protocol):
     @property
     def max_context(self) -> int: ...
 
-    @property
-    def cache_len(self) -> int: ...
-
-    @property
-    def verify_persists_kv(self) -> bool:
-        """True when a verify leaves usable state for every accepted row, so rollback is a rewind."""
-        ...
+    def make_cache(self) -> Cache: ...
 
     def forward(
-        self, tokens: Sequence[int], *, all_logits: bool = False, taps: Sequence[int] | None = None
+        self, tokens: Sequence[int], cache: Cache, *, all_logits: bool = False, taps: Sequence[int] | None = None
     ) -> ForwardOutput: ...
-
-    def ensure_capacity(self, n: int) -> None: ...
-
-    def rewind(self, length: int) -> None:
-        """Forget everything at positions >= length (KV: arithmetic; recurrent state: see snapshot)."""
-        ...
-
-    def snapshot(self) -> None:
-        """Remember the recurrent state (free for attention-only trunks)."""
-        ...
-
-    def restore(self) -> None:
-        """Return the recurrent state to the last snapshot (no-op for attention-only trunks)."""
-        ...
-
-    def reset(self) -> None: ...
 
 
 # ----------------------------------------------------------------------------- layer 2: speculator
@@ -162,21 +165,26 @@ class DraftHeadKind(enum.Enum):
 
 
 class DraftHead(Protocol):
-    """A model-specific adapter over a trained drafter (NextN/MTP, EAGLE, DFlash)."""
+    """A model-specific adapter over a trained drafter (NextN/MTP, EAGLE, DFlash): weights only.
+
+    Its per-sequence state (the head's own KV, a block drafter's ring) comes from ``new_state()``
+    and is held by the speculator, so one loaded head serves several sequences."""
 
     kind: DraftHeadKind
     block_size: int
 
+    def new_state(self): ...
+
     def draft_step(
-        self, token: int, hidden: torch.Tensor, position: int
+        self, token: int, hidden: torch.Tensor, position: int, state
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token: (logits [vocab], hidden_out [feature]) for the next position."""
         ...
 
     def draft_block(
-        self, last_token: int, hidden: torch.Tensor, position: int
+        self, last_token: int, hidden: torch.Tensor, position: int, state
     ) -> tuple[list[int], torch.Tensor]:
         """A whole block: (draft tokens, per-token confidence)."""
         ...
 
-    def catch_up(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int) -> None: ...
+    def catch_up(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int, state) -> None: ...

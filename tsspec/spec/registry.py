@@ -105,7 +105,9 @@ def _ngram(target, options, drafter):
 
 
 def _draft_head(target, options, drafter):
-    head = getattr(drafter, "draft_head", None) or getattr(target, "draft_head", None)
+    from ..drafters.nextn import builtin_head
+
+    head = getattr(drafter, "draft_head", None) or builtin_head(target)
     if head is None:
         return ("the model carries no draft head (no NextN/MTP tensors) and no draft-head GGUF "
                 "was attached with --spec-draft-model")

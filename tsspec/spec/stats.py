@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 
-PHASES = ("draft", "verify", "accept", "rollback", "commit", "snapshot", "plain")
+PHASES = ("draft", "verify", "accept", "rollback", "commit", "plain")
+
+
+class _Phase:
+    """``with stats.phase(name):`` adds the block's wall time to ``phase_ms[name]``."""
+
+    __slots__ = ("stats", "name", "t0")
+
+    def __init__(self, stats: "SpecStats", name: str):
+        self.stats, self.name = stats, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.stats.add_phase(self.name, (time.perf_counter() - self.t0) * 1000.0)
 
 
 @dataclass
@@ -25,6 +41,9 @@ class SpecStats:
     accept_hist: list[int] = field(default_factory=list)  # index = accepted length of a verify
     governor_parks: int = 0
     governor_state: str = "off"
+
+    def phase(self, name: str) -> _Phase:
+        return _Phase(self, name)
 
     def add_phase(self, phase: str, ms: float) -> None:
         self.phase_ms[phase] += ms

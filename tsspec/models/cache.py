@@ -1,0 +1,249 @@
+"""Per-sequence state of a trunk: caches as objects, created by the model and passed to ``forward``.
+
+A loaded model holds weights only. Each sequence it serves has its own cache, so one model runs
+many sequences, and a cache that is kept can be extended later (the basis of prefix reuse).
+
+Every cache has the same small surface the decoding loop uses:
+
+* ``length``: positions it holds; the next forward's first row takes position ``length``;
+* ``reserve(n)``: make room for ``n`` positions (or refuse, naming the context limit);
+* ``trim(n)``: forget the last ``n`` positions (a rejected draft tail);
+* ``reset()``: forget everything.
+
+``KVCache`` (attention-only trunks): preallocated K/V for every layer; trimming is arithmetic.
+
+``HybridCache`` (GatedDeltaNet + attention trunks): the attention layers' ``KVCache`` plus each
+recurrent layer's state. A recurrent state cannot be trimmed by arithmetic, so the cache keeps what
+a trim needs, in one of two ways:
+
+* per-row slots (the default): a multi-row forward of at most ``ROW_FORM_MAX`` rows leaves the live
+  state alone and writes the state after *every* row into ``RollbackSlots`` (two buffers used in
+  turn); the conv window after row m is a slice of the input the forward concatenated anyway. The
+  forward is *pending* until the next forward (all rows kept) or a ``trim`` (some kept), which
+  points the live state at the kept row's slot: no copy, no re-forward;
+* copies (``snapshots=False``, ``TS_Q35_VERIFY_SNAPSHOTS=0``): a multi-row forward first copies the
+  live state and updates it in place; a ``trim`` puts the copy back and queues the kept tokens for
+  *replay*, which the model's next forward runs ahead of its own rows (their K/V are rewritten with
+  the same values, their outputs dropped).
+
+How a hybrid keeps n rows is therefore the cache's business; the loop only ever calls ``trim``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..errors import BadInput
+from .gated_delta import RecurrentState
+
+# Keys are attended in spans rounded up to this many positions, so a row's attention shape is a
+# function of its own position only (the same in a 1-row decode and a 9-row verify).
+SPAN_BLOCK = 64
+# a cache starts this large and doubles as it fills, up to the model's context
+INITIAL_CAPACITY = 512
+# hybrid forwards of at most this many rows use the batch-invariant row form (>= the largest verify)
+ROW_FORM_MAX = 65
+
+
+def round_span(n: int) -> int:
+    return -(-n // SPAN_BLOCK) * SPAN_BLOCK
+
+
+class KVCache:
+    """Preallocated K/V for ``n_layers`` attention layers, grown on demand up to ``max_positions``."""
+
+    def __init__(self, n_layers: int, n_kv: int, head_dim: int, max_positions: int,
+                 capacity: int = INITIAL_CAPACITY):
+        self.max_positions = max_positions
+        capacity = round_span(min(capacity, max_positions))
+        self.k = torch.zeros(n_layers, n_kv, capacity, head_dim)
+        self.v = torch.zeros(n_layers, n_kv, capacity, head_dim)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` positions; growing copies what is held."""
+        if n > self.max_positions:
+            raise BadInput(f"{n} tokens do not fit the context of {self.max_positions}")
+        if n <= self.capacity:
+            return
+        cap = round_span(min(self.max_positions, max(n, 2 * self.capacity)))
+        k = self.k.new_zeros(self.k.shape[0], self.k.shape[1], cap, self.k.shape[3])
+        v = torch.zeros_like(k)
+        k[:, :, : self.capacity] = self.k
+        v[:, :, : self.capacity] = self.v
+        self.k, self.v = k, v
+
+    def trim(self, n: int) -> None:
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot trim {n} positions from a cache of {self.length}")
+        self.length -= n
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def nbytes(self) -> int:
+        return self.k.numel() * 4 + self.v.numel() * 4
+
+
+class RollbackSlots:
+    """Per-row recurrent states of one multi-row forward: what a trim commits from.
+
+    ``ssm[b]`` [layers][rows, H, dk, dv] are two buffers used in turn, so the one the live state
+    points into is never the one the next forward writes. Conv windows are slices of ``conv_cat``.
+    """
+
+    def __init__(self) -> None:
+        self.ssm: list[list[torch.Tensor]] = [[], []]
+        self.rows = 0
+
+    def ensure(self, rows: int, shapes: list[tuple[int, ...]]) -> bool:
+        """Grow to ``rows`` rows; True when the buffers were reallocated."""
+        if rows <= self.rows:
+            return False
+        self.ssm = [[torch.empty(rows, *s) for s in shapes] for _ in range(2)]
+        self.rows = rows
+        return True
+
+
+@dataclass
+class Pending:
+    """A multi-row forward whose rows' states sit in slots until the next forward or trim."""
+
+    start: int  # position of the forward's first row
+    n: int
+    buf: int  # which RollbackSlots buffer holds its rows
+    conv_cat: list[torch.Tensor] = field(default_factory=list)  # per recurrent layer [K-1+n, C]
+
+
+@dataclass
+class Saved:
+    """Copy mode: the live state before the last multi-row forward, and that forward's tokens."""
+
+    start: int
+    states: list[RecurrentState]
+    tokens: list[int]
+
+
+class HybridCache:
+    """KV for the attention layers plus the recurrent state of every GatedDeltaNet layer."""
+
+    def __init__(self, kv: KVCache, conv_shape: tuple[int, int], ssm_shape: tuple[int, int, int], n_recurrent: int,
+                 *, snapshots: bool = True):
+        self.kv = kv
+        self.conv_shape, self.ssm_shape, self.n_recurrent = conv_shape, ssm_shape, n_recurrent
+        self.snapshots = snapshots
+        self.slots = RollbackSlots()
+        self.reset()
+
+    # -- the loop's surface ----------------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    def reserve(self, n: int) -> None:
+        self.kv.reserve(n)
+
+    def reset(self) -> None:
+        self.kv.reset()
+        self.states = [RecurrentState(torch.zeros(self.conv_shape), torch.zeros(self.ssm_shape))
+                       for _ in range(self.n_recurrent)]
+        self.state_len = 0  # positions the live recurrent state has absorbed
+        self.live_buf: int | None = None  # slot buffer the live state points into
+        self.pending: Pending | None = None
+        self.saved: Saved | None = None
+        self.replay: list[int] = []  # copy mode: kept tokens the next forward runs first
+
+    def trim(self, n: int) -> None:
+        if n == 0:
+            return
+        keep = self.length - n
+        if not 0 <= keep < self.length:
+            raise ValueError(f"cannot trim {n} positions from a cache of {self.length}")
+        if keep == 0:
+            self.reset()
+            return
+        p, s = self.pending, self.saved
+        if p is not None and p.start < keep <= p.start + p.n:
+            self.kv.trim(n)
+            self._commit(keep)
+        elif p is not None and keep == p.start:  # none of its rows kept: the live state never moved
+            self.kv.trim(n)
+            self.pending = None
+        elif s is not None and not self.replay and s.start <= keep < s.start + len(s.tokens):
+            self.kv.trim(n)
+            self.states, self.state_len = s.states, s.start
+            self.replay = s.tokens[: keep - s.start]
+            self.saved = None
+            self.live_buf = None
+        else:
+            raise ValueError(f"the recurrent state cannot return to position {keep}: only a trim inside "
+                             "the last multi-row forward can be undone")
+
+    def nbytes(self) -> int:
+        return self.kv.nbytes() + sum(s.nbytes() for s in self.states)
+
+    # -- what the model's forward uses -----------------------------------------------------------
+    def settle(self) -> None:
+        """Every row of a pending forward was kept: the live state moves to its last slot."""
+        if self.pending is not None:
+            self._commit(self.length)
+
+    def live_states(self) -> list[RecurrentState]:
+        """The live state of every recurrent layer at ``length`` (settles a pending forward)."""
+        if self.replay:
+            raise ValueError("the state is behind by the tokens queued for replay")
+        self.settle()
+        return self.states
+
+    def plan(self, tokens: Sequence[int]) -> str:
+        """Called at the start of a forward over ``tokens`` (replay included): how it treats the state.
+
+        "inplace": the live state is updated row by row (one row; or copy mode, after copying);
+        "slots": every row's state goes to a slot buffer, the live state is untouched;
+        "chunked": a prompt chunk longer than ``ROW_FORM_MAX`` (the parallel form, in place).
+        """
+        self.settle()
+        if self.length - len(self.replay) != self.state_len:
+            raise ValueError(f"KV length {self.length} and recurrent state length {self.state_len} disagree")
+        n = len(tokens)
+        self.saved = None
+        if n > ROW_FORM_MAX:
+            return "chunked"
+        if n == 1:
+            return "inplace"
+        if not self.snapshots:
+            self.saved = Saved(self.state_len, [s.clone() for s in self.states], list(tokens))
+            return "inplace"
+        shapes = [self.ssm_shape] * self.n_recurrent
+        if self.slots.ensure(n, shapes):
+            self.live_buf = None
+        self.pending = Pending(self.state_len, n, 1 if self.live_buf == 0 else 0)
+        return "slots"
+
+    def slot_rows(self, layer: int) -> torch.Tensor:
+        return self.slots.ssm[self.pending.buf][layer]
+
+    def finish(self, n: int, mode: str) -> None:
+        """After a forward of ``n`` rows (replay included) that started at ``state_len``."""
+        self.replay = []
+        self.kv.length = self.state_len + n
+        if mode != "slots":
+            self.state_len += n
+
+    def _commit(self, length: int) -> None:
+        p = self.pending
+        slot = length - p.start - 1
+        k1 = self.conv_shape[0]
+        for j, st in enumerate(self.states):
+            st.ssm = self.slots.ssm[p.buf][j][slot]
+            st.conv = p.conv_cat[j][slot + 1 : slot + 1 + k1]
+        self.live_buf = p.buf
+        self.state_len = length
+        self.pending = None
