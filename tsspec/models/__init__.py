@@ -32,16 +32,23 @@ def arch_module(arch: str):
     return importlib.import_module(f"{__name__}.{mod}")
 
 
-def load_model(path: str | Path | GGUFFile, *, fmt: str | None = None, n_ctx: int | None = None):
-    """Load a GGUF language model as a ``SpecTarget``."""
+def load_model(path: str | Path | GGUFFile, *, fmt: str | None = None, n_ctx: int | None = None,
+               verify_snapshots: bool | None = None):
+    """Load a GGUF language model as a ``SpecTarget``.
+
+    ``verify_snapshots`` (hybrid trunks; None: the loader's default): False restores the recurrent
+    state and re-forwards on a rejected draft instead of keeping per-row snapshots."""
     g = path if isinstance(path, GGUFFile) else GGUFFile(path)
     if g.arch in DRAFTER_ARCHITECTURES:
         raise ModelFileError(f"{g.path.name} is a {g.arch} drafter, not a language model; attach it with --draft-model")
     mod = arch_module(g.arch)
     validate_model(g)
     try:
-        return mod.load(g, fmt=fmt, n_ctx=n_ctx)
+        model = mod.load(g, fmt=fmt, n_ctx=n_ctx)
     except ModelFileError:
         raise
     except (KeyError, ValueError) as e:
         raise ModelFileError(f"{g.path.name}: inconsistent {g.arch} model: {e}") from None
+    if verify_snapshots is not None and hasattr(model, "snapshots"):
+        model.snapshots = verify_snapshots
+    return model
