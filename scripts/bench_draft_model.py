@@ -16,9 +16,11 @@ import statistics
 import sys
 import time
 
-from tsspec.drafters import load_drafter
+from tsspec.drafters import DrafterOptions, load_drafter
 from tsspec.hub import ensure_model
 from tsspec.models import load_model
+from tsspec.settings import resolve_run
+from tsspec.spec.registry import REGISTRY
 from tsspec.options import SpecOptions
 from tsspec.sampling import Sampler
 from tsspec.spec.loop import decode
@@ -63,8 +65,9 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     trunk_path = ensure_model(args.trunk)
-    target = load_model(trunk_path)
-    drafter = load_drafter(ensure_model(args.drafter), target, SpecOptions(draft=max(args.windows)))
+    config = resolve_run()  # TSSPEC_WEIGHTS / TSSPEC_DRAFT_WEIGHTS, read by tsspec.settings
+    target = load_model(trunk_path, fmt=config.weights)
+    drafter = load_drafter(ensure_model(args.drafter), target, DrafterOptions(weights=config.draft_weights))
     tok = Tokenizer.from_gguf(trunk_path)
     print(f"# loaded {args.trunk} <- {args.drafter} in {time.perf_counter() - t0:.0f}s; "
           f"notes={drafter.notes} warnings={drafter.warnings}", flush=True)
@@ -77,7 +80,7 @@ def main(argv=None) -> int:
     for name in args.prompts:
         prompt = tok.encode(PROMPTS[name])
         for w in args.windows:
-            spec = drafter.make_speculator(target, SpecOptions(draft=w, pmin=args.pmin))
+            spec = REGISTRY.create("draft-model", target, SpecOptions(draft=w, pmin=args.pmin), drafter)
             ratios, tpv, acc, ptps, stps, same = [], [], [], [], [], True
             phases = {p: 0.0 for p in ("draft", "verify", "accept", "commit", "plain")}
             for r in range(args.reps):

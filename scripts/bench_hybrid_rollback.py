@@ -67,7 +67,7 @@ class Scripted:
 
     name = "scripted"
     default_min_draft_prob = min_draft_prob = 0.0
-    needs_hidden_state = handles_own_prefill = False
+    needs_hidden_state = False
     can_arm_after_prefix_reuse = True
     default_accept_rule = "match"
     taps = ()

@@ -14,6 +14,7 @@ import statistics
 
 from tsspec.hub import KNOWN_MODELS, ensure_model
 from tsspec.models import load_model
+from tsspec.settings import resolve_run
 from tsspec.sampling import Sampler
 from tsspec.spec.loop import decode
 from tsspec.spec.stats import SpecStats
@@ -36,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
     for name in args.models:
         path = ensure_model(name)
-        target = load_model(path)
+        target = load_model(path, fmt=resolve_run().weights)  # TSSPEC_WEIGHTS, read by tsspec.settings
         tok = Tokenizer.from_gguf(path)
         ids = tok.encode(TEXT * 8)[: args.prompt_tokens]
         sampler = Sampler()

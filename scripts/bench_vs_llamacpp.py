@@ -180,7 +180,7 @@ def fmt_ratio(x: float | None) -> str:
 def provenance(args: argparse.Namespace, llama_bench: Path) -> dict[str, Any]:
     import torch
 
-    from tsspec.weights import default_format
+    from tsspec.settings import resolve_run
 
     version = subprocess.run([str(llama_bench), "--version"], capture_output=True, text=True)
     return {
@@ -190,7 +190,7 @@ def provenance(args: argparse.Namespace, llama_bench: Path) -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "env": provenance_.spec_env(),
-        "tsspec_weights_format": default_format(),
+        "tsspec_weights_format": resolve_run().weights,
         "kernels": provenance_.kernels_info(),
         "threads": args.threads,
         "torch_threads": torch.get_num_threads(),
@@ -234,9 +234,10 @@ class TsspecBench:
     def load(cls, name: str, path: Path, need_tokens: int) -> TsspecBench:
         """Load the model and tokenize at least ``need_tokens`` tokens of benchmark text."""
         from tsspec.models import load_model
+        from tsspec.settings import resolve_run
         from tsspec.tokenizer import Tokenizer
 
-        target = load_model(path)
+        target = load_model(path, fmt=resolve_run().weights)  # TSSPEC_WEIGHTS, read by tsspec.settings
         tok = Tokenizer.from_gguf(path)
         ids = tok.encode(TEXT)
         if len(ids) < need_tokens:

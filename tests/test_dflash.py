@@ -32,6 +32,8 @@ from tsspec.gguf_file import GGUFFile
 from tsspec.models import load_model
 from tsspec.options import SpecOptions
 from tsspec.sampling import Sampler, SamplingParams
+from tsspec.session import Session
+from tsspec.settings import resolve_run
 from tsspec.spec.block import BlockSpeculator, gate_cumulative
 from tsspec.spec.loop import decode
 from tsspec.spec.protocols import DraftContext, DraftHeadKind, Speculator
@@ -58,7 +60,7 @@ def files(tmp_path_factory):
 
 def _load(files, which, fmt="f32"):
     target = load_model(files["trunk"], fmt=fmt)
-    return target, load_drafter(files[which], target, SpecOptions())
+    return target, load_drafter(files[which], target)
 
 
 class Steer:
@@ -117,20 +119,20 @@ def test_registry_builds_the_block_speculator(files):
 def test_target_layer_ids_are_read_as_entering_indices(files):
     p = write_tiny_dflash(files["dir"] / "ids.gguf", files["trunk"], target_layers=None, target_layer_ids=[0, 2])
     target = load_model(files["trunk"], fmt="f32")
-    assert load_drafter(p, target, SpecOptions()).taps == (1, 3)
+    assert load_drafter(p, target).taps == (1, 3)
 
 
 def test_refuses_a_drafter_for_another_trunk(files, tmp_path):
     other = write_tiny_model(tmp_path / "narrow.gguf", arch="qwen3", n_layers=4, d_model=32)
     with pytest.raises(BadInput, match="fc.weight"):
-        load_drafter(files["dflash"], load_model(other), SpecOptions())
+        load_drafter(files["dflash"], load_model(other))
     shallow = write_tiny_model(tmp_path / "shallow.gguf", arch="qwen3", n_layers=2)
     with pytest.raises(BadInput, match="dflash.target_layers.*2 layers"):
-        load_drafter(files["dflash"], load_model(shallow), SpecOptions())
+        load_drafter(files["dflash"], load_model(shallow))
     # fc consistent with the trunk, but the drafter's own width is not the trunk's
     wide = write_tiny_dflash(tmp_path / "wide.gguf", files["trunk"], hidden=96)
     with pytest.raises(BadInput, match="dflash.embedding_length"):
-        load_drafter(wide, load_model(files["trunk"]), SpecOptions())
+        load_drafter(wide, load_model(files["trunk"]))
     # a speculator asked for a different trunk than the one bound declines with a reason
     target, dr = _load(files, "dflash")
     deep = load_model(write_tiny_model(tmp_path / "deep.gguf", arch="qwen3", n_layers=5))
@@ -143,16 +145,16 @@ def test_refuses_a_drafter_for_another_trunk(files, tmp_path):
 def test_refuses_missing_metadata(files, tmp_path, key):
     p = write_tiny_dflash(tmp_path / "bad.gguf", files["trunk"], dflash2=True, drop_keys=(key,))
     with pytest.raises(ModelFileError, match=key.split(".", 1)[1]):
-        load_drafter(p, load_model(files["trunk"]), SpecOptions())
+        load_drafter(p, load_model(files["trunk"]))
 
 
 def test_refuses_inconsistent_metadata(files, tmp_path):
     p = write_tiny_dflash(tmp_path / "g.gguf", files["trunk"], dflash2=True, conv_group=24)  # 64 % 24
     with pytest.raises(TsspecError, match="conv_group_size"):
-        load_drafter(p, load_model(files["trunk"]), SpecOptions())
+        load_drafter(p, load_model(files["trunk"]))
     p = write_tiny_dflash(tmp_path / "b.gguf", files["trunk"], block_size=1)
     with pytest.raises(ModelFileError, match="block_size"):
-        load_drafter(p, load_model(files["trunk"]), SpecOptions())
+        load_drafter(p, load_model(files["trunk"]))
 
 
 # ----------------------------------------------------------------------------- output identity
@@ -496,7 +498,9 @@ def test_switches_turn_each_piece_off(files, monkeypatch):
     P = len(PROMPT) - 1
 
     def run(which):
-        target, dr = _load(files, which)
+        # the switches are read by tsspec.settings and handed down by the session
+        session = Session.open(resolve_run(model=str(files["trunk"]), weights="f32"))
+        target, dr = session.target, session.load_drafter(files[which])
         feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
         ring = dr.draft_head.new_state()
         dr.draft_head.catch_up(PROMPT[:-1], feats, 0, ring)
@@ -538,7 +542,7 @@ def test_qwen35_hybrid_trunk(tmp_path):
     trunk, _ = tiny_hybrid.write_hybrid(tmp_path / "qwen35.gguf", "qwen35")
     drafter = write_tiny_dflash(tmp_path / "dflash2.gguf", trunk, dflash2=True)
     target = load_model(trunk, fmt="f32")
-    dr = load_drafter(drafter, target, SpecOptions())
+    dr = load_drafter(drafter, target)
     assert dr.taps == (1, 3)
     sampler = Sampler()
     plain = _plain(target, sampler)
@@ -558,7 +562,7 @@ def test_reduced_draft_vocabulary(files, tmp_path):
     keep = list(range(0, 300, 3))
     p = write_tiny_dflash(tmp_path / "d2t.gguf", files["trunk"], dflash2=True, draft_vocab=keep, softcap=5.0)
     target = load_model(files["trunk"], fmt="f32")
-    dr = load_drafter(p, target, SpecOptions())
+    dr = load_drafter(p, target)
     feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
     ring = dr.draft_head.new_state()
     dr.draft_head.catch_up(PROMPT[:-1], feats, 0, ring)

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from tiny import rewrite_metadata, write_bad_files, write_tiny_model
-from tsspec.drafters import load_drafter
+from tsspec.drafters import DrafterOptions, load_drafter
 from tsspec.drafters.draft_model import check_vocab, load as load_draft_model
 from tsspec.errors import BadInput, ModelFileError
 from tsspec.gguf_file import GGUFFile
 from tsspec.models import load_model
 from tsspec.options import SpecOptions
 from tsspec.sampling import Sampler, SamplingParams
-from tsspec.spec.draft_model import DraftModelSpeculator, registry_factory
+from tsspec.spec.draft_model import DraftModelSpeculator
 from tsspec.spec.loop import decode
 from tsspec.spec.protocols import DraftContext, Speculator
 from tsspec.spec.registry import REGISTRY
@@ -58,17 +58,16 @@ def trunk(files):
 
 
 def _speculator(path, trunk, window=8, pmin=None):
-    drafter = load_drafter(path, trunk, SpecOptions(draft=window, pmin=pmin))
-    return drafter.make_speculator(trunk, SpecOptions(draft=window, pmin=pmin))
+    drafter = load_drafter(path, trunk)
+    return REGISTRY.create("draft-model", trunk, SpecOptions(draft=window, pmin=pmin), drafter)
 
 
 # ----------------------------------------------------------------------------- exactness
 
 
 @pytest.mark.parametrize("which", ["related", "other", "trunk"])
-def test_greedy_equals_plain_for_every_window(files, trunk, which, monkeypatch):
-    if which == "trunk":  # the trunk drafting for itself: same weights, so no lossy drafter format
-        monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "auto")
+def test_greedy_equals_plain_for_every_window(files, trunk, which):
+    # the drafter loads in the default format, "auto", like the trunk (for "trunk": the same weights)
     spec = _speculator(files[which], trunk)
     assert isinstance(spec, Speculator)
     accepted = drafted = 0
@@ -223,7 +222,7 @@ def test_sampling_draft_carries_the_sampler_distribution(files, trunk):
 
 def test_vocabulary_size_mismatch_is_one_clear_error(files, trunk):
     with pytest.raises(BadInput) as e:
-        load_drafter(files["vocab400"], trunk, SpecOptions())
+        load_drafter(files["vocab400"], trunk)
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("draft model vocabulary differs from the trunk's at token 300:")
@@ -239,7 +238,7 @@ def test_changed_token_is_named(files, trunk, tmp_path):
 
     bad = rewrite_metadata(files["related"], tmp_path / "changed.gguf", edit)
     with pytest.raises(BadInput, match=r"at token 120: 'zebra' vs 'x'"):
-        load_drafter(bad, trunk, SpecOptions())
+        load_drafter(bad, trunk)
 
 
 def test_special_id_mismatch_is_refused(files, trunk, tmp_path):
@@ -249,7 +248,7 @@ def test_special_id_mismatch_is_refused(files, trunk, tmp_path):
 
     bad = rewrite_metadata(files["related"], tmp_path / "eos.gguf", edit)
     with pytest.raises(BadInput, match="draft model eos token id differs from the trunk's: 258 vs 256"):
-        load_drafter(bad, trunk, SpecOptions())
+        load_drafter(bad, trunk)
 
 
 def test_padding_differences_are_allowed_and_noted():
@@ -283,10 +282,10 @@ def test_larger_embedding_than_token_list_is_allowed(files, trunk, tmp_path):
             kv[key] = (list(value)[:300], vt, sub)
 
     wide = rewrite_metadata(src, tmp_path / "wide_cut.gguf", edit)
-    drafter = load_drafter(wide, trunk, SpecOptions())
+    drafter = load_drafter(wide, trunk)
     assert drafter.model.vocab_size == 304
     assert any("304 rows for 300 tokens" in n for n in drafter.notes)
-    spec = drafter.make_speculator(trunk, SpecOptions(draft=4))
+    spec = REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), drafter)
     plain = decode(trunk, Sampler(), PROMPTS[0], 24)
     assert decode(trunk, Sampler(), PROMPTS[0], 24, speculator=spec, window=4) == plain
     s = Sampler(SamplingParams(temperature=1.0, seed=1))
@@ -295,18 +294,16 @@ def test_larger_embedding_than_token_list_is_allowed(files, trunk, tmp_path):
     assert d.probs.shape[1] == trunk.vocab_size and all(t < trunk.vocab_size for t in d.tokens)
 
 
-def test_warnings_for_a_heavy_or_short_drafter(files, trunk, monkeypatch):
+def test_warnings_for_a_heavy_or_short_drafter(files, trunk):
     light = load_model(files["other"])  # 1 layer: the heavy 6-layer file outweighs it
-    # in the same weight format: the tiny files are F32, which the trunk keeps at full precision,
-    # while a drafter's default format is lossy 4-bit
-    monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "auto")
-    heavy = load_drafter(files["heavy"], light, SpecOptions())
+    # in the same weight format: the tiny files are F32, which the trunk keeps at full precision
+    heavy = load_drafter(files["heavy"], light, DrafterOptions(weights="auto"))
     assert any("more weight bytes than the trunk" in w for w in heavy.warnings)
-    short = load_drafter(files["short_ctx"], trunk, SpecOptions())
+    short = load_drafter(files["short_ctx"], trunk)
     assert any("context (128) is shorter than the trunk's (256)" in w for w in short.warnings)
-    assert not load_drafter(files["related"], trunk, SpecOptions()).warnings
+    assert not load_drafter(files["related"], trunk).warnings
     # drafting stops where the short drafter's context ends; output stays exact
-    spec = short.make_speculator(trunk, SpecOptions(draft=4))
+    spec = REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), short)
     prompt = list(range(40, 150))  # 110 tokens + 60 generated runs past 128
     plain = decode(trunk, Sampler(), prompt, 60)
     st = SpecStats()
@@ -317,23 +314,21 @@ def test_warnings_for_a_heavy_or_short_drafter(files, trunk, monkeypatch):
 def test_non_language_model_and_missing_files_are_refused(files, trunk, tmp_path):
     bad = write_bad_files(tmp_path / "bad")
     with pytest.raises(ModelFileError, match="not a drafter this tool can use"):
-        load_drafter(bad["unknown_arch"], trunk, SpecOptions())
+        load_drafter(bad["unknown_arch"], trunk)
     with pytest.raises(ModelFileError, match="is not a language model"):
-        load_draft_model(GGUFFile(bad["unknown_arch"]), trunk, SpecOptions())
+        load_draft_model(GGUFFile(bad["unknown_arch"]), trunk, DrafterOptions())
     with pytest.raises(ModelFileError, match="not found"):
-        load_drafter(tmp_path / "nope.gguf", trunk, SpecOptions())
+        load_drafter(tmp_path / "nope.gguf", trunk)
 
 
 # ----------------------------------------------------------------------------- registry
 
 
 def test_registry_entry(files, trunk):
-    if "draft-model" not in REGISTRY.names():
-        REGISTRY.register("draft-model", registry_factory, "a separate small language model with the same vocabulary")
     opts = SpecOptions(draft=5, pmin=0.25)
-    why = registry_factory(trunk, opts, None)
-    assert isinstance(why, str) and "no draft model attached" in why
-    drafter = load_drafter(files["related"], trunk, opts)
+    spec, why = REGISTRY.try_create("draft-model", trunk, opts, None)
+    assert spec is None and "no draft model attached" in why
+    drafter = load_drafter(files["related"], trunk)
     spec = REGISTRY.create("draft-model", trunk, opts, drafter)
     assert isinstance(spec, DraftModelSpeculator)
     assert (spec.max_draft_tokens, spec.min_draft_prob) == (5, 0.25)
@@ -358,9 +353,9 @@ def test_real_pair_greedy_equals_plain(real_model_path):
 
     trunk_path = real_model_path("qwen2.5-coder-1.5b")
     target = load_model(trunk_path)
-    drafter = load_drafter(real_model_path("qwen2.5-coder-0.5b"), target, SpecOptions(draft=4))
+    drafter = load_drafter(real_model_path("qwen2.5-coder-0.5b"), target)
     assert not drafter.warnings
-    spec = drafter.make_speculator(target, SpecOptions(draft=4))
+    spec = REGISTRY.create("draft-model", target, SpecOptions(draft=4), drafter)
     tok = Tokenizer.from_gguf(trunk_path)
     for name, text in REAL_PROMPTS.items():
         prompt = tok.encode(text)
@@ -376,29 +371,38 @@ def test_real_mismatched_vocabulary_is_refused(real_model_path):
     qwen = real_model_path("qwen2.5-coder-0.5b")
     target = SimpleNamespace(path=qwen, max_context=4096, vocab_size=151936)  # checked before any weight
     with pytest.raises(BadInput) as e:
-        load_drafter(real_model_path("smollm2-135m"), target, SpecOptions())
+        load_drafter(real_model_path("smollm2-135m"), target)
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("draft model vocabulary differs from the trunk's at token 0:")
 
 
-def test_drafter_weights_default_to_auto_and_env_overrides(files, trunk, monkeypatch):
+def test_drafter_weights_default_to_auto_and_env_overrides(files, monkeypatch):
     """By default a drafter loads like a trunk (native kernels where they run); lossy int4 is an
-    option, and the output is exactly the trunk's either way; TSSPEC_DRAFT_WEIGHTS picks another
-    format or is one clear error."""
+    option, and the output is exactly the trunk's either way; TSSPEC_DRAFT_WEIGHTS (resolved by
+    tsspec.settings, passed down by the session) picks another format or is one clear error."""
     from tsspec import kernels
     from tsspec.errors import BadInput
+    from tsspec.session import Session
+    from tsspec.settings import resolve_run
 
-    drafter = load_drafter(files["related"], trunk, SpecOptions(draft=4))
+    def session():
+        return Session.open(resolve_run(model=str(files["trunk"])))
+
+    s = session()
+    trunk = s.target
+    drafter = s.load_drafter(files["related"])
     if kernels.available():
         assert drafter.model.blocks[0].qkv.fmt == "gguf"
     monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "int4")
-    drafter = load_drafter(files["related"], trunk, SpecOptions(draft=4))
+    s = session()
+    assert s.config.draft_weights == "int4"
+    drafter = s.load_drafter(files["related"])
     assert drafter.model.blocks[0].qkv.fmt == "int4"
-    spec = drafter.make_speculator(trunk, SpecOptions(draft=4))
+    spec = REGISTRY.create("draft-model", s.target, SpecOptions(draft=4), drafter)
     for prompt in PROMPTS[:2]:
-        assert decode(trunk, Sampler(), prompt, N_TOKENS, speculator=spec, window=4) == decode(trunk, Sampler(), prompt, N_TOKENS)
+        assert decode(s.target, Sampler(), prompt, N_TOKENS, speculator=spec, window=4) == decode(trunk, Sampler(), prompt, N_TOKENS)
     monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "bf16")
-    assert load_drafter(files["related"], trunk, SpecOptions()).model.blocks[0].qkv.fmt == "bf16"
+    assert session().load_drafter(files["related"]).model.blocks[0].qkv.fmt == "bf16"
     monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "int3")
     with pytest.raises(BadInput, match="TSSPEC_DRAFT_WEIGHTS"):
-        load_drafter(files["related"], trunk, SpecOptions())
+        resolve_run()

@@ -24,6 +24,7 @@ from tsspec.sampling import Sampler, SamplingParams
 from tsspec.spec.draft_head import DraftHeadSpeculator, gate_confidence
 from tsspec.spec.loop import decode
 from tsspec.spec.protocols import DraftHeadKind
+from tsspec.spec.registry import REGISTRY
 from tsspec.spec.stats import SpecStats
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -161,9 +162,9 @@ def test_separate_head_file_attaches(mtp_file, tmp_path, arch):
     assert builtin_head(trunk) is None
     head_path = write_nextn_only(tmp_path / "head.gguf", hf, arch=arch)
     opts = SpecOptions(draft=3, pmin=0.0)
-    drafter = load_drafter(head_path, trunk, opts)
+    drafter = load_drafter(head_path, trunk)
     assert drafter.speculator_name == "draft-head"
-    spec = drafter.make_speculator(trunk, opts)
+    spec = REGISTRY.create("draft-head", trunk, opts, drafter)
     plain, _ = _run(trunk, SAMPLERS["greedy"])
     out, st = _run(trunk, SAMPLERS["greedy"], spec)
     assert out == plain and st.drafted > 0

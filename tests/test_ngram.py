@@ -141,7 +141,6 @@ def test_speculator_satisfies_protocol_and_flags():
     assert s.name == "ngram"
     assert s.default_min_draft_prob == 0.0 and s.min_draft_prob == 0.0
     assert s.needs_hidden_state is False and s.taps == ()
-    assert s.handles_own_prefill is False
     assert s.can_arm_after_prefix_reuse is True
     assert s.default_accept_rule == "match"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tiny import write_tiny_model
 from tsspec.bench import provenance
 from tsspec.models import load_model
+from tsspec.settings import resolve_run
 
 CPUINFO = ("processor : 0\nmodel name : AMD EPYC 9654 96-Core Processor\n"
            "flags : fpu sse2 avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx512_bf16 sha_ni\n"
@@ -39,5 +40,5 @@ def test_weight_formats_count_what_was_used(tmp_path, monkeypatch):
     path = write_tiny_model(tmp_path / "m.gguf", arch="llama", quant="Q8_0")
     formats = provenance.weight_formats(load_model(path))
     assert formats and all(k.startswith("gguf:") for k in formats), formats
-    monkeypatch.setenv("TSSPEC_WEIGHTS", "f32")
-    assert set(provenance.weight_formats(load_model(path))) == {"f32"}
+    monkeypatch.setenv("TSSPEC_WEIGHTS", "f32")  # read by tsspec.settings, passed to the loader
+    assert set(provenance.weight_formats(load_model(path, fmt=resolve_run().weights))) == {"f32"}

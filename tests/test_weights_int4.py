@@ -235,14 +235,18 @@ def test_tiny_q4_speculative_equals_plain(tiny_q4, backend):
 
 
 def test_env_selects_auto(monkeypatch, tiny_q4):
+    from tsspec.settings import resolve_run
+
     monkeypatch.setenv("TSSPEC_WEIGHTS", "auto")
-    m = load_model(tiny_q4)
+    m = load_model(tiny_q4, fmt=resolve_run().weights)  # the variable is read by tsspec.settings
     assert m.blocks[0].qkv.fmt == "gguf"  # this machine kind has a compiler: the native kernels
 
 
 def test_env_selects_auto_without_native(monkeypatch, tiny_q4, no_native):
+    from tsspec.settings import resolve_run
+
     monkeypatch.setenv("TSSPEC_WEIGHTS", "auto")
-    m = load_model(tiny_q4)
+    m = load_model(tiny_q4, fmt=resolve_run().weights)  # the variable is read by tsspec.settings
     assert m.blocks[0].qkv.fmt == "int4"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -43,19 +42,6 @@ def warn(msg: str) -> None:
     err.print(f"[yellow]warning:[/] {escape(msg)}", highlight=False, soft_wrap=True)
 
 
-def set_threads(threads: int | None) -> None:
-    import torch
-
-    if threads is not None:
-        most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
-        if not 1 <= threads <= most:  # torch/OpenMP crash on absurd counts (100000 segfaults)
-            raise BadInput(f"--threads must be between 1 and {most} ({MAX_THREADS_PER_CPU} per CPU), got {threads}")
-        torch.set_num_threads(threads)
-
-
-MAX_THREADS_PER_CPU = 4
-
-
 def utf8_text(text: str, what: str) -> str:
     """``text`` if it is valid Unicode; a prompt from argv, stdin or a file with bytes that are not
     UTF-8 (Python keeps them as lone surrogates) is refused here rather than inside the tokenizer."""
@@ -69,68 +55,26 @@ def utf8_text(text: str, what: str) -> str:
 # ----------------------------------------------------------------------------- loading
 
 
-def load_session(model: str | None, *, weights: str | None, ctx_size: int | None, progress: bool = True):
-    """-> (GGUFFile, target, tokenizer) for a model path or known name (default pulled on first use)."""
-    from .gguf_file import GGUFFile
-    from .hub import resolve_model
-    from .models import load_model
-    from .tokenizer import Tokenizer
+def open_session(config, *, progress: bool = True):
+    """The run's ``Session`` (the trunk loaded, threads applied), with this command line's spinner,
+    download progress and warnings."""
+    from .session import Session
 
-    from .weights import FORMATS
+    def loading(path: Path):
+        return err.status(f"loading {path.name}", spinner="dots") if progress else contextlib.nullcontext()
 
-    if weights is not None and weights not in FORMATS:
-        raise BadInput(f"--weights {weights!r}: expected one of {', '.join(FORMATS)}")
-    if ctx_size is not None and ctx_size < 16:
-        raise BadInput("--ctx-size must be >= 16")
-    path = resolve_model(model, progress=progress, console=err)
-    with err.status(f"loading {path.name}", spinner="dots") if progress else contextlib.nullcontext():
-        g = GGUFFile(path)
-        snapshots = os.environ.get("TS_Q35_VERIFY_SNAPSHOTS", "1").strip().lower() not in ("0", "false", "no", "off")
-        target = load_model(g, fmt=weights, n_ctx=ctx_size, verify_snapshots=snapshots)
-        tokenizer = Tokenizer.from_metadata(g.metadata)
-    _notice_without_kernels(weights)
-    return g, target, tokenizer
+    session = Session.open(config, console=err, progress=progress, loading=loading, warn=warn)
+    _notice_without_kernels(config.weights)
+    return session
 
 
-def _notice_without_kernels(weights: str | None) -> None:
+def _notice_without_kernels(weights: str) -> None:
     """One line when "auto" had to fall back to the slower pure-torch formats."""
     from . import kernels
-    from .weights import default_format
 
-    if (weights or default_format()) == "auto" and not kernels.simd():
+    if weights == "auto" and not kernels.simd():
         why = kernels.unavailable_reason() or "this CPU lacks AVX-512 VNNI"
         err.print(f"[yellow]note:[/] native kernels unavailable ({why}); using the pure-torch weight formats (slower)")
-
-
-def build_speculation(opts, target):
-    """-> (speculator, governor, window, accept_rule, notes) for resolved SpecOptions."""
-    from .options import with_window
-    from .spec.governor import SpeculationCostGovernor
-    from .spec.registry import REGISTRY
-
-    if not opts.enabled:
-        return None, None, 0, None, []
-    notes: list[str] = []
-    drafter = None
-    if opts.draft_model:
-        from .drafters import load_drafter
-        from .hub import KNOWN_MODELS, resolve_model
-
-        path = opts.draft_model
-        if not Path(path).exists() and path in KNOWN_MODELS:
-            path = str(resolve_model(path, console=err))
-        drafter = load_drafter(path, target, opts)
-        notes += list(getattr(drafter, "notes", []))
-        for w in getattr(drafter, "warnings", []):
-            warn(w)
-    speculator = REGISTRY.create(opts.type, target, opts, drafter)
-    # the drafter's preferred window (measured for it) first, else the trunk's; --spec-draft wins
-    preferred = getattr(drafter, "preferred_window", None) or getattr(target, "preferred_window", None)
-    opts = with_window(opts, preferred)
-    window = min(opts.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else opts.draft
-    governor = SpeculationCostGovernor(enabled=opts.adaptive)
-    accept = None if opts.accept == "auto" else opts.accept
-    return speculator, governor, window, accept, notes
 
 
 def prompt_encoder(g, tok, *, chat: bool, system: str | None, kwargs: dict, fits=None):
@@ -247,9 +191,8 @@ def generate(
     """Generate text from a prompt, optionally with speculative decoding."""
     from .chat import parse_template_kwargs
     from .display import LiveSink, TextSink, summary_line
-    from .generate import Engine
-    from .options import publish, resolve
     from .sampling import Sampler, SamplingParams
+    from .settings import publish_spec, resolve_run
 
     with user_errors():
         if max_tokens < 1:
@@ -265,10 +208,10 @@ def generate(
             enabled=spec if spec is not None else mtp_spec, type=spec_type, draft=spec_draft, pmin=spec_pmin,
             draft_model=spec_draft_model, accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model,
         )
-        opts, warnings = resolve(flags, os.environ)
-        for w in warnings:
+        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags)
+        for w in config.warnings:
             warn(w)
-        publish(opts)
+        publish_spec(config.spec)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         if (system or kwargs) and not chat:
             warn("--system and --chat-template-kwargs only apply with --chat")
@@ -276,15 +219,15 @@ def generate(
         for text, what in [(system, "--system")] + [(x, "--stop") for x in stop]:
             if text is not None:
                 utf8_text(text, what)
-        set_threads(threads)
-        g, target, tok = load_session(model, weights=weights, ctx_size=ctx_size, progress=not (json_out or quiet))
-        speculator, governor, window, accept, notes = build_speculation(opts, target)
-        for n in notes:
+        session = open_session(config, progress=not (json_out or quiet))
+        speculation = session.speculation()
+        for n in speculation.notes:
             err.print(f"[dim]note: {n}[/]")
-        engine = Engine(target, tok, speculator=speculator, governor=governor, window=window, accept_rule=accept)
+        engine = session.engine(speculation)
+        speculator, governor = speculation.speculator, speculation.governor
 
-        encode = prompt_encoder(g, tok, chat=chat, system=system, kwargs=kwargs,
-                                fits=(max_tokens, target.max_context))
+        encode = prompt_encoder(session.gguf, session.tokenizer, chat=chat, system=system, kwargs=kwargs,
+                                fits=(max_tokens, session.target.max_context))
 
         interactive = sys.stdout.isatty() and not quiet and not json_out
         for pid, text in items:
@@ -319,7 +262,6 @@ def info(
     from .gguf_file import GGUFFile
     from .hub import resolve_model
     from .models import arch_module
-    from .options import SpecOptions
     from .tokenizer import Tokenizer
     from .validate import validate_model
 
@@ -348,25 +290,20 @@ def info(
         t.add_row("chat template", "yes" if tok.chat_template else "no")
         out.print(t)
         if load:
-            from .models import load_model
-            from .spec.registry import REGISTRY
+            from .session import Session
+            from .settings import resolve_run
 
-            with err.status("loading weights", spinner="dots"):
-                target = load_model(g)
-            drafter = None
-            opts = SpecOptions(enabled=True, draft_model=draft_model)
-            if draft_model:
-                from .drafters import load_drafter
-
-                drafter = load_drafter(resolve_model(draft_model, console=err), target, opts)
+            session = Session.open(resolve_run(model=model), gguf=g, console=err, warn=warn,
+                                   loading=lambda _path: err.status("loading weights", spinner="dots"))
+            drafter = session.load_drafter(resolve_model(draft_model, console=err)) if draft_model else None
             s = Table(title="speculators", show_header=True)
             s.add_column("name")
             s.add_column("serves")
             s.add_column("why")
-            for name, ok, why in REGISTRY.explain(target, opts, drafter):
+            for name, ok, why in session.explain(drafter):
                 s.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", why)
             out.print(s)
-            out.print(f"auto would use: {' -> '.join(REGISTRY.auto_order(drafter))} (first that serves)")
+            out.print(f"auto would use: {' -> '.join(session.auto_order(drafter))} (first that serves)")
 
 
 @app.command()
@@ -441,6 +378,7 @@ def bench(
     from .bench.workloads import get_workload, load_workload, workload_names
     from .chat import parse_template_kwargs
     from .sampling import Sampler, SamplingParams
+    from .settings import resolve_run
 
     with user_errors():
         if max_tokens < 2:
@@ -474,10 +412,11 @@ def bench(
             peer_exe = llama_server.llama_tool("llama-server", llama_bin)
         elif peer_spec or llama_bin:
             raise BadInput("--peer-spec and --llama-bin go with --peer llama.cpp")
-        set_threads(threads)
-        g, target, tok = load_session(model, weights=weights, ctx_size=ctx_size)
+        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads)
+        session = open_session(config)
+        g = session.gguf
 
-        encode = prompt_encoder(g, tok, chat=chat, system=system, kwargs=kwargs)
+        encode = prompt_encoder(g, session.tokenizer, chat=chat, system=system, kwargs=kwargs)
         with contextlib.ExitStack() as stack:
             peer_run = None
             if peer_cfgs:
@@ -490,9 +429,9 @@ def bench(
                         peer_cfgs, g.path, exe=peer_exe, threads=_threads(), ctx=ctx_size or 4096,
                         draft_model=draft_path))
             result = _run_bench_rows(
-                target, tok, configs + peer_cfgs, wls, sampler=sampler, max_tokens=max_tokens, encode=encode,
+                session, configs + peer_cfgs, wls, sampler=sampler, max_tokens=max_tokens, encode=encode,
                 draft_model=draft_model, stop_at_eos=stop_at_eos, peer=peer_run,
-                reps=reps, warmup=warmup, base=base, g=g, weights=weights, chat=chat, kwargs=kwargs, temp=temp,
+                reps=reps, warmup=warmup, base=base, chat=chat, kwargs=kwargs, temp=temp,
             )
         report.render_table(result, Console())
         if json_out is not None:
@@ -509,23 +448,25 @@ def bench(
             raise TsspecError("speculative output differed from the baseline: a correctness bug, see the table")
 
 
-def _run_bench_rows(target, tok, configs, wls, *, sampler, max_tokens, encode, draft_model, stop_at_eos, peer,
-                    reps, warmup, base, g, weights, chat, kwargs, temp):
+def _run_bench_rows(session, configs, wls, *, sampler, max_tokens, encode, draft_model, stop_at_eos, peer,
+                    reps, warmup, base, chat, kwargs, temp):
     """The bench's rotation over every configuration (a peer's included), with a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .bench import provenance
     from .bench.engine import make_run_one
     from .bench.runner import file_sha256, run_bench
-    from .drafters.draft_model import draft_weights_format
 
     run_one = make_run_one(
-        target, tok, sampler=sampler, max_tokens=max_tokens, encode=encode,
-        build_speculation=build_speculation, default_draft_model=draft_model, ignore_eos=not stop_at_eos, peer=peer,
+        session, sampler=sampler, max_tokens=max_tokens, encode=encode,
+        default_draft_model=draft_model, ignore_eos=not stop_at_eos, peer=peer,
     )
-    extra = {"max_tokens": max_tokens, "threads": _threads(), "weights_requested": weights,
-             "weights": provenance.weight_formats(target), "draft_weights": draft_weights_format(),
-             "chat": chat, "template_kwargs": kwargs, "temperature": temp}
+    g, cfg = session.gguf, session.config
+    # the formats from the resolved configuration (flag > environment > default), and what the
+    # trunk's products actually run on (``auto`` resolves per tensor)
+    extra = {"max_tokens": max_tokens, "threads": _threads(), "weights_requested": cfg.weights,
+             "weights": provenance.weight_formats(session.target), "draft_weights": cfg.draft_weights,
+             "settings": cfg.provenance(), "chat": chat, "template_kwargs": kwargs, "temperature": temp}
     if peer is not None:
         extra["peer"] = peer.provenance()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -195,9 +195,11 @@ def _did_you_mean(name: str) -> str:
 
 def cache_dir() -> Path:
     """``$TSSPEC_CACHE`` if set (and non-empty), else ``~/.cache/tsspec/models``; created on demand."""
-    env = os.environ.get("TSSPEC_CACHE")
-    d = Path(env).expanduser() if env else Path.home() / ".cache" / "tsspec" / "models"
-    where = "$TSSPEC_CACHE" if env else "the model cache"
+    from .settings import cache_root
+
+    root = cache_root()
+    d = root if root is not None else Path.home() / ".cache" / "tsspec" / "models"
+    where = "$TSSPEC_CACHE" if root is not None else "the model cache"
     try:
         d.mkdir(parents=True, exist_ok=True)
     except FileExistsError:

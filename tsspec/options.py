@@ -2,13 +2,14 @@
 
 Every setting has a flag and an environment variable published under two families, ``TS_SPEC_*``
 and ``TS_MTP_*`` (the second is a cross-language contract, not only a legacy alias). Resolution is a
-pure function: a flag beats the environment; if the two families disagree, ``TS_SPEC_*`` wins and
-a warning says so. The resolved values are published back under both names for child processes.
+pure function of the flags and an environment *mapping*: a flag beats the environment; if the two
+families disagree, ``TS_SPEC_*`` wins and a warning says so. The resolved values are published back
+under both names for child processes. This module never touches ``os.environ`` itself:
+``tsspec.settings`` is the one reader (and writer) of the process environment.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, MutableMapping
 
@@ -160,9 +161,9 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> tuple[SpecOptio
     return opts, warnings
 
 
-def publish(opts: SpecOptions, env: MutableMapping[str, str] | None = None) -> None:
-    """Write the resolved settings under both families, for child processes (and native loaders)."""
-    env = os.environ if env is None else env
+def publish(opts: SpecOptions, env: MutableMapping[str, str]) -> None:
+    """Write the resolved settings under both families into ``env`` (``tsspec.settings.publish_spec``
+    passes the process environment, for child processes)."""
     values = {
         "SPEC": "1" if opts.enabled else "0",
         "TYPE": opts.type,

@@ -22,8 +22,6 @@ Decode reads a quarter of the bytes a bf16 weight needs, so a 1-row product is ~
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -49,17 +47,10 @@ _QS_OFFSET = {"Q4_0": 2, "Q4_1": 4, "Q4_K": 16}
 INT4_DTYPE = torch.bfloat16
 
 
-# int4 for the file's 4-bit tensors, bf16 for the rest: measured ~2x plain decode on Q4 files
+# the format when none is asked for; the operator's choice (--weights, TSSPEC_WEIGHTS) is resolved
+# by ``tsspec.settings`` and arrives here as an explicit argument: nothing in this module reads the
+# environment
 DEFAULT_FORMAT = "auto"
-
-
-def default_format() -> str:
-    fmt = os.environ.get("TSSPEC_WEIGHTS", DEFAULT_FORMAT).strip().lower()
-    if fmt not in FORMATS:
-        from .errors import BadInput
-
-        raise BadInput(f"TSSPEC_WEIGHTS={fmt!r}: expected one of {', '.join(FORMATS)}")
-    return fmt
 
 
 def pad_rows(x: torch.Tensor, min_rows: int, multiple: int = 1) -> torch.Tensor:
@@ -158,8 +149,9 @@ def gguf_native(type_name: str, shape: tuple[int, ...]) -> bool:
 
 def load_format(fmt: str | None) -> str:
     """The format to load a weight with, given a requested one or a ``Linear``'s backend name
-    (drafters load in their trunk's format: a trunk on the ``gguf`` backend was loaded as "auto")."""
-    fmt = fmt or default_format()
+    (drafters load in their trunk's format: a trunk on the ``gguf`` backend was loaded as "auto");
+    None: ``DEFAULT_FORMAT``."""
+    fmt = fmt or DEFAULT_FORMAT
     return "auto" if fmt == "gguf" else fmt
 
 

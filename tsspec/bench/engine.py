@@ -1,8 +1,8 @@
 """Binding the engine-agnostic bench method to tsspec's own engine.
 
-One target model is loaded once and shared by every configuration (each run starts from an empty
-cache); each configuration gets its own speculator and governor, built exactly as ``generate``
-builds them, so a bench row measures what a user would run.
+One ``tsspec.session.Session`` (the trunk loaded once) is shared by every configuration (each run
+starts from an empty cache); each configuration gets its own speculator and governor from the
+session, exactly as ``generate`` gets them, so a bench row measures what a user would run.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..errors import TsspecError
 from ..generate import Engine
-from ..options import SpecOptions, DRAFT_DEFAULT
+from ..options import DRAFT_DEFAULT, SpecOptions
 from ..sampling import Sampler
 from .configs import BenchConfig
 from .runner import RunRecord
@@ -34,27 +34,23 @@ def spec_options(c: BenchConfig, default_draft_model: str | None) -> SpecOptions
 
 
 def make_run_one(
-    target,
-    tokenizer,
+    session,
     *,
     sampler: Sampler,
     max_tokens: int,
     encode: Callable[[str], list[int]],
-    build_speculation: Callable,
     default_draft_model: str | None = None,
     ignore_eos: bool = False,
     peer=None,
 ) -> Callable[[BenchConfig, Prompt], RunRecord]:
-    """``run_one`` for the bench: tsspec's configurations on ``target``; a peer engine's (``peer``, a
-    started ``tsspec.bench.llama_server.Peer``) on the same prompt ids and budget."""
+    """``run_one`` for the bench: tsspec's configurations on the ``session``'s trunk; a peer engine's
+    (``peer``, a started ``tsspec.bench.llama_server.Peer``) on the same prompt ids and budget."""
     engines: dict[str, Engine] = {}
     encoded: dict[str, list[int]] = {}
 
     def engine_for(c: BenchConfig) -> Engine:
         if c.name not in engines:
-            opts = spec_options(c, default_draft_model)
-            spec, gov, window, accept, _notes = build_speculation(opts, target)
-            engines[c.name] = Engine(target, tokenizer, speculator=spec, governor=gov, window=window, accept_rule=accept)
+            engines[c.name] = session.engine(session.speculation(spec_options(c, default_draft_model)))
         return engines[c.name]
 
     def run_peer(c: BenchConfig, ids: list[int]) -> RunRecord:

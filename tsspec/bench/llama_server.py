@@ -44,8 +44,9 @@ def llama_tool(name: str, bin_dir: str | os.PathLike | None = None) -> Path:
     if bin_dir:
         d = Path(bin_dir).expanduser()
     else:
-        root = os.environ.get("LLAMA_CPP_DIR") or str(Path.home() / ".cache" / "tsspec-peer" / "llama.cpp")
-        d = Path(root).expanduser() / "build" / "bin"
+        from ..settings import llama_cpp_dir
+
+        d = llama_cpp_dir() / "build" / "bin"
     exe = d / name
     if not (exe.is_file() and os.access(exe, os.X_OK)):
         raise BadInput(f"{name} not found in {d}; build llama.cpp with `{PEER_BUILD}` (it prints the bin "

@@ -4,7 +4,9 @@ machine (recorded in ``tsspec bench``'s JSON and by ``scripts/bench_vs_llamacpp.
 * ``git_state()``: the tsspec checkout's commit and its changed paths (untracked ones too: a new
   kernel file changes the numbers); ``None`` fields outside a git checkout.
 * ``cpu()``: model name and the SIMD flags the kernels care about.
-* ``spec_env()``: every ``TSSPEC_*``, ``TS_SPEC_*`` and ``TS_MTP_*`` variable in force.
+* ``spec_env()``: every ``TSSPEC_*``, ``TS_SPEC_*``, ``TS_MTP_*``, ``TS_DFLASH_*`` and ``TS_Q35_*``
+  variable in force (the resolved settings themselves are recorded by the caller, from
+  ``tsspec.settings.RunConfig``).
 * ``weight_formats(model)``: the formats a loaded model's products actually use, counted (not the
   format that was asked for: ``auto`` resolves per tensor, and that is what a reader needs).
 * ``machine_info()``: platform, core counts and library versions.
@@ -25,7 +27,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-ENV_PREFIXES = ("TSSPEC_", "TS_SPEC_", "TS_MTP_")
+from ..settings import RECORDED_PREFIXES, recorded_env
+
+ENV_PREFIXES = RECORDED_PREFIXES
 # the CPU features the native kernels test for, or whose absence explains a slow run
 SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni")
 REPO = Path(__file__).resolve().parents[2]
@@ -81,8 +85,8 @@ def cpu() -> dict[str, Any]:
 
 
 def spec_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    env = os.environ if environ is None else environ
-    return {k: env[k] for k in sorted(env) if k.startswith(ENV_PREFIXES)}
+    """Every tsspec variable in ``environ`` (default: the process's, read by ``tsspec.settings``)."""
+    return recorded_env(environ)
 
 
 def weight_formats(model: Any) -> dict[str, int]:

@@ -6,15 +6,19 @@ The attached file's ``general.architecture`` decides what it is, never its name:
 * ``dflash`` -> a block drafter (``block``);
 * a file holding only NextN/MTP tensors -> a per-token draft head (``draft-head``).
 
-Each adapter module exposes ``load(g: GGUFFile, target, options) -> Drafter``; a ``Drafter`` has a
-``speculator_name`` (which registry entry serves it) and ``make_speculator(target, options)``, and
-may carry a ``draft_head`` (layer 3) for the speculators that drive one.
+Adapters only load and validate weights: each module exposes
+``load(g: GGUFFile, target, options: DrafterOptions) -> Drafter``, and ``tsspec.spec.registry``
+builds the speculator that drives a drafter. Every ``Drafter`` has the attributes of the
+``Drafter`` protocol below. Nothing here reads the environment: ``DrafterOptions`` comes from the
+resolved run configuration (``tsspec.settings.RunConfig``).
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
@@ -26,7 +30,29 @@ ADAPTERS = {
 LANGUAGE_MODEL_ADAPTER = "tsspec.drafters.draft_model"
 
 
-def load_drafter(path: str | Path, target, options):
+@dataclass(frozen=True)
+class DrafterOptions:
+    """How to load a drafter. A draft model loads in ``weights``; a draft head or a block drafter
+    reads the trunk's activations and borrows its embedding and head, so it loads in the trunk's
+    format. The two DFlash2 switches exist for attribution only (the weights were trained with both)."""
+
+    weights: str = "auto"
+    dflash_conv: bool = True
+    dflash_selector: bool = True
+
+
+class Drafter(Protocol):
+    """What every adapter's ``load`` returns."""
+
+    speculator_name: str  # the registry entry that serves it ("draft-model", "block", "draft-head")
+    draft_head: Any  # a ``DraftHead`` (layer 3) the speculator drives, or None (a draft model)
+    path: Any  # the file it was loaded from
+    notes: list[str]  # what was allowed or found, for the operator
+    warnings: list[str]  # what is likely to go badly
+    preferred_window: int | None  # a measured best draft window, or None (the trunk's or the default)
+
+
+def load_drafter(path: str | Path, target, options: DrafterOptions | None = None) -> Drafter:
     """Open a drafter file and bind it to ``target``; incompatibility is one clear error."""
     from ..models import ARCHITECTURES
 
@@ -50,4 +76,4 @@ def load_drafter(path: str | Path, target, options):
         mod = importlib.import_module(module)
     except ModuleNotFoundError:
         raise ModelFileError(f"{g.path.name}: {arch} drafters are not supported yet") from None
-    return mod.load(g, target, options)
+    return mod.load(g, target, options or DrafterOptions())

@@ -75,7 +75,6 @@ hidden size, target layers or fc width do not fit the trunk it is attached to.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -87,21 +86,17 @@ import torch.nn.functional as F
 from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
 from ..models.base import apply_rope, rms_norm
+from ..settings import ENV_DFLASH_CONV as ENV_CONV, ENV_DFLASH_SELECTOR as ENV_SELECTOR
 from ..spec.protocols import DraftHeadKind
 from ..validate import MAX_DIM, typed_value
 from ..weights import Linear, load_format, to_tensor
+from . import DrafterOptions
 
 ARCH = "dflash"
-ENV_SELECTOR = "TS_DFLASH_SELECTOR"
-ENV_CONV = "TS_DFLASH_CONV"
 MAX_TAPS = 256  # target layers a drafter may read (real ones read a handful)
 
 # pick(e, row [vocab]) -> token: how the walk turns block position e's scores into a draft token
 Pick = Callable[[int, torch.Tensor], int]
-
-
-def _env_on(name: str) -> bool:
-    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 # ----------------------------------------------------------------------------- config
@@ -598,16 +593,18 @@ class DFlashHead:
 
 
 class DFlashDrafter:
-    """What ``load_drafter`` returns for a dflash file: served by the ``block`` speculator."""
+    """What ``load_drafter`` returns for a dflash file: served by the registry's ``block`` entry."""
 
     speculator_name = "block"
+    preferred_window = None  # the trunk's, else the default
 
     def __init__(self, model: DFlashModel, target, path=None):
         self.model = model
         self.cfg = model.cfg
         self.draft_head = DFlashHead(model)
         self.path = path
-        self._target_shape = (target.hidden_size, target.n_layers, target.vocab_size)
+        # (hidden, layers, vocab) of the trunk it was bound to: it drafts for that trunk only
+        self.target_shape = (target.hidden_size, target.n_layers, target.vocab_size)
         self.notes = [f"{Path(str(path)).name if path else 'drafter'}: {self.describe()}"]
         self.warnings = []
         pieces = ((model.conv_enabled, model.has_conv, ENV_CONV, "convolution"),
@@ -631,24 +628,6 @@ class DFlashDrafter:
             parts.append(f"selector r={cfg.selector_rank}/top-{cfg.selector_top_k}"
                          + ("" if self.model.selector_enabled else " (off)"))
         return ", ".join(parts)
-
-    def make_speculator(self, target, options):
-        """A ``BlockSpeculator`` over this drafter, or a decline reason for a different trunk."""
-        from ..spec.block import BlockSpeculator
-
-        shape = (target.hidden_size, target.n_layers, target.vocab_size)
-        if shape != self._target_shape:
-            return (f"the dflash drafter was bound to a trunk with hidden {self._target_shape[0]}, "
-                    f"{self._target_shape[1]} layers, vocab {self._target_shape[2]}; this one has "
-                    f"{shape[0]}, {shape[1]}, {shape[2]}")
-        accept = getattr(options, "accept", "auto")
-        return BlockSpeculator(
-            self.draft_head,
-            taps=self.cfg.target_layers,
-            max_draft_tokens=getattr(options, "draft", 8),
-            min_draft_prob=getattr(options, "pmin", None),
-            sample_drafts=accept == "residual",
-        )
 
 
 # ----------------------------------------------------------------------------- loading
@@ -692,8 +671,10 @@ def _int_tensor(g: GGUFFile, name: str) -> torch.Tensor:
     raise ModelFileError(f"{g.path.name}: missing tensor {name!r}")
 
 
-def load(g: GGUFFile, target, options=None, *, fmt: str | None = None) -> DFlashDrafter:
-    """Read a dflash GGUF and bind it to ``target`` (a trunk exposing ``embed`` and ``lm_head``)."""
+def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str | None = None) -> DFlashDrafter:
+    """Read a dflash GGUF and bind it to ``target`` (a trunk exposing ``embed`` and ``lm_head``);
+    ``fmt`` (default: the trunk's) is the format of the drafter's own weights."""
+    options = options or DrafterOptions()
     name = g.path.name
     for marker, what in (("markov_w1.weight", "DSpark Markov head"), ("blk.0.attn_sinks.weight", "attention sinks")):
         if g.has_tensor(marker):
@@ -829,6 +810,6 @@ def load(g: GGUFFile, target, options=None, *, fmt: str | None = None) -> DFlash
         embed=embed, lm_head=lm_head, vocab_size=vocab, ring_rows=ring_rows, d2t=d2t,
         selector=selector, path=g.path,
     )
-    model.conv_enabled = _env_on(ENV_CONV)
-    model.selector_enabled = _env_on(ENV_SELECTOR)
+    model.conv_enabled = options.dflash_conv
+    model.selector_enabled = options.dflash_selector
     return DFlashDrafter(model, target, path=g.path)

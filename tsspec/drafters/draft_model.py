@@ -17,8 +17,14 @@ Contract:
   Anything else is one ``BadInput`` naming the first difference. What was allowed is listed in
   ``drafter.notes``; ``drafter.warnings`` says when the drafter is heavier than the trunk or has a
   shorter context (drafting then stops where the drafter's context ends).
-* The drafter is loaded with ``load_model(g, n_ctx=target.max_context, fmt=draft_weights_format())``:
-  its own KV cache, and the trunk's default weight format (``TSSPEC_DRAFT_WEIGHTS`` overrides).
+* The drafter is loaded with ``load_model(g, n_ctx=target.max_context, fmt=options.weights)``:
+  its own KV cache, in the format the run configuration resolved (``TSSPEC_DRAFT_WEIGHTS``,
+  default ``auto`` like the trunk's). The ``draft-model`` registry entry builds its speculator.
+
+Why ``auto`` by default: a drafter only guesses, so its precision costs some acceptance, never
+correctness; its speed relative to the trunk is what decides the win, and since the native kernels
+``int4`` (torch's kernel) is the slower one: qwen2.5-coder-0.5b drafting for 1.5b, decode-only
+0.78x -> 0.89x on prose and 0.81x -> 0.97x on grounded prompts (12 prompts each).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any, Mapping
 
 from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
+from . import DrafterOptions
 
 MAX_PADDING_TOKENS = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 UNUSED = 5  # gguf TokenType.UNUSED
@@ -38,7 +45,7 @@ SPECIAL_IDS = ("bos", "eos", "eot")
 
 @dataclass
 class DraftModelDrafter:
-    """A loaded draft model bound to a trunk; ``make_speculator`` gives the loop its speculator."""
+    """A loaded draft model bound to a trunk (served by the registry's ``draft-model`` entry)."""
 
     model: Any  # TransformerModel with its own KV cache
     path: Any
@@ -48,17 +55,8 @@ class DraftModelDrafter:
     speculator_name: str = "draft-model"
     # measured best window (scripts/bench_draft_model.py, Qwen2.5-Coder 0.5B -> 1.5B, code);
     # the caller applies it with ``options.with_window`` unless the user chose a window
-    preferred_window: int = 4
-
-    def make_speculator(self, target, options):
-        from ..spec.draft_model import DraftModelSpeculator
-
-        return DraftModelSpeculator(
-            self.model,
-            vocab_size=self.trunk_vocab,
-            max_draft_tokens=getattr(options, "draft", 8),
-            min_draft_prob=getattr(options, "pmin", None),
-        )
+    preferred_window: int | None = 4
+    draft_head: Any = None  # a whole language model drafts; there is no head to drive
 
 
 def _is_padding(text: str, ttype: int | None) -> bool:
@@ -138,25 +136,7 @@ def _file_bytes(g: GGUFFile) -> int:
     return sum(g.tensor_info(n).n_bytes for n in g.tensor_names())
 
 
-def draft_weights_format() -> str:
-    """The drafter's weight format: ``auto`` (the file's own blocks on the native kernels, like the
-    trunk) unless ``TSSPEC_DRAFT_WEIGHTS`` says otherwise (``int4``: lossy 4-bit for every tensor).
-    A drafter only guesses, so its precision costs some acceptance, never correctness; its speed
-    relative to the trunk is what decides the win, and since the native kernels ``int4`` (torch's
-    kernel) is the slower one: qwen2.5-coder-0.5b drafting for 1.5b, decode-only 0.78x -> 0.89x on
-    prose and 0.81x -> 0.97x on grounded prompts (12 prompts each)."""
-    import os
-
-    from ..errors import BadInput
-    from ..weights import FORMATS
-
-    fmt = os.environ.get("TSSPEC_DRAFT_WEIGHTS", "auto").strip().lower()
-    if fmt not in FORMATS:
-        raise BadInput(f"TSSPEC_DRAFT_WEIGHTS={fmt!r}: expected one of {', '.join(FORMATS)}")
-    return fmt
-
-
-def load(g: GGUFFile, target, options) -> DraftModelDrafter:
+def load(g: GGUFFile, target, options: DrafterOptions) -> DraftModelDrafter:
     from ..models import ARCHITECTURES, load_model
 
     if g.arch not in ARCHITECTURES:
@@ -174,7 +154,7 @@ def load(g: GGUFFile, target, options) -> DraftModelDrafter:
     else:
         notes.append("the trunk has no file to compare token lists with; only vocabulary sizes were checked")
 
-    model = load_model(g, n_ctx=target.max_context, fmt=draft_weights_format())
+    model = load_model(g, n_ctx=target.max_context, fmt=options.weights)
     tv, dv = int(target.vocab_size), int(model.vocab_size)
     n_tokens = len(g.get("tokenizer.ggml.tokens") or [])
     if trunk_file is None and tv != dv:

@@ -150,23 +150,22 @@ class NextNHead:
 
 
 class NextNDrafter:
-    """A separate draft-head GGUF bound to its target."""
+    """A separate draft-head GGUF bound to its target (served by the registry's ``draft-head`` entry)."""
 
     speculator_name = "draft-head"
+    preferred_window = None  # the trunk's, else the default
 
-    def __init__(self, head: NextNHead):
+    def __init__(self, head: NextNHead, path=None):
         self.draft_head = head
-
-    def make_speculator(self, target, options):
-        from ..spec.draft_head import DraftHeadSpeculator
-
-        return DraftHeadSpeculator.build(target, self.draft_head, options)
+        self.path = path
+        self.notes: list[str] = []
+        self.warnings: list[str] = []
 
 
-def load(g: GGUFFile, target, options) -> NextNDrafter:
+def load(g: GGUFFile, target, options=None) -> NextNDrafter:
     """Bind a NextN/MTP-only GGUF to ``target`` (shapes must match; embeddings/head are borrowed)."""
     fmt = getattr(target, "weight_format", None)  # the trunk's format
-    return NextNDrafter(NextNHead.from_gguf(g, target, fmt=fmt))
+    return NextNDrafter(NextNHead.from_gguf(g, target, fmt=fmt), path=g.path)
 
 
 _BUILTIN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -43,14 +43,17 @@ _force_off = False  # tests set this to exercise the pure-torch fallback in one 
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("TSSPEC_CACHE")
-    root = Path(base) if base else Path.home() / ".cache" / "tsspec"
-    return root / "kernels"
+    from ..settings import cache_root
+
+    root = cache_root()
+    return (root if root is not None else Path.home() / ".cache" / "tsspec") / "kernels"
 
 
 def _compiler() -> str | None:
-    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if cc and shutil.which(cc):
+    from ..settings import c_compilers
+
+    for cc in c_compilers():
+        if shutil.which(cc):
             return cc
     return None
 
@@ -112,10 +115,9 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 def _enabled() -> bool:
     """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
-    from ..options import parse_bool
+    from ..settings import kernels_enabled
 
-    raw = os.environ.get("TSSPEC_KERNELS", "")
-    return True if not raw.strip() else parse_bool("TSSPEC_KERNELS", raw)
+    return kernels_enabled()
 
 
 def lib() -> ctypes.CDLL | None:

@@ -51,7 +51,6 @@ class BlockSpeculator:
     min_draft_prob = MinDraftProb()
     default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
     needs_hidden_state = True
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True  # the drafter's ring refills from the forwarded suffix
     default_accept_rule = "match"
 

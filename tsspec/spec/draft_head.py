@@ -39,7 +39,6 @@ class DraftHeadSpeculator:
     min_draft_prob = MinDraftProb()
     default_min_draft_prob = DEFAULT_PMIN
     needs_hidden_state = True
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = False  # the head's cache needs every position's trunk row
     default_accept_rule = "match"
 

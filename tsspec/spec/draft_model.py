@@ -65,7 +65,6 @@ class DraftModelSpeculator:
     min_draft_prob = MinDraftProb()
     default_min_draft_prob = DEFAULT_MIN_DRAFT_PROB
     needs_hidden_state = False
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = False  # its KV cache must cover the whole sequence
     default_accept_rule = "match"
 
@@ -214,11 +213,3 @@ class DraftModelSpeculator:
         per = self.forward_rows / self.forwards if self.forwards else 0.0
         return (f"draft-model: {self.proposals} proposals, {self.drafted} tokens drafted, "
                 f"{self.forwards} drafter forwards ({per:.2f} rows each), {self.draft_ms:.0f} ms")
-
-
-def registry_factory(target, options, drafter):
-    """The ``draft-model`` registry entry: the attached language-model drafter, or why not."""
-    if getattr(drafter, "speculator_name", None) != "draft-model":
-        return ("no draft model attached (--draft-model PATH or a known model name whose "
-                "architecture is a language model)")
-    return drafter.make_speculator(target, options)

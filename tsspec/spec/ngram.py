@@ -178,7 +178,6 @@ class NGramSpeculator:
     min_draft_prob = MinDraftProb()
     default_min_draft_prob = 0.0
     needs_hidden_state = False
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True  # the token history is complete whatever the KV cache did
     default_accept_rule = "match"  # no draft distribution: accept while the drawn token matches
 

@@ -133,7 +133,6 @@ class Speculator(Protocol):
     min_draft_prob: float
     default_min_draft_prob: float
     needs_hidden_state: bool  # wants trunk hidden rows (taps) with every verify
-    handles_own_prefill: bool
     can_arm_after_prefix_reuse: bool
     default_accept_rule: str  # "match" or "residual"
 

@@ -1,9 +1,11 @@
-"""Speculator registry: the only place that knows which algorithms exist.
+"""Speculator registry: the only place that knows which algorithms exist, and the one place that
+builds speculators (drafter adapters in ``tsspec.drafters`` only load and validate weights).
 
 A factory takes ``(target, options, drafter)`` and returns a ``Speculator`` or a *decline reason*:
-one sentence an operator can act on. ``auto`` asks the attached drafter file first (its
-``general.architecture`` decides what it is), then a draft head the checkpoint carries, then
-n-gram, which works on every model.
+one sentence an operator can act on. ``auto`` asks the attached drafter first (its
+``speculator_name``, decided by its file's ``general.architecture``), then a draft head the
+checkpoint carries, then n-gram, which works on every model. ``drafter`` is None or has the
+attributes of ``tsspec.drafters.Drafter``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ class Entry:
     name: str
     factory: Factory
     description: str
-    requires_draft_head: bool = False
 
 
 class SpeculatorDeclined(BadInput):
@@ -33,8 +34,8 @@ class SpeculatorRegistry:
     def __init__(self) -> None:
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, factory: Factory, description: str, *, requires_draft_head: bool = False) -> None:
-        self._entries[name] = Entry(name, factory, description, requires_draft_head)
+    def register(self, name: str, factory: Factory, description: str) -> None:
+        self._entries[name] = Entry(name, factory, description)
 
     def names(self) -> list[str]:
         return list(self._entries)
@@ -69,9 +70,8 @@ class SpeculatorRegistry:
     def auto_order(self, drafter) -> list[str]:
         """What ``auto`` tries, in order: the attached drafter's algorithm, a built-in head, n-gram."""
         order = []
-        kind = getattr(drafter, "speculator_name", None)
-        if kind:
-            order.append(kind)
+        if drafter is not None:
+            order.append(drafter.speculator_name)
         for name in ("draft-head", "ngram"):
             if name in self._entries and name not in order:
                 order.append(name)
@@ -98,6 +98,10 @@ REGISTRY = SpeculatorRegistry()
 # ----------------------------------------------------------------------------- built-in entries
 
 
+def _attached(drafter, name: str) -> bool:
+    return drafter is not None and drafter.speculator_name == name
+
+
 def _ngram(target, options, drafter):
     from .ngram import NGramSpeculator
 
@@ -107,13 +111,14 @@ def _ngram(target, options, drafter):
 def _draft_head(target, options, drafter):
     from ..drafters.nextn import builtin_head
 
-    head = getattr(drafter, "draft_head", None) or builtin_head(target)
+    # an attached head file first, else one the checkpoint carries (a draft model has no head)
+    head = (drafter.draft_head if drafter is not None else None) or builtin_head(target)
     if head is None:
         return ("the model carries no draft head (no NextN/MTP tensors) and no draft-head GGUF "
                 "was attached with --spec-draft-model")
     from .protocols import DraftHeadKind
 
-    if getattr(head, "kind", None) is not DraftHeadKind.PER_TOKEN:
+    if head.kind is not DraftHeadKind.PER_TOKEN:
         return "the attached drafter is a block drafter, not a per-token head (use --spec-type block)"
     from .draft_head import DraftHeadSpeculator
 
@@ -121,18 +126,38 @@ def _draft_head(target, options, drafter):
 
 
 def _block(target, options, drafter):
-    if drafter is None or getattr(drafter, "speculator_name", None) != "block":
+    if not _attached(drafter, "block"):
         return "no block drafter attached (--draft-model PATH with general.architecture = dflash)"
-    return drafter.make_speculator(target, options)
+    shape, bound = (target.hidden_size, target.n_layers, target.vocab_size), drafter.target_shape
+    if shape != bound:
+        return (f"the dflash drafter was bound to a trunk with hidden {bound[0]}, {bound[1]} layers, "
+                f"vocab {bound[2]}; this one has {shape[0]}, {shape[1]}, {shape[2]}")
+    from .block import BlockSpeculator
+
+    return BlockSpeculator(
+        drafter.draft_head,
+        taps=drafter.taps,
+        max_draft_tokens=options.draft,
+        min_draft_prob=options.pmin,
+        sample_drafts=options.accept == "residual",
+    )
 
 
 def _draft_model(target, options, drafter):
-    from .draft_model import registry_factory
+    if not _attached(drafter, "draft-model"):
+        return ("no draft model attached (--draft-model PATH or a known model name whose "
+                "architecture is a language model)")
+    from .draft_model import DraftModelSpeculator
 
-    return registry_factory(target, options, drafter)
+    return DraftModelSpeculator(
+        drafter.model,
+        vocab_size=drafter.trunk_vocab,  # drafts and their probabilities live in the trunk's vocabulary
+        max_draft_tokens=options.draft,
+        min_draft_prob=options.pmin,
+    )
 
 
 REGISTRY.register("ngram", _ngram, "prompt lookup over the sequence's own tokens; no weights")
 REGISTRY.register("draft-model", _draft_model, "a separate small language model with the same vocabulary")
-REGISTRY.register("draft-head", _draft_head, "per-token NextN/MTP draft head", requires_draft_head=True)
-REGISTRY.register("block", _block, "DFlash/DFlash2 block drafter", requires_draft_head=True)
+REGISTRY.register("draft-head", _draft_head, "per-token NextN/MTP draft head")
+REGISTRY.register("block", _block, "DFlash/DFlash2 block drafter")

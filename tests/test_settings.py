@@ -1,0 +1,133 @@
+"""Settings resolved once: ``tsspec.settings`` is the only reader of the environment, and a run is
+composed in one place, ``tsspec.session.Session``, from the frozen configuration it resolves."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from tiny import write_tiny_model
+from tsspec.errors import BadInput
+from tsspec.generate import Engine
+from tsspec.options import SpecOptions
+from tsspec.sampling import Sampler
+from tsspec.session import Session, Speculation
+from tsspec.settings import RunConfig, cache_root, kernels_enabled, llama_cpp_dir, recorded_env, resolve_run
+from tsspec.spec.ngram import NGramSpeculator
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tsspec"
+
+
+def test_only_the_settings_module_reads_the_environment():
+    readers = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "settings.py" and path.parent == PACKAGE:
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if re.search(r"\bos\.environ\b|\bgetenv\(|\benviron\.get\(", code) and "``" not in code:
+                readers.append(f"{path.relative_to(PACKAGE.parent)}:{i}: {line.strip()}")
+    assert not readers, "\n".join(readers)
+
+
+def test_defaults_from_an_empty_environment():
+    c = resolve_run(env={})
+    assert c == RunConfig()
+    assert (c.weights, c.draft_weights, c.dflash_conv, c.dflash_selector, c.verify_snapshots) == (
+        "auto", "auto", True, True, True)
+    assert c.spec == SpecOptions() and not c.spec.enabled and c.warnings == ()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.weights = "f32"  # type: ignore[misc]
+
+
+def test_each_variable_and_flag_resolves():
+    env = {"TSSPEC_WEIGHTS": " F32 ", "TSSPEC_DRAFT_WEIGHTS": "int4", "TS_DFLASH_CONV": "0",
+           "TS_DFLASH_SELECTOR": "off", "TS_Q35_VERIFY_SNAPSHOTS": "no", "TS_SPEC_DRAFT": "3"}
+    c = resolve_run(env=env, speculation={"enabled": True}, ctx_size=64, threads=1, model="m.gguf")
+    assert (c.weights, c.draft_weights) == ("f32", "int4")
+    assert not (c.dflash_conv or c.dflash_selector or c.verify_snapshots)
+    assert c.spec.enabled and c.spec.draft == 3 and c.spec.draft_explicit
+    assert (c.ctx_size, c.threads, c.model) == (64, 1, "m.gguf")
+    # the flag beats the variable, which then is not even looked at
+    assert resolve_run(weights="bf16", env={"TSSPEC_WEIGHTS": "int3"}).weights == "bf16"
+    # a command without speculation flags (bench) does not read TS_SPEC_*/TS_MTP_*
+    assert not resolve_run(env={"TS_SPEC_SPEC": "1", "TS_MTP_DRAFT": "lots"}).spec.enabled
+    assert resolve_run(env={"TS_DFLASH_CONV": "1"}).dflash_conv  # anything but a false word: on
+    assert set(c.provenance()) == {f.name for f in dataclasses.fields(RunConfig)} - {"warnings"}
+
+
+@pytest.mark.parametrize("kwargs, env, needle", [
+    ({"weights": "int3"}, {}, "--weights 'int3': expected one of"),
+    ({}, {"TSSPEC_WEIGHTS": "int3"}, "TSSPEC_WEIGHTS='int3': expected one of"),
+    ({}, {"TSSPEC_DRAFT_WEIGHTS": "q8"}, "TSSPEC_DRAFT_WEIGHTS='q8': expected one of"),
+    ({"ctx_size": 8}, {}, "--ctx-size must be >= 16"),
+    ({"threads": 0}, {}, "--threads must be between 1 and"),
+    ({"speculation": {}}, {"TS_MTP_DRAFT": "lots"}, "TS_MTP_DRAFT"),
+])
+def test_bad_values_are_one_line(kwargs, env, needle):
+    with pytest.raises(BadInput) as e:
+        resolve_run(env=env, **kwargs)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_process_wide_switches(tmp_path):
+    assert cache_root({}) is None and cache_root({"TSSPEC_CACHE": str(tmp_path)}) == tmp_path
+    assert kernels_enabled({}) and not kernels_enabled({"TSSPEC_KERNELS": "0"})
+    with pytest.raises(BadInput, match="TSSPEC_KERNELS"):
+        kernels_enabled({"TSSPEC_KERNELS": "maybe"})
+    assert llama_cpp_dir({"LLAMA_CPP_DIR": str(tmp_path)}) == tmp_path
+    assert recorded_env({"TS_DFLASH_CONV": "0", "TSSPEC_WEIGHTS": "f32", "HOME": "/"}) == {
+        "TSSPEC_WEIGHTS": "f32", "TS_DFLASH_CONV": "0"}
+
+
+def test_deep_code_does_not_read_the_environment(monkeypatch, tmp_path):
+    from tsspec.models import load_model
+    from tsspec.weights import load_format
+
+    monkeypatch.setenv("TSSPEC_WEIGHTS", "f32")
+    assert load_format(None) == "auto"
+    m = load_model(write_tiny_model(tmp_path / "m.gguf", "llama", quant="Q8_0"))
+    assert m.blocks[0].qkv.fmt != "f32"
+
+
+# ----------------------------------------------------------------------------- the session
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("session") / "m.gguf", "llama", seed=3)
+
+
+def test_session_composes_a_run(model_path):
+    config = resolve_run(model=str(model_path), weights="f32", ctx_size=128,
+                         speculation={"enabled": True, "type": "ngram", "draft": 4})
+    s = Session.open(config)
+    assert s.path == model_path and s.target.max_context == 128
+    assert s.target.blocks[0].qkv.fmt == "f32"
+    spec = s.speculation()
+    assert isinstance(spec.speculator, NGramSpeculator) and spec.window == 4 and spec.accept_rule is None
+    assert spec.governor is not None and spec.notes == ()
+    assert s.speculation(SpecOptions(enabled=False)) == Speculation()
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    plain = s.engine().generate(prompt, sampler=Sampler(), max_tokens=12, ignore_eos=True)
+    fast = s.engine(spec)
+    assert isinstance(fast, Engine) and fast.speculator is spec.speculator
+    assert fast.generate(prompt, sampler=Sampler(), max_tokens=12, ignore_eos=True).token_ids == plain.token_ids
+    names = [name for name, _ok, _why in s.explain()]
+    assert "ngram" in names and s.auto_order() == ["draft-head", "ngram"]
+
+
+def test_session_attaches_a_draft_model(model_path, tmp_path):
+    drafter_path = write_tiny_model(tmp_path / "d.gguf", "llama", seed=3, n_layers=1)
+    s = Session.open(resolve_run(model=str(model_path), env={"TSSPEC_DRAFT_WEIGHTS": "bf16"}))
+    warned: list[str] = []
+    s._warn = warned.append
+    spec = s.speculation(SpecOptions(enabled=True, draft_model=str(drafter_path)))
+    assert spec.speculator.name == "draft-model"
+    assert spec.window == 4  # the draft model's measured preference, under the default 8
+    assert s.load_drafter(drafter_path).model.blocks[0].qkv.fmt == "bf16"
+    assert s.speculation(SpecOptions(enabled=True, draft=6, draft_explicit=True,
+                                     draft_model=str(drafter_path))).window == 6

@@ -1,0 +1,152 @@
+"""The one composition point: a run's trunk, drafters and speculation, built from a ``RunConfig``.
+
+``Session.open(config)`` loads the trunk (model + tokenizer) once; ``speculation(options)`` attaches
+the drafter the options name (if any), has the registry build the speculator and sizes its window
+(flag > the drafter's measured preference > the trunk's > the default), with a cost governor;
+``engine(options)`` wraps both for ``generate``. ``tsspec generate``, ``info`` and ``bench`` (one
+engine per configuration over one loaded trunk) all compose runs here; the command line only
+parses, resolves settings (``tsspec.settings``) and displays.
+
+Layers point one way: cli -> session -> spec (registry, governor) -> models, drafters -> weights.
+Nothing here prints: ``console`` and ``loading`` are the caller's, for download progress and a
+loading indicator; ``warn`` receives what a drafter found worth warning about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+from .options import SpecOptions, with_window
+from .settings import RunConfig
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """What the loop needs to speculate: all empty when speculation is off."""
+
+    speculator: Any = None
+    governor: Any = None
+    window: int = 0
+    accept_rule: str | None = None  # None: the speculator's own default
+    notes: tuple[str, ...] = ()  # what the drafter's checks allowed or found, for the operator
+
+
+class Session:
+    """One loaded trunk and how runs over it are composed (see the module docstring)."""
+
+    def __init__(self, config: RunConfig, gguf, target, tokenizer, *, console: Any = None,
+                 warn: Callable[[str], None] | None = None):
+        self.config = config
+        self.gguf = gguf
+        self.target = target
+        self.tokenizer = tokenizer
+        self.console = console
+        self._warn = warn
+
+    @classmethod
+    def open(
+        cls,
+        config: RunConfig,
+        *,
+        gguf=None,
+        console: Any = None,
+        progress: bool = True,
+        loading: Callable[[Path], ContextManager] | None = None,
+        warn: Callable[[str], None] | None = None,
+    ) -> "Session":
+        """Apply the thread count, find the model (pulling a known one on first use, with
+        ``progress`` on ``console``), and load it with its tokenizer. ``gguf``: an already opened
+        file (``config.model`` is then not looked up); ``loading(path)``: a context around the load."""
+        from .gguf_file import GGUFFile
+        from .hub import resolve_model
+        from .models import load_model
+        from .tokenizer import Tokenizer
+
+        if config.threads is not None:
+            import torch
+
+            torch.set_num_threads(config.threads)
+        if gguf is None:
+            path = resolve_model(config.model, progress=progress, console=console)
+        else:
+            path = gguf.path
+        with loading(path) if loading is not None else contextlib.nullcontext():
+            g = GGUFFile(path) if gguf is None else gguf
+            target = load_model(g, fmt=config.weights, n_ctx=config.ctx_size,
+                                verify_snapshots=config.verify_snapshots)
+            tokenizer = Tokenizer.from_metadata(g.metadata)
+        return cls(config, g, target, tokenizer, console=console, warn=warn)
+
+    @property
+    def path(self) -> Path:
+        return self.gguf.path
+
+    # ------------------------------------------------------------------------- drafters
+
+    def load_drafter(self, draft_model: str | Path):
+        """A drafter file (or a known model name, pulled on first use) bound to this trunk, loaded
+        as the configuration says; a fresh one per call (a drafter carries per-sequence state)."""
+        from .drafters import DrafterOptions, load_drafter
+        from .hub import KNOWN_MODELS, resolve_model
+
+        path = draft_model
+        if not Path(path).exists() and path in KNOWN_MODELS:
+            path = str(resolve_model(path, console=self.console))
+        cfg = self.config
+        return load_drafter(path, self.target, DrafterOptions(
+            weights=cfg.draft_weights, dflash_conv=cfg.dflash_conv, dflash_selector=cfg.dflash_selector))
+
+    # ------------------------------------------------------------------------- speculation
+
+    def speculation(self, options: SpecOptions | None = None) -> Speculation:
+        """The speculator (built by the registry), governor, window and acceptance rule for
+        ``options`` (default: the configuration's), or ``SpeculatorDeclined`` with the reason."""
+        from .spec.governor import SpeculationCostGovernor
+        from .spec.registry import REGISTRY
+
+        opts = self.config.spec if options is None else options
+        if not opts.enabled:
+            return Speculation()
+        drafter = None
+        notes: list[str] = []
+        if opts.draft_model:
+            drafter = self.load_drafter(opts.draft_model)
+            notes += drafter.notes
+            for w in drafter.warnings:
+                if self._warn is not None:
+                    self._warn(w)
+        speculator = REGISTRY.create(opts.type, self.target, opts, drafter)
+        # the drafter's preferred window (measured for it) first, else the trunk's; --spec-draft wins
+        preferred = (drafter.preferred_window if drafter is not None else None) or getattr(
+            self.target, "preferred_window", None)
+        opts = with_window(opts, preferred)
+        window = min(opts.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else opts.draft
+        return Speculation(
+            speculator=speculator,
+            governor=SpeculationCostGovernor(enabled=opts.adaptive),
+            window=window,
+            accept_rule=None if opts.accept == "auto" else opts.accept,
+            notes=tuple(notes),
+        )
+
+    def engine(self, speculation: Speculation | None = None):
+        """A ``tsspec.generate.Engine`` over this trunk (plain when ``speculation`` is None/empty)."""
+        from .generate import Engine
+
+        s = speculation or Speculation()
+        return Engine(self.target, self.tokenizer, speculator=s.speculator, governor=s.governor,
+                      window=s.window, accept_rule=s.accept_rule)
+
+    def explain(self, drafter=None) -> list[tuple[str, bool, str]]:
+        """For ``tsspec info``: (speculator, would serve, why) for this trunk and ``drafter``."""
+        from .spec.registry import REGISTRY
+
+        return REGISTRY.explain(self.target, SpecOptions(enabled=True), drafter)
+
+    def auto_order(self, drafter=None) -> list[str]:
+        from .spec.registry import REGISTRY
+
+        return REGISTRY.auto_order(drafter)

@@ -1,0 +1,173 @@
+"""Every environment variable tsspec reads is read here, and nowhere else.
+
+Two kinds of setting:
+
+* **The run configuration.** ``resolve_run`` turns a command's flags and the environment into a
+  frozen, fully-resolved ``RunConfig``: flags > ``TS_SPEC_*`` > ``TS_MTP_*`` > defaults (the
+  speculation surface itself is ``tsspec.options``, a pure function of flags and an environment
+  mapping); a model's preferred draft window is applied later, by ``tsspec.session.Session``, since
+  it needs the loaded model. Everything below the session takes explicit parameters: a weight
+  loader gets its format, a drafter its switches, a hybrid trunk its rollback mode.
+* **Process-wide switches**, read when first needed because they belong to the process rather than
+  to one run: the cache root (``TSSPEC_CACHE``), the native kernels (``TSSPEC_KERNELS``, ``CC``)
+  and where the llama.cpp peer build lives (``LLAMA_CPP_DIR``). ``tsspec.hub``, ``tsspec.kernels``
+  and ``tsspec.bench.llama_server`` ask the accessors below.
+
+Bad values are one ``BadInput`` line naming the variable (or the flag), as documented in
+README.md and man/tsspec.1.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, MutableMapping
+
+from .errors import BadInput
+from .options import FALSE_WORDS, SpecOptions, parse_bool, publish, resolve
+
+# the run configuration
+ENV_WEIGHTS = "TSSPEC_WEIGHTS"  # the trunk's in-memory weight format (``--weights`` wins)
+ENV_DRAFT_WEIGHTS = "TSSPEC_DRAFT_WEIGHTS"  # a draft model's weight format
+ENV_DFLASH_CONV = "TS_DFLASH_CONV"  # =0: DFlash2's convolution off (attribution only)
+ENV_DFLASH_SELECTOR = "TS_DFLASH_SELECTOR"  # =0: DFlash2's candidate selector off (attribution only)
+ENV_VERIFY_SNAPSHOTS = "TS_Q35_VERIFY_SNAPSHOTS"  # =0: hybrid trunks restore and re-forward
+# process-wide
+ENV_CACHE = "TSSPEC_CACHE"
+ENV_KERNELS = "TSSPEC_KERNELS"
+ENV_CC = "CC"
+ENV_LLAMA_CPP_DIR = "LLAMA_CPP_DIR"
+# what a measurement records of the environment (``tsspec.bench.provenance``)
+RECORDED_PREFIXES = ("TSSPEC_", "TS_SPEC_", "TS_MTP_", "TS_DFLASH_", "TS_Q35_")
+
+DEFAULT_WEIGHTS = "auto"  # the file's own GGUF blocks on the native kernels (pure torch without them)
+DEFAULT_DRAFT_WEIGHTS = "auto"
+MIN_CTX = 16
+MAX_THREADS_PER_CPU = 4  # torch/OpenMP crash on absurd counts (100000 segfaults)
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def _switch(env: Mapping[str, str], name: str) -> bool:
+    """An attribution switch: on unless set to a false word (``=0`` is the documented spelling)."""
+    return env.get(name, "1").strip().lower() not in FALSE_WORDS
+
+
+def _weight_format(env: Mapping[str, str], name: str, default: str) -> str:
+    from .weights import FORMATS
+
+    fmt = env.get(name, default).strip().lower()
+    if fmt not in FORMATS:
+        raise BadInput(f"{name}={fmt!r}: expected one of {', '.join(FORMATS)}")
+    return fmt
+
+
+# ----------------------------------------------------------------------------- the run configuration
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run, fully resolved: what ``Session`` loads and how it speculates."""
+
+    model: str | None = None  # a GGUF path or known model name; None: the default model
+    weights: str = DEFAULT_WEIGHTS  # the trunk's format: --weights > TSSPEC_WEIGHTS > auto
+    draft_weights: str = DEFAULT_DRAFT_WEIGHTS  # a draft model's format: TSSPEC_DRAFT_WEIGHTS > auto
+    ctx_size: int | None = None  # None: the model's default (4096, capped at its trained context)
+    threads: int | None = None  # None: torch's choice
+    spec: SpecOptions = field(default_factory=SpecOptions)  # flags > TS_SPEC_* > TS_MTP_* > defaults
+    dflash_conv: bool = True  # TS_DFLASH_CONV
+    dflash_selector: bool = True  # TS_DFLASH_SELECTOR
+    verify_snapshots: bool = True  # TS_Q35_VERIFY_SNAPSHOTS
+    warnings: tuple[str, ...] = ()  # what resolving found worth saying (disagreeing families, inert flags)
+
+    def provenance(self) -> dict[str, Any]:
+        """The resolved settings, for a measurement's metadata."""
+        d = asdict(self)
+        d.pop("warnings")
+        return d
+
+
+def check_threads(threads: int | None) -> int | None:
+    if threads is not None:
+        most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+        if not 1 <= threads <= most:
+            raise BadInput(f"--threads must be between 1 and {most} ({MAX_THREADS_PER_CPU} per CPU), got {threads}")
+    return threads
+
+
+def resolve_run(
+    *,
+    model: str | None = None,
+    weights: str | None = None,
+    ctx_size: int | None = None,
+    threads: int | None = None,
+    speculation: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """Flags (None = not given) and the environment -> a ``RunConfig``, or one ``BadInput`` line.
+
+    ``speculation``: the speculation flags (see ``tsspec.options.resolve``); None for a command
+    that takes no speculation from flags or the environment (``bench``: its configurations say it),
+    which then runs with speculation off and does not read ``TS_SPEC_*``/``TS_MTP_*``.
+    """
+    from .weights import FORMATS
+
+    env = _env(env)
+    spec, warnings = (SpecOptions(), []) if speculation is None else resolve(speculation, env)
+    check_threads(threads)
+    if weights is not None and weights not in FORMATS:
+        raise BadInput(f"--weights {weights!r}: expected one of {', '.join(FORMATS)}")
+    if ctx_size is not None and ctx_size < MIN_CTX:
+        raise BadInput(f"--ctx-size must be >= {MIN_CTX}")
+    return RunConfig(
+        model=model,
+        weights=weights if weights is not None else _weight_format(env, ENV_WEIGHTS, DEFAULT_WEIGHTS),
+        draft_weights=_weight_format(env, ENV_DRAFT_WEIGHTS, DEFAULT_DRAFT_WEIGHTS),
+        ctx_size=ctx_size,
+        threads=threads,
+        spec=spec,
+        dflash_conv=_switch(env, ENV_DFLASH_CONV),
+        dflash_selector=_switch(env, ENV_DFLASH_SELECTOR),
+        verify_snapshots=_switch(env, ENV_VERIFY_SNAPSHOTS),
+        warnings=tuple(warnings),
+    )
+
+
+def publish_spec(opts: SpecOptions, env: MutableMapping[str, str] | None = None) -> None:
+    """Write the resolved speculation settings under both families, for child processes."""
+    publish(opts, os.environ if env is None else env)
+
+
+# ----------------------------------------------------------------------------- process-wide switches
+
+
+def cache_root(env: Mapping[str, str] | None = None) -> Path | None:
+    """``$TSSPEC_CACHE`` (expanded) if set and non-empty, else None (the caller's default)."""
+    raw = _env(env).get(ENV_CACHE)
+    return Path(raw).expanduser() if raw else None
+
+
+def kernels_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
+    raw = _env(env).get(ENV_KERNELS, "")
+    return True if not raw.strip() else parse_bool(ENV_KERNELS, raw)
+
+
+def c_compilers(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The C compilers to try for the native kernels, in order: ``$CC`` first."""
+    return tuple(cc for cc in (_env(env).get(ENV_CC), "cc", "gcc", "clang") if cc)
+
+
+def llama_cpp_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The llama.cpp peer checkout: ``$LLAMA_CPP_DIR``, else where the peer build puts it."""
+    root = _env(env).get(ENV_LLAMA_CPP_DIR) or str(Path.home() / ".cache" / "tsspec-peer" / "llama.cpp")
+    return Path(root).expanduser()
+
+
+def recorded_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every tsspec variable in force (``RECORDED_PREFIXES``), sorted, for provenance."""
+    env = _env(env)
+    return {k: env[k] for k in sorted(env) if k.startswith(RECORDED_PREFIXES)}
