@@ -136,7 +136,6 @@ class Scripted:
     default_min_draft_prob = 0.0
     min_draft_prob = 0.0
     needs_hidden_state = False
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True
     default_accept_rule = "match"
     taps = ()

@@ -88,7 +88,6 @@ class ScriptedSpeculator:
     default_min_draft_prob = 0.0
     min_draft_prob = 0.0
     needs_hidden_state = False
-    handles_own_prefill = False
     can_arm_after_prefix_reuse = True
     default_accept_rule = "match"
 

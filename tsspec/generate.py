@@ -62,6 +62,9 @@ class Engine:
         self.governor = governor
         self.window = window
         self.accept_rule = accept_rule
+        # one cache for every prompt, reset between them: a freshly allocated one decodes about 5%
+        # slower on smollm2-135m (measured, fresh vs reused, same process), and prompts run one at a time
+        self._cache = None
 
     def generate(
         self,
@@ -114,8 +117,11 @@ class Engine:
                     on_text(s)
 
         stats = SpecStats()
+        if self._cache is None:
+            self._cache = self.target.make_cache()
+        self._cache.reset()
         ids = decode(
-            self.target, sampler, list(prompt_ids), max_tokens,
+            self.target, sampler, list(prompt_ids), max_tokens, cache=self._cache,
             speculator=self.speculator, governor=self.governor, window=self.window,
             accept_rule=self.accept_rule, on_token=on_token, on_step=on_step, stats=stats,
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager
 
 from .options import SpecOptions, with_window
-from .settings import RunConfig
+from .settings import ENV_DFLASH_CONV, ENV_DFLASH_SELECTOR, RunConfig
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Session:
 
     def load_drafter(self, draft_model: str | Path):
         """A drafter file (or a known model name, pulled on first use) bound to this trunk, loaded
-        as the configuration says; a fresh one per call (a drafter carries per-sequence state)."""
+        as the configuration says (weights only: each speculator built on it holds its own state)."""
         from .drafters import DrafterOptions, load_drafter
         from .hub import KNOWN_MODELS, resolve_model
 
@@ -96,8 +96,14 @@ class Session:
         if not Path(path).exists() and path in KNOWN_MODELS:
             path = str(resolve_model(path, console=self.console))
         cfg = self.config
-        return load_drafter(path, self.target, DrafterOptions(
+        drafter = load_drafter(path, self.target, DrafterOptions(
             weights=cfg.draft_weights, dflash_conv=cfg.dflash_conv, dflash_selector=cfg.dflash_selector))
+        switches = {"conv": (ENV_DFLASH_CONV, "convolution"), "selector": (ENV_DFLASH_SELECTOR, "candidate selector")}
+        for piece in getattr(drafter, "switched_off", lambda: [])():
+            env, what = switches[piece]
+            drafter.warnings.append(f"{env}=0: the DFlash2 {what} is off (for attribution only; "
+                                    "the weights were trained with it)")
+        return drafter
 
     # ------------------------------------------------------------------------- speculation
 

@@ -34,7 +34,7 @@ import torch
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..validate import check_tensors, nextn_tensors
-from ..spec.protocols import DraftHeadKind
+from .protocols import DraftHeadKind
 from ..weights import Linear, load_format, to_tensor
 from ..models.base import rms_norm
 from ..models.cache import KVCache

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
-from ..spec.protocols import ForwardOutput
+from .protocols import ForwardOutput
 from ..weights import Embedding, Linear, pad_rows, to_tensor
 from .cache import SPAN_BLOCK, KVCache, round_span
 

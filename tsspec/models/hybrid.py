@@ -13,7 +13,7 @@ Layers: ``(i + 1) % full_attention_interval == 0`` are full attention, the rest 
 * Norm weights are used as stored: the converter folded Qwen's (1 + w) into every RMS norm except
   the GatedDeltaNet output norm (``ssm_norm``), which HF stores plain.
 
-Batch invariance (measured, see ``tests/test_hybrid.py``): forwards of up to ``ROW_FORM_MAX`` rows
+Batch invariance (measured, see ``tests/test_hybrid.py``): forwards of up to ``cache.ROW_FORM_MAX`` rows
 (every decode step and every verify) run the delta rule row by row (``delta_rule_rows``) and compute
 the per-head gates row by row, so row m's arithmetic is the same whether it runs alone or inside a
 verify: speculative output equals plain output bit for bit. Longer forwards (prompt chunks) use the
@@ -35,11 +35,11 @@ import torch.nn.functional as F
 
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
-from ..spec.protocols import ForwardOutput
+from .protocols import ForwardOutput
 from ..weights import Linear, load_format
 from .base import ArchConfig, LayerSpec, TransformerModel, _shares_storage, common_config, load_embedding, \
     plan_attention, rms_norm
-from .cache import ROW_FORM_MAX, HybridCache, KVCache
+from .cache import HybridCache, KVCache
 from .gated_attention import AttnLayer, ffn, gated_attention, load_attn_layer, vec, weight
 from .gated_delta import causal_conv, delta_rule_chunked, delta_rule_rows, l2norm
 

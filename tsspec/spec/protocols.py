@@ -1,7 +1,8 @@
 """The three layers of speculative decoding, as small explicit protocols.
 
     target (trunk model)   !=   speculator (algorithm)   !=   draft weights (adapter)
-    SpecTarget                  Speculator                    DraftHead
+    SpecTarget, Cache           Speculator                    DraftHead
+    (tsspec.models.protocols)   (here)                        (tsspec.drafters.protocols)
 
 The shared loop (``tsspec.spec.loop``) talks to a ``SpecTarget`` and a ``Speculator`` and
 nothing else; it never asks which model or which algorithm it drives.
@@ -9,7 +10,6 @@ nothing else; it never asks which model or which algorithm it drives.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
@@ -19,65 +19,15 @@ if TYPE_CHECKING:
     from ..sampling import Sampler
 
 
-# ----------------------------------------------------------------------------- layer 1: target
+# ----------------------------------------------------------------------------- layers 1 and 3
 
+# the target's and the draft weights' protocols live beside their implementations (imports point
+# one way: spec -> models, drafters); the loop and the speculators read them from here
+from ..drafters.protocols import DraftHead, DraftHeadKind  # noqa: E402,F401
+from ..models.protocols import Cache, ForwardOutput, SpecTarget  # noqa: E402,F401
 
-@dataclass
-class ForwardOutput:
-    """What one trunk forward returns."""
-
-    logits: torch.Tensor  # [rows, vocab] float32; rows = all new tokens, or only the last
-    hidden: torch.Tensor | None = None  # [rows, feature_size] float32 when taps were asked for
-
-
-@runtime_checkable
-class Cache(Protocol):
-    """One sequence's state inside a trunk (or a drafter): created by its model, passed to ``forward``.
-
-    ``trim`` is the whole rollback surface: a KV cache moves its length back; a hybrid trunk's cache
-    returns its recurrent state to the kept row of the last verify (see ``models.cache``).
-    """
-
-    @property
-    def length(self) -> int:
-        """Positions held; the next forward's first row takes this position."""
-        ...
-
-    def reserve(self, n: int) -> None:
-        """Room for ``n`` positions, or a ``BadInput`` naming the context limit."""
-        ...
-
-    def trim(self, n: int) -> None:
-        """Forget the last ``n`` positions (for a hybrid: only back into the last multi-row forward)."""
-        ...
-
-    def reset(self) -> None: ...
-
-
-@runtime_checkable
-class SpecTarget(Protocol):
-    """What the loop needs from the trunk, and nothing about drafting.
-
-    The model holds weights only; ``make_cache()`` gives each sequence its own ``Cache``.
-    ``forward`` appends ``tokens`` to ``cache`` at ``cache.length`` and returns per-row logits.
-    ``taps`` names layers whose *entering* residual is returned per row, concatenated in the
-    order given; tap ``n_layers`` is the residual after the last layer (before the final norm).
-    A row's logits never depend on how many rows share the forward (batch invariance): that is
-    what makes speculative output identical to plain output.
-    """
-
-    vocab_size: int
-    n_layers: int
-    hidden_size: int
-
-    @property
-    def max_context(self) -> int: ...
-
-    def make_cache(self) -> Cache: ...
-
-    def forward(
-        self, tokens: Sequence[int], cache: Cache, *, all_logits: bool = False, taps: Sequence[int] | None = None
-    ) -> ForwardOutput: ...
+__all__ = ["Cache", "Draft", "DraftContext", "DraftHead", "DraftHeadKind", "ForwardOutput", "MinDraftProb",
+           "SpecTarget", "Speculator"]
 
 
 # ----------------------------------------------------------------------------- layer 2: speculator
@@ -152,38 +102,3 @@ class Speculator(Protocol):
         ...
 
     def reset(self) -> None: ...
-
-
-# ----------------------------------------------------------------------------- layer 3: draft weights
-
-
-class DraftHeadKind(enum.Enum):
-    NONE = "none"
-    PER_TOKEN = "per-token"
-    BLOCK = "block"
-
-
-class DraftHead(Protocol):
-    """A model-specific adapter over a trained drafter (NextN/MTP, EAGLE, DFlash): weights only.
-
-    Its per-sequence state (the head's own KV, a block drafter's ring) comes from ``new_state()``
-    and is held by the speculator, so one loaded head serves several sequences."""
-
-    kind: DraftHeadKind
-    block_size: int
-
-    def new_state(self): ...
-
-    def draft_step(
-        self, token: int, hidden: torch.Tensor, position: int, state
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token: (logits [vocab], hidden_out [feature]) for the next position."""
-        ...
-
-    def draft_block(
-        self, last_token: int, hidden: torch.Tensor, position: int, state
-    ) -> tuple[list[int], torch.Tensor]:
-        """A whole block: (draft tokens, per-token confidence)."""
-        ...
-
-    def catch_up(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int, state) -> None: ...

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Paired decode-speed comparison of two git revisions of tsspec: is a refactor free?
+
+    python scripts/ab_revisions.py --base REV [--models smollm2-135m ...] [--rounds 8] [--tokens 64]
+
+The base revision is checked out into a temporary git worktree. Each round runs one process per
+revision, in alternating order (ABBA...), and each process loads a model and decodes the same four
+prompts greedily, plain and with n-gram speculation (window 8). The report gives, per prompt, the
+median decode time of each revision and their ratio, then the median ratio over prompts; and it
+checks both revisions emit the same tokens. Run it on a quiet machine: nothing else on the CPUs.
+
+A process reuses one cache across its prompts when the revision has caches (``make_cache``), as
+``tsspec.generate.Engine`` does; older revisions kept one cache inside the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = [
+    "The history of computing is a story of abstraction layered on abstraction. Early machines were "
+    "programmed by rewiring panels; stored programs made software possible.",
+    "def quicksort(xs):\n    if len(xs) <= 1:\n        return xs\n    pivot = xs[0]\n",
+    "Summarize: The cat sat on the mat. The cat sat on the mat because the mat was warm. The dog",
+    'import numpy as np\n\ndef normalize(v):\n    """Return v scaled to unit length."""\n',
+]
+
+
+def run_one(model: str, tokens: int) -> dict:
+    """In the revision under test (on ``sys.path``): decode times per prompt and mode."""
+    from tsspec.hub import ensure_model
+    from tsspec.models import load_model
+    from tsspec.sampling import Sampler
+    from tsspec.spec.loop import decode
+    from tsspec.spec.ngram import NGramSpeculator
+    from tsspec.spec.stats import SpecStats
+    from tsspec.tokenizer import Tokenizer
+
+    path = ensure_model(model)
+    m = load_model(path, fmt="auto")
+    tok = Tokenizer.from_gguf(path)
+    cache = m.make_cache() if hasattr(m, "make_cache") else None
+    out = {}
+    for i, text in enumerate(TEXTS):
+        ids = tok.encode(text)
+        for mode in ("plain", "ngram"):
+            spec = NGramSpeculator(max_draft_tokens=8) if mode == "ngram" else None
+            st = SpecStats()
+            kw = {}
+            if cache is not None:
+                cache.reset()
+                kw["cache"] = cache
+            got = decode(m, Sampler(), ids, tokens, speculator=spec, window=8, stats=st, **kw)
+            out[f"{i}/{mode}"] = {"decode_ms": st.decode_ms, "tokens": got}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="the git revision to compare the working tree against")
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m"])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--run-one", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.run_one:
+        print(json.dumps(run_one(a.run_one, a.tokens)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), a.base], check=True)
+        try:
+            trees = {"base": base, "new": ROOT}
+            for model in a.models:
+                compare(model, trees, a.rounds, a.tokens)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
+
+
+def compare(model: str, trees: dict, rounds: int, tokens: int) -> None:
+    runs: dict[str, list[dict]] = {"base": [], "new": []}
+    for r in range(rounds):
+        for name in (("base", "new") if r % 2 == 0 else ("new", "base")):
+            env = dict(os.environ, PYTHONPATH=str(trees[name]))
+            p = subprocess.run([sys.executable, __file__, "--base", "-", "--run-one", model, "--tokens", str(tokens)],
+                               env=env, cwd=trees[name], capture_output=True, text=True)
+            if p.returncode:
+                sys.exit(f"{name} failed:\n{p.stderr[-2000:]}")
+            runs[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    print(f"\n{model}: {rounds} rounds, {tokens} tokens, decode ms (median over rounds)")
+    for mode in ("plain", "ngram"):
+        ratios = []
+        for key in runs["base"][0]:
+            if not key.endswith(mode):
+                continue
+            b = statistics.median(x[key]["decode_ms"] for x in runs["base"])
+            n = statistics.median(x[key]["decode_ms"] for x in runs["new"])
+            same = all(x[key]["tokens"] == runs["base"][0][key]["tokens"] for x in runs["base"] + runs["new"])
+            ratios.append(n / b)
+            print(f"  {key:<8} base {b:8.1f}  new {n:8.1f}  new/base {n / b:.3f}  same tokens: {same}")
+        print(f"  {mode}: median new/base over {len(ratios)} prompts {statistics.median(ratios):.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""Loading a dflash GGUF and binding it to a trunk: tensor checks, the trunk match, ``DFlashDrafter``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...errors import BadInput, ModelFileError
+from ...gguf_file import GGUFFile
+from ...weights import Linear, load_format, to_tensor
+from .. import DrafterOptions
+from .config import DFlashConfig, _meta_int, read_config
+from .model import DFlashHead, DFlashModel, DraftLayer, GroupedConv, Selector
+
+
+# ----------------------------------------------------------------------------- the drafter
+
+
+class DFlashDrafter:
+    """What ``load_drafter`` returns for a dflash file: served by the registry's ``block`` entry."""
+
+    speculator_name = "block"
+    preferred_window = None  # the trunk's, else the default
+
+    def __init__(self, model: DFlashModel, target, path=None):
+        self.model = model
+        self.cfg = model.cfg
+        self.draft_head = DFlashHead(model)
+        self.path = path
+        # (hidden, layers, vocab) of the trunk it was bound to: it drafts for that trunk only
+        self.target_shape = (target.hidden_size, target.n_layers, target.vocab_size)
+        self.notes = [f"{Path(str(path)).name if path else 'drafter'}: {self.describe()}"]
+        self.warnings = []  # the session adds why a switched-off DFlash2 piece is off
+
+    def switched_off(self) -> list[str]:
+        """DFlash2 pieces the file has but the options turned off: "conv", "selector"."""
+        m = self.model
+        return [name for name, present, on in (("conv", m.has_conv, m.conv_enabled),
+                                                ("selector", m.has_selector, m.selector_enabled))
+                if present and not on]
+
+    @property
+    def taps(self) -> tuple[int, ...]:
+        return self.cfg.target_layers
+
+    def describe(self) -> str:
+        cfg = self.cfg
+        parts = [f"DFlash{'2' if self.model.generation == 2 else ''}", f"{cfg.n_layers} layers",
+                 f"block {cfg.block_size}", f"taps {list(cfg.target_layers)}"]
+        if self.model.has_conv:
+            parts.append(f"conv k={cfg.conv_kernel}/g={cfg.conv_group}" + ("" if self.model.conv_enabled else " (off)"))
+        if self.model.has_selector:
+            parts.append(f"selector r={cfg.selector_rank}/top-{cfg.selector_top_k}"
+                         + ("" if self.model.selector_enabled else " (off)"))
+        return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _check_trunk(g: GGUFFile, cfg: DFlashConfig, target, fc_in: int, own_embed: bool, own_head: bool) -> None:
+    """A drafter is trained against one trunk: refuse any other, naming the key that disagrees."""
+    name = g.path.name
+    bad = [t for t in cfg.target_layers if t >= target.n_layers]
+    if bad:
+        raise BadInput(
+            f"{name}: dflash.target_layers {list(cfg.target_layers)} reach layer {max(bad)}, but the "
+            f"trunk has {target.n_layers} layers; this drafter belongs to a different model"
+        )
+    want = len(cfg.target_layers) * target.hidden_size
+    if fc_in != want:
+        raise BadInput(
+            f"{name}: fc.weight takes {fc_in} inputs, but {len(cfg.target_layers)} dflash.target_layers "
+            f"x trunk hidden {target.hidden_size} = {want}; this drafter belongs to a different model"
+        )
+    if (not own_embed or not own_head) and cfg.d_model != target.hidden_size:
+        raise BadInput(
+            f"{name}: dflash.embedding_length {cfg.d_model} differs from the trunk's hidden size "
+            f"{target.hidden_size}, and the drafter borrows the trunk's embedding and LM head"
+        )
+    if not 0 <= cfg.mask_token_id < target.vocab_size:
+        raise BadInput(
+            f"{name}: dflash.mask_token_id {cfg.mask_token_id} is outside the trunk's vocabulary "
+            f"of {target.vocab_size}"
+        )
+    vocab = g.get("dflash.vocab_size")
+    if vocab is not None and int(vocab) != target.vocab_size:
+        raise BadInput(f"{name}: dflash.vocab_size {vocab} differs from the trunk's vocabulary {target.vocab_size}")
+
+
+def _int_tensor(g: GGUFFile, name: str) -> torch.Tensor:
+    """An integer tensor (``d2t`` is I64/I32), read as stored: there is nothing to dequantize."""
+    for t in g.reader.tensors:
+        if t.name == name:
+            return torch.as_tensor(np.array(t.data).reshape(-1).astype(np.int64))
+    raise ModelFileError(f"{g.path.name}: missing tensor {name!r}")
+
+
+def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str | None = None) -> DFlashDrafter:
+    """Read a dflash GGUF and bind it to ``target`` (a trunk exposing ``embed`` and ``lm_head``);
+    ``fmt`` (default: the trunk's) is the format of the drafter's own weights."""
+    options = options or DrafterOptions()
+    name = g.path.name
+    for marker, what in (("markov_w1.weight", "DSpark Markov head"), ("blk.0.attn_sinks.weight", "attention sinks")):
+        if g.has_tensor(marker):
+            raise ModelFileError(f"{name}: this dflash file carries a {what} ({marker}), which is not supported")
+    trunk_base = None
+    tcfg = getattr(target, "cfg", None)
+    if tcfg is not None and getattr(tcfg, "layers", None):
+        trunk_base = tcfg.layers[0].rope_base
+    cfg = read_config(g, trunk_base)
+    fmt = load_format(fmt or getattr(getattr(target, "lm_head", None), "fmt", None))
+
+    def t(n: str) -> np.ndarray:
+        return g.tensor(n)
+
+    def vec(n: str, size: int) -> torch.Tensor:
+        a = to_tensor(t(n), torch.float32)
+        if a.shape != (size,):
+            raise ModelFileError(f"{name}: {n} is {tuple(a.shape)}, expected ({size},)")
+        return a
+
+    def mat(n: str, shape: tuple[int, int]) -> np.ndarray:
+        a = t(n)
+        if a.shape != shape:
+            raise ModelFileError(f"{name}: {n} is {a.shape}, expected {shape}")
+        return a
+
+    d, hd = cfg.d_model, cfg.head_dim
+    q_dim, kv_dim = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    fc_w = t("fc.weight")
+    if fc_w.ndim != 2 or fc_w.shape[0] != d:
+        raise ModelFileError(f"{name}: fc.weight is {fc_w.shape}, expected ({d}, len(target_layers) x trunk hidden)")
+    own_embed, own_head = g.has_tensor("token_embd.weight"), g.has_tensor("output.weight")
+    _check_trunk(g, cfg, target, fc_w.shape[1], own_embed, own_head)
+
+    if not g.has_tensor("blk.0.ffn_gate.weight"):
+        raise ModelFileError(f"{name}: missing tensor 'blk.0.ffn_gate.weight'")
+    cfg.ffn_dim = g.tensor_info("blk.0.ffn_gate.weight").shape[0]
+    stated = _meta_int(g, "dflash.feed_forward_length")
+    if stated is not None and stated != cfg.ffn_dim:
+        raise ModelFileError(f"{name}: dflash.feed_forward_length {stated} disagrees with "
+                             f"blk.0.ffn_gate.weight ({cfg.ffn_dim} rows)")
+    f = cfg.ffn_dim
+
+    conv_on = g.has_tensor("blk.0.attn_conv_base")
+    stray = [n for n in g.tensor_names() if n.endswith("_conv_base")]
+    if stray and not conv_on:
+        raise ModelFileError(f"{name}: conv tensors present ({stray[0]}, ...) but blk.0.attn_conv_base is missing")
+    if conv_on:
+        if cfg.conv_kernel <= 0 or cfg.conv_group <= 0:
+            raise ModelFileError(f"{name}: conv tensors present but dflash.conv_kernel_size / "
+                                 "dflash.conv_group_size are missing or zero")
+        if d % cfg.conv_group:
+            raise ModelFileError(f"{name}: dflash.conv_group_size {cfg.conv_group} does not divide "
+                                 f"dflash.embedding_length {d}")
+    n_groups = d // cfg.conv_group if conv_on else 0
+
+    def conv(prefix: str) -> GroupedConv | None:
+        if not conv_on:
+            return None
+        base = t(prefix + "_base")
+        if base.shape != (2, cfg.conv_kernel, d):
+            raise ModelFileError(f"{name}: {prefix}_base is {base.shape}, expected (2, {cfg.conv_kernel}, {d})")
+        proj = mat(prefix + "_proj.weight", (2 * cfg.conv_kernel * n_groups, d))
+        return GroupedConv(to_tensor(base, torch.float32), Linear(proj, None, fmt), cfg.conv_group)
+
+    layers = []
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        layers.append(DraftLayer(
+            attn_norm=vec(p + "attn_norm.weight", d),
+            q=Linear(mat(p + "attn_q.weight", (q_dim, d)), None, fmt),
+            kv=Linear.concat([(mat(p + "attn_k.weight", (kv_dim, d)), None),
+                              (mat(p + "attn_v.weight", (kv_dim, d)), None)], fmt),
+            o=Linear(mat(p + "attn_output.weight", (d, q_dim)), None, fmt),
+            q_norm=vec(p + "attn_q_norm.weight", hd),
+            k_norm=vec(p + "attn_k_norm.weight", hd),
+            ffn_norm=vec(p + "ffn_norm.weight", d),
+            gate_up=Linear.concat([(mat(p + "ffn_gate.weight", (f, d)), None),
+                                   (mat(p + "ffn_up.weight", (f, d)), None)], fmt),
+            down=Linear(mat(p + "ffn_down.weight", (d, f)), None, fmt),
+            attn_conv=conv(p + "attn_conv"),
+            ffn_conv=conv(p + "ffn_conv"),
+        ))
+
+    vocab = target.vocab_size
+    embed = to_tensor(mat("token_embd.weight", (vocab, d)), torch.float32) if own_embed else target.embed
+    d2t = None
+    if own_head:
+        head_w = t("output.weight")
+        if head_w.ndim != 2 or head_w.shape[1] != d:
+            raise ModelFileError(f"{name}: output.weight is {head_w.shape}, expected (vocab, {d})")
+        if g.has_tensor("d2t"):
+            d2t = _int_tensor(g, "d2t")
+            if d2t.numel() != head_w.shape[0] or int(d2t.min()) < 0 or int(d2t.max()) >= vocab:
+                raise ModelFileError(f"{name}: d2t must map the {head_w.shape[0]} draft rows into the "
+                                     f"trunk's vocabulary of {vocab}")
+        elif head_w.shape[0] != vocab:
+            raise BadInput(f"{name}: output.weight has {head_w.shape[0]} rows and no d2t map, but the "
+                           f"trunk's vocabulary is {vocab}")
+        lm_head = Linear(head_w, None, fmt)
+    else:
+        lm_head = target.lm_head
+
+    selector = None
+    parts = [n for n in ("selector_hidden.weight", "selector_predecessor.weight", "selector_successor.weight")
+             if g.has_tensor(n)]
+    if parts and not g.has_tensor("selector_hidden.weight"):
+        raise ModelFileError(f"{name}: selector tensors present ({parts[0]}) but selector_hidden.weight is missing")
+    if g.has_tensor("selector_hidden.weight"):
+        r, k = cfg.selector_rank, cfg.selector_top_k
+        if r <= 0 or k <= 0:
+            raise ModelFileError(f"{name}: selector tensors present but dflash.selector_rank / "
+                                 "dflash.selector_top_k are missing or zero")
+        if k > vocab:
+            raise ModelFileError(f"{name}: dflash.selector_top_k {k} exceeds the vocabulary {vocab}")
+        selector = Selector(
+            pred_book=to_tensor(mat("selector_predecessor.weight", (vocab, r)), torch.float32),
+            succ_book=to_tensor(mat("selector_successor.weight", (vocab, r)), torch.float32),
+            hidden=Linear(mat("selector_hidden.weight", (r, d)), None, fmt),
+            top_k=k,
+        )
+
+    # every layer sliding: the ring needs one window of rows; any full-attention layer: everything
+    if cfg.sliding_window is not None and all(cfg.swa_layers):
+        ring_rows = cfg.sliding_window
+    else:
+        ring_rows = int(getattr(target, "max_context", 4096))
+    model = DFlashModel(
+        cfg, layers,
+        fc=Linear(fc_w, None, fmt),
+        enc_norm=vec("enc.output_norm.weight", d),
+        out_norm=vec("output_norm.weight", d),
+        embed=embed, lm_head=lm_head, vocab_size=vocab, ring_rows=ring_rows, d2t=d2t,
+        selector=selector, path=g.path,
+    )
+    model.conv_enabled = options.dflash_conv
+    model.selector_enabled = options.dflash_selector
+    return DFlashDrafter(model, target, path=g.path)

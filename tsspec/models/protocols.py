@@ -1,0 +1,73 @@
+"""Layer 1, the target: what the decoding loop needs from a trunk model, and nothing about drafting.
+
+Defined here, below the models that implement it, so imports point one way (spec -> models).
+``tsspec.spec.protocols`` re-exports these beside the speculator's protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+# ----------------------------------------------------------------------------- layer 1: target
+
+
+@dataclass
+class ForwardOutput:
+    """What one trunk forward returns."""
+
+    logits: torch.Tensor  # [rows, vocab] float32; rows = all new tokens, or only the last
+    hidden: torch.Tensor | None = None  # [rows, feature_size] float32 when taps were asked for
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """One sequence's state inside a trunk (or a drafter): created by its model, passed to ``forward``.
+
+    ``trim`` is the whole rollback surface: a KV cache moves its length back; a hybrid trunk's cache
+    returns its recurrent state to the kept row of the last verify (see ``models.cache``).
+    """
+
+    @property
+    def length(self) -> int:
+        """Positions held; the next forward's first row takes this position."""
+        ...
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` positions, or a ``BadInput`` naming the context limit."""
+        ...
+
+    def trim(self, n: int) -> None:
+        """Forget the last ``n`` positions (for a hybrid: only back into the last multi-row forward)."""
+        ...
+
+    def reset(self) -> None: ...
+
+
+@runtime_checkable
+class SpecTarget(Protocol):
+    """What the loop needs from the trunk, and nothing about drafting.
+
+    The model holds weights only; ``make_cache()`` gives each sequence its own ``Cache``.
+    ``forward`` appends ``tokens`` to ``cache`` at ``cache.length`` and returns per-row logits.
+    ``taps`` names layers whose *entering* residual is returned per row, concatenated in the
+    order given; tap ``n_layers`` is the residual after the last layer (before the final norm).
+    A row's logits never depend on how many rows share the forward (batch invariance): that is
+    what makes speculative output identical to plain output.
+    """
+
+    vocab_size: int
+    n_layers: int
+    hidden_size: int
+
+    @property
+    def max_context(self) -> int: ...
+
+    def make_cache(self) -> Cache: ...
+
+    def forward(
+        self, tokens: Sequence[int], cache: Cache, *, all_logits: bool = False, taps: Sequence[int] | None = None
+    ) -> ForwardOutput: ...
