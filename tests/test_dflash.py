@@ -574,3 +574,25 @@ def test_reduced_draft_vocabulary(files, tmp_path):
     sampler = Sampler()
     spec = BlockSpeculator(dr.draft_head, dr.taps, 8, min_draft_prob=0.0)
     assert decode(target, sampler, PROMPT, N_TOKENS, speculator=spec) == _plain(target, sampler)
+
+
+def test_one_loaded_block_drafter_serves_interleaved_sequences(files):
+    """Two sequences on one trunk and ONE loaded DFlash2 drafter, stepped in turn: each speculator
+    holds its own KV ring (``new_state``), so each sequence gets exactly what it gets alone."""
+    from tsspec.spec.loop import Sequence as Seq
+
+    target, dr = _load(files, "dflash2")
+    sampler = Sampler()
+    prompts = [PROMPT, PROMPT[5:] + PROMPT[:5]]
+    alone = [decode(target, sampler, p, N_TOKENS) for p in prompts]
+    specs = [BlockSpeculator(Steer(dr.draft_head, p + a), dr.taps, 8, min_draft_prob=0.0)
+             for p, a in zip(prompts, alone)]
+    assert specs[0].state is not specs[1].state
+    seqs = [Seq(target, sampler, speculator=s, window=8) for s in specs]
+    outs = [[seq.start(p)] for seq, p in zip(seqs, prompts)]
+    while any(len(o) < N_TOKENS for o in outs):
+        for seq, out in zip(seqs, outs):
+            if len(out) < N_TOKENS:
+                out.extend(seq.step(N_TOKENS - len(out)))
+    assert outs == alone
+    assert all(0 < seq.stats.accepted < seq.stats.drafted for seq in seqs)
