@@ -251,6 +251,65 @@ def generate(
 
 
 @app.command()
+def chat(
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="GGUF path or known model name (see `tsspec models`). Default: smollm2-135m, pulled on first use."),
+    system: Optional[str] = typer.Option(None, "--system", help="System message (change it later with /system)."),
+    max_tokens: int = typer.Option(512, "-n", "--max-tokens", help="Tokens per reply at most."),
+    temp: float = typer.Option(0.0, "--temp", help="Temperature; 0 is greedy."),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens; 0 is off."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass; 1 is off."),
+    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability; 0 is off."),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens; 1 is off."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed."),
+    stop: List[str] = typer.Option([], "--stop", help="End a reply when this text appears (repeatable)."),
+    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object passed to the chat template, e.g. \'{"enable_thinking": false}\'.'),
+    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's); the whole conversation must fit."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="In-memory weight format: auto (default), bf16, f32 or int4. Env: TSSPEC_WEIGHTS."),
+    spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC)."),
+    spec_type: Optional[str] = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE."),
+    spec_draft: Optional[int] = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64. Env TS_SPEC_DRAFT / TS_MTP_DRAFT."),
+    spec_pmin: Optional[float] = typer.Option(None, "--spec-pmin", "--mtp-pmin", help="Confidence gate in [0,1]. Env TS_SPEC_PMIN."),
+    spec_draft_model: Optional[str] = typer.Option(None, "--spec-draft-model", "--mtp-draft-model", help="Separate drafter GGUF. Env TS_SPEC_DRAFT_MODEL."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Drafter GGUF or known model name; implies --spec."),
+    spec_accept: Optional[str] = typer.Option(None, "--spec-accept", help="Verification rule: auto | match | residual. Env TS_SPEC_ACCEPT."),
+    spec_adaptive: Optional[bool] = typer.Option(None, "--spec-adaptive/--no-spec-adaptive", help="Cost governor (default on; env TS_SPEC_ADAPTIVE=0 turns it off)."),
+):
+    """Talk to a model: each turn renders the conversation with the model's chat template and
+    forwards only the tokens the kept cache does not hold; speculation arms from the second turn
+    where the speculator can (n-gram, block drafters). Lines starting with / are commands (/help)."""
+    from .chat import parse_template_kwargs
+    from .conversation import Conversation
+    from .repl import run
+    from .sampling import Sampler, SamplingParams
+    from .settings import publish_spec, resolve_run
+
+    with user_errors():
+        if max_tokens < 1:
+            raise BadInput("--max-tokens must be >= 1")
+        sampler = Sampler(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                         repeat_penalty=repeat_penalty, seed=seed))
+        flags = dict(enabled=spec, type=spec_type, draft=spec_draft, pmin=spec_pmin, draft_model=spec_draft_model,
+                     accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model)
+        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags)
+        for w in config.warnings:
+            warn(w)
+        publish_spec(config.spec)
+        kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
+        for text, what in [(system, "--system")] + [(x, "--stop") for x in stop]:
+            if text is not None:
+                utf8_text(text, what)
+        interactive = sys.stdin.isatty() and sys.stdout.isatty()
+        session = open_session(config, progress=interactive)
+        speculation = session.speculation()
+        for n in speculation.notes:
+            err.print(f"[dim]note: {n}[/]")
+        conv = Conversation(session.engine(speculation), system=system, template_kwargs=kwargs)
+        code = run(conv, sampler=sampler, max_tokens=max_tokens, stop=stop, err=err, interactive=interactive)
+    raise typer.Exit(code)
+
+
+@app.command()
 def info(
     model: Optional[str] = typer.Argument(None, help="GGUF path or known model name (default smollm2-135m)."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Also show what an attached drafter enables."),

@@ -19,8 +19,9 @@ class GenerationResult:
     text: str
     token_ids: list[int]
     prompt_tokens: int
-    stop_reason: str  # "eos" | "stop" | "length"
+    stop_reason: str  # "eos" | "stop" | "length" | "interrupted"
     stats: SpecStats = field(default_factory=SpecStats)
+    eos_token: int | None = None  # the end-of-sequence token that ended the run (not in token_ids)
 
     def to_dict(self) -> dict:
         s = self.stats
@@ -76,7 +77,12 @@ class Engine:
         ignore_eos: bool = False,
         on_text: Callable[[str], None] | None = None,
         on_step: Callable[[SpecStats], None] | None = None,
+        cache=None,
+        interrupted: Callable[[], bool] | None = None,
     ) -> GenerationResult:
+        """``cache``: a kept cache holding a prefix of ``prompt_ids`` (a conversation's earlier turns),
+        extended in place; default: the engine's own, reset. ``interrupted() -> True`` stops the run
+        at the next token (stop reason "interrupted"), leaving the cache consistent."""
         check_fits(len(prompt_ids), max_tokens, self.target.max_context)
         tok = self.tokenizer
         eos = frozenset() if ignore_eos else tok.eos_ids
@@ -91,7 +97,7 @@ class Engine:
                 return True
             new = stream.push(t)
             if not new:
-                return False
+                return stopped()
             if stop:
                 # hold back text that could be the start of a stop string
                 buf = state["held"] + new
@@ -108,6 +114,12 @@ class Engine:
                 state["held"] = buf[cut:]
             else:
                 emit(new)
+            return stopped()
+
+        def stopped() -> bool:
+            if interrupted is not None and interrupted():
+                state["reason"] = "interrupted"
+                return True
             return False
 
         def emit(s: str) -> None:
@@ -117,16 +129,19 @@ class Engine:
                     on_text(s)
 
         stats = SpecStats()
-        if self._cache is None:
-            self._cache = self.target.make_cache()
-        self._cache.reset()
+        if cache is None:
+            if self._cache is None:
+                self._cache = self.target.make_cache()
+            cache = self._cache
+            cache.reset()
         ids = decode(
-            self.target, sampler, list(prompt_ids), max_tokens, cache=self._cache,
+            self.target, sampler, list(prompt_ids), max_tokens, cache=cache,
             speculator=self.speculator, governor=self.governor, window=self.window,
             accept_rule=self.accept_rule, on_token=on_token, on_step=on_step, stats=stats,
         )
+        eos_token = None
         if state["reason"] == "eos" and ids and ids[-1] in eos:
-            ids = ids[:-1]
+            ids, eos_token = ids[:-1], ids[-1]
         if state["reason"] != "stop":
             emit(state["held"] + stream.flush())
-        return GenerationResult("".join(pieces), ids, len(prompt_ids), state["reason"], stats)
+        return GenerationResult("".join(pieces), ids, len(prompt_ids), state["reason"], stats, eos_token)

@@ -1,0 +1,148 @@
+"""The terminal side of ``tsspec chat``: read a line, stream the reply, report the turn.
+
+Lines starting with ``/`` are commands (``/help`` lists them); anything else is the user's next
+message. Ctrl-C during a reply stops that reply and keeps the conversation (the partial reply is
+kept as the assistant's message, the cache stays consistent); a second Ctrl-C in the same reply
+interrupts at once. Ctrl-C at the prompt leaves with exit code 130, end of input (Ctrl-D) with 0.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from .conversation import Conversation, Turn
+from .errors import BadInput
+from .sampling import Sampler
+
+HELP = """commands:
+  /reset          forget the conversation (the system message stays)
+  /system [TEXT]  set the system message (no TEXT: none)
+  /stats          every turn so far: tokens reused, prefilled and generated, speed, acceptance
+  /save FILE      write the conversation as JSON
+  /help           this list
+  /exit, /quit    leave (so does end of input, Ctrl-D)"""
+
+
+def turn_line(t: Turn) -> str:
+    s = t.stats
+    parts = [f"{len(t.token_ids)} tokens", f"{s.decode_tok_s:.1f} tok/s",
+             f"prompt {t.prompt_tokens} = {t.reused} reused + {t.prefilled} prefilled"]
+    if s.speculator:
+        acc = f"{100 * s.acceptance_rate:.0f}%" if s.acceptance_rate is not None else "-"
+        parts.append(f"{s.speculator}: {s.verify_calls} verifies, acceptance {acc}")
+    else:
+        parts.append("plain")
+    if t.stop_reason == "interrupted":
+        parts.append("interrupted")
+    return "[" + ", ".join(parts) + "]"
+
+
+def stats_table(conv: Conversation) -> Table:
+    table = Table(title="turns", show_edge=False)
+    for col in ("turn", "prompt", "reused", "prefilled", "generated", "tok/s", "speculator", "acceptance", "stop"):
+        table.add_column(col, justify="right" if col not in ("speculator", "stop") else "left")
+    for i, t in enumerate(conv.turns, 1):
+        s = t.stats
+        acc = f"{100 * s.acceptance_rate:.0f}%" if s.acceptance_rate is not None else "-"
+        table.add_row(str(i), str(t.prompt_tokens), str(t.reused), str(t.prefilled), str(len(t.token_ids)),
+                      f"{s.decode_tok_s:.1f}", s.speculator or "plain", acc, t.stop_reason)
+    return table
+
+
+class _ReplyInterrupt:
+    """While a reply runs: the first Ctrl-C asks it to stop at the next token, a second one raises."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __enter__(self):
+        self.previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+
+
+def run(conv: Conversation, *, sampler: Sampler, max_tokens: int, stop=(), out: Console | None = None,
+        err: Console | None = None, read: Callable[[str], str] | None = None, interactive: bool = True) -> int:
+    """The read-reply loop; -> the exit code (0 at end of input or /exit)."""
+    out = out or Console(highlight=False)
+    err = err or Console(stderr=True, highlight=False)
+    if read is None:
+        read = (lambda p: out.input(p)) if interactive else _read_stdin
+    if interactive:
+        err.print("[dim]tsspec chat: /help for commands, Ctrl-C stops a reply, Ctrl-D leaves[/]")
+    while True:
+        try:
+            line = read("> " if interactive else "")
+        except EOFError:
+            return 0
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        if line.startswith("/"):
+            done = command(conv, line, out=out, err=err)
+            if done:
+                return 0
+            continue
+        try:
+            with _ReplyInterrupt() as intr:
+                turn = conv.reply(line, sampler=sampler, max_tokens=max_tokens, stop=stop,
+                                  on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()),
+                                  interrupted=lambda: intr.requested)
+        except BadInput as e:
+            err.print(f"[red]error:[/] {e}", highlight=False)
+            continue
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        err.print(f"[dim]{turn_line(turn)}[/]", highlight=False)
+
+
+def _read_stdin(prompt: str) -> str:
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line
+
+
+def command(conv: Conversation, line: str, *, out: Console, err: Console) -> bool:
+    """Run one ``/command``; -> True when the chat should end."""
+    name, _, arg = line.strip().partition(" ")
+    arg = arg.strip()
+    if name in ("/exit", "/quit"):
+        return True
+    if name == "/reset":
+        conv.reset()
+        err.print("[dim]conversation reset[/]")
+    elif name == "/system":
+        conv.set_system(arg or None)
+        err.print(f"[dim]system message {'set' if arg else 'removed'}[/]")
+    elif name == "/stats":
+        if conv.turns:
+            out.print(stats_table(conv))
+        else:
+            err.print("[dim]no turns yet[/]")
+    elif name == "/save":
+        if not arg:
+            err.print("[red]error:[/] /save needs a file name", highlight=False)
+        else:
+            try:
+                err.print(f"[dim]saved to {conv.save(arg)}[/]", highlight=False)
+            except BadInput as e:
+                err.print(f"[red]error:[/] {e}", highlight=False)
+    elif name == "/help":
+        out.print(HELP, highlight=False, markup=False)
+    else:
+        err.print(f"[red]error:[/] unknown command {name}; /help lists them", highlight=False)
+    return False
