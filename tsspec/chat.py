@@ -290,3 +290,14 @@ def encode_chat(tokenizer: Tokenizer, text: str) -> list[int]:
     if tokenizer.add_bos and tokenizer.bos_id is not None and (not ids or ids[0] != tokenizer.bos_id):
         ids.insert(0, tokenizer.bos_id)
     return ids
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, messages: list[dict], **kwargs: Any) -> list[int]:
+    """Token ids of ``messages`` rendered through the tokenizer's chat template, ending where the
+    assistant's reply begins (the template's generation prompt)."""
+    if not tokenizer.chat_template:
+        raise BadInput("the model has no chat template (tokenizer.chat_template)")
+    bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
+    eos = tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else ""
+    return encode_chat(tokenizer, render_chat(tokenizer.chat_template, messages, bos_token=bos, eos_token=eos,
+                                              **kwargs))

@@ -310,6 +310,62 @@ def chat(
 
 
 @app.command()
+def serve(
+    model: Optional[str] = typer.Option(None, "-m", "--model", help="GGUF path or known model name. Default: smollm2-135m, pulled on first use."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
+    port: int = typer.Option(8080, "--port", help="TCP port."),
+    slots: int = typer.Option(4, "--slots", help="Kept caches in the prefix cache (memory: one context's KV each)."),
+    max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="Default max_tokens of a request that gives none."),
+    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object passed to the chat template.'),
+    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's)."),
+    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="In-memory weight format: auto (default), bf16, f32 or int4. Env: TSSPEC_WEIGHTS."),
+    spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC)."),
+    spec_type: Optional[str] = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE."),
+    spec_draft: Optional[int] = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64. Env TS_SPEC_DRAFT / TS_MTP_DRAFT."),
+    spec_pmin: Optional[float] = typer.Option(None, "--spec-pmin", "--mtp-pmin", help="Confidence gate in [0,1]. Env TS_SPEC_PMIN."),
+    spec_draft_model: Optional[str] = typer.Option(None, "--spec-draft-model", "--mtp-draft-model", help="Separate drafter GGUF. Env TS_SPEC_DRAFT_MODEL."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Drafter GGUF or known model name; implies --spec."),
+    spec_accept: Optional[str] = typer.Option(None, "--spec-accept", help="Verification rule: auto | match | residual. Env TS_SPEC_ACCEPT."),
+    spec_adaptive: Optional[bool] = typer.Option(None, "--spec-adaptive/--no-spec-adaptive", help="Cost governor (default on; env TS_SPEC_ADAPTIVE=0 turns it off)."),
+):
+    """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health,
+    /metrics) over one loaded model, with a prefix cache across requests."""
+    from .chat import parse_template_kwargs
+    from .server import Server, create_app
+    from .settings import publish_spec, resolve_run
+
+    with user_errors():
+        if not 0 < port < 65536:
+            raise BadInput("--port must be in 1..65535")
+        if slots < 1:
+            raise BadInput("--slots must be >= 1")
+        if max_tokens < 1:
+            raise BadInput("--max-tokens must be >= 1")
+        flags = dict(enabled=spec, type=spec_type, draft=spec_draft, pmin=spec_pmin, draft_model=spec_draft_model,
+                     accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model)
+        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags)
+        for w in config.warnings:
+            warn(w)
+        publish_spec(config.spec)
+        kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
+        session = open_session(config)
+        speculation = session.speculation()
+        for n in speculation.notes:
+            err.print(f"[dim]note: {n}[/]")
+        server = Server(session.engine(speculation), model_id=session.path.stem, slots=slots,
+                        default_max_tokens=max_tokens, template_kwargs=kwargs)
+        import uvicorn
+
+        err.print(f"serving {session.path.name} on http://{host}:{port}/v1 "
+                  f"({speculation.speculator.name if speculation.speculator else 'plain'}; Ctrl-C stops)")
+        try:
+            uvicorn.run(create_app(server), host=host, port=port, log_level="warning")
+        except SystemExit as e:  # uvicorn exits when it cannot bind
+            raise BadInput(f"cannot listen on {host}:{port} (in use, or not an address of this machine)") from e
+
+
+@app.command()
 def info(
     model: Optional[str] = typer.Argument(None, help="GGUF path or known model name (default smollm2-135m)."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Also show what an attached drafter enables."),

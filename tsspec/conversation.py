@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .chat import encode_chat, render_chat
+from .chat import chat_prompt_ids
 from .errors import BadInput
 from .generate import Engine, check_fits
 from .sampling import Sampler
@@ -93,11 +93,7 @@ class Conversation:
         self.system = text
 
     def render(self, messages: list[dict[str, Any]]) -> list[int]:
-        tok = self.engine.tokenizer
-        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        text = render_chat(tok.chat_template, messages, bos_token=bos, eos_token=eos, **self.template_kwargs)
-        return encode_chat(tok, text)
+        return chat_prompt_ids(self.engine.tokenizer, messages, **self.template_kwargs)
 
     def reply(self, user: str, *, sampler: Sampler, max_tokens: int, stop: Sequence[str] = (),
               on_text: Callable[[str], None] | None = None, on_step: Callable[[SpecStats], None] | None = None,

@@ -1,0 +1,170 @@
+"""``tsspec serve``'s application, in process (starlette's TestClient): OpenAI-shaped responses,
+streaming, the prefix cache, metrics, errors, and texts that do not depend on what else is served."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from starlette.testclient import TestClient
+
+from tiny import write_tiny_model
+from tsspec.chat import chat_prompt_ids
+from tsspec.generate import Engine
+from tsspec.models import load_model
+from tsspec.sampling import Sampler, SamplingParams
+from tsspec.server import PrefixCache, Server, create_app
+from tsspec.spec.loop import decode
+from tsspec.spec.ngram import NGramSpeculator
+from tsspec.tokenizer import Tokenizer
+
+SYSTEM = {"role": "system", "content": "You answer in one short sentence about fruit and colors."}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("serve") / "m.gguf", "qwen2", seed=4, vocab_size=400, ctx=1024)
+    return load_model(path), Tokenizer.from_gguf(path)
+
+
+def make(tiny, spec=None, slots=4):
+    model, tok = tiny
+    server = Server(Engine(model, tok, speculator=spec, window=4), model_id="m", slots=slots, default_max_tokens=8)
+    return server, TestClient(create_app(server))
+
+
+def ask(client, messages, **kw):
+    r = client.post("/v1/chat/completions", json={"messages": messages, "temperature": 0, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_chat_completion_is_the_plain_run_and_openai_shaped(tiny):
+    model, tok = tiny
+    server, client = make(tiny)
+    msgs = [SYSTEM, {"role": "user", "content": "apple?"}]
+    body = ask(client, msgs, max_tokens=10)
+    assert body["object"] == "chat.completion" and body["model"] == "m"
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant" and choice["finish_reason"] in ("stop", "length")
+    prompt = chat_prompt_ids(tok, msgs)
+    want = decode(model, Sampler(), prompt, 10)
+    assert body["usage"]["prompt_tokens"] == len(prompt)
+    assert body["usage"]["completion_tokens"] == len(want) or choice["finish_reason"] == "stop"
+    assert body["tsspec"]["reused_tokens"] == 0 and body["tsspec"]["prefilled_tokens"] == len(prompt)
+    assert client.get("/v1/models").json()["data"][0]["id"] == "m"
+    assert client.get("/health").json() == {"status": "ok"}
+
+
+def test_the_next_turn_reuses_the_prefix_and_equals_a_fresh_run(tiny):
+    model, tok = tiny
+    server, client = make(tiny, spec=NGramSpeculator(max_draft_tokens=4))
+    msgs = [SYSTEM, {"role": "user", "content": "apple?"}]
+    first = ask(client, msgs, max_tokens=12)
+    msgs += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "and banana?"}]
+    second = ask(client, msgs, max_tokens=12)
+    assert second["tsspec"]["reused_tokens"] > 0
+    fresh_server, fresh_client = make(tiny)
+    assert ask(fresh_client, msgs, max_tokens=12)["choices"] == second["choices"]
+    text = client.get("/metrics").text
+    assert "tsspec_requests_total 2" in text and "tsspec_prompt_tokens_reused_total" in text
+    reused = [line for line in text.splitlines() if line.startswith("tsspec_prompt_tokens_reused_total")]
+    assert float(reused[0].split()[1]) == second["tsspec"]["reused_tokens"]
+
+
+def test_streaming_gives_the_same_text(tiny):
+    server, client = make(tiny)
+    msgs = [SYSTEM, {"role": "user", "content": "cherry?"}]
+    whole = ask(client, msgs, max_tokens=10)["choices"][0]["message"]["content"]
+    with client.stream("POST", "/v1/chat/completions",
+                       json={"messages": msgs, "temperature": 0, "max_tokens": 10, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == whole
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length") and "usage" in chunks[-1]
+    # plain completions stream too
+    with client.stream("POST", "/v1/completions", json={"prompt": "red green", "max_tokens": 5, "stream": True,
+                                                        "temperature": 0}) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["object"] == "text_completion"
+
+
+def test_same_request_same_text_alone_or_among_concurrent_others(tiny):
+    """Batch invariance and exact prefix reuse: a request's text does not depend on what else is
+    served, greedy or seeded."""
+    server, client = make(tiny, spec=NGramSpeculator(max_draft_tokens=4), slots=2)
+    reqs = [{"messages": [SYSTEM, {"role": "user", "content": f"fruit number {i}?"}], "max_tokens": 8,
+             "temperature": 0.9 if i % 2 else 0, "seed": 100 + i} for i in range(8)]
+    alone = []
+    for r in reqs:
+        _, fresh = make(tiny)
+        alone.append(fresh.post("/v1/chat/completions", json=r).json()["choices"][0]["message"]["content"])
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        together = list(pool.map(lambda r: client.post("/v1/chat/completions", json=r).json(), reqs))
+    assert [t["choices"][0]["message"]["content"] for t in together] == alone
+    again = client.post("/v1/chat/completions", json=reqs[3]).json()  # after the others, from a kept cache
+    assert again["choices"][0]["message"]["content"] == alone[3] and again["tsspec"]["reused_tokens"] > 0
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"messages": []}, 400, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages"),
+    ({"messages": [{"role": "user", "content": 5}]}, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "stop": [1]}, 400, "stop"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "seed": -3}, 400, "seed"),
+    ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-4"}, 404, "model"),
+])
+def test_bad_requests_get_openai_errors(tiny, body, status, param):
+    _, client = make(tiny)
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+    if param == "max_tokens" and status == 400 and body.get("max_tokens") == 10**6:
+        assert err["code"] == "context_length_exceeded"
+
+
+def test_malformed_bodies_and_unknown_routes(tiny):
+    _, client = make(tiny)
+    r = client.post("/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = client.post("/v1/completions", json=[1, 2])
+    assert r.status_code == 400
+    r = client.post("/v1/completions", json={"prompt": [10**9]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert client.get("/v1/nothing").status_code == 404 and "error" in client.get("/v1/nothing").json()
+    assert client.get("/v1/completions").status_code == 405
+    metrics = client.get("/metrics").text
+    assert "tsspec_request_errors_total 3" in metrics
+
+
+def test_prefix_cache_lru_and_trim(tiny):
+    model, _ = tiny
+    pc = PrefixCache(model, slots=2)
+    c, n = pc.take([1, 2, 3, 4])
+    assert n == 0 and c.length == 0
+    model.forward([1, 2, 3, 4, 5], c)
+    pc.give([1, 2, 3, 4, 5], c)
+    c2, n = pc.take([1, 2, 3, 9, 9])
+    assert c2 is c and n == 3 and c.length == 3  # trimmed to the common prefix
+    pc.give([1, 2, 3], c2)
+    c3, n = pc.take([1, 2, 3])  # the whole prompt is held: one token is left to forward
+    assert n == 2 and c3.length == 2
+    pc.give([1, 2], c3)
+    for i in range(3):  # more than `slots`: the least recently used goes
+        c, _ = pc.take([50 + i])
+        model.forward([50 + i], c)
+        pc.give([50 + i], c)
+    assert len(pc.entries) == 2 and all(t[0][0] >= 51 for t in pc.entries.values())

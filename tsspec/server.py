@@ -1,0 +1,423 @@
+"""``tsspec serve``: an OpenAI-compatible HTTP server over one loaded model (starlette + uvicorn).
+
+Endpoints: ``POST /v1/chat/completions`` and ``POST /v1/completions`` (``stream`` with server-sent
+events, or one JSON response), ``GET /v1/models``, ``GET /health``, and ``GET /metrics``
+(Prometheus text: requests, tokens, prefix reuse, speculation). Every completion carries a
+``tsspec`` field: tokens reused from the prefix cache and prefilled, the speculator, drafted and
+accepted tokens.
+
+One loaded trunk (and drafter) serves every request, one generation at a time, in arrival order.
+A prefix cache keeps the caches of recent requests (``slots``, least recently used first out), keyed
+by the tokens each holds; a request takes the one sharing its longest prefix, so a conversation's
+next turn, or requests sharing a system prompt, forward only what is new. A request's tokens never
+depend on what else is served: the same request with the same seed returns the same text alone or
+among others, because prefix reuse and speculation change the cost of a run, never its tokens
+(the trunk's rows are batch invariant; see the README).
+
+Not yet: decoding several sequences' rows in one shared forward (requests queue instead).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .chat import chat_prompt_ids
+from .conversation import common_prefix
+from .errors import BadInput
+from .generate import Engine, GenerationResult
+from .sampling import Sampler, SamplingParams
+
+DEFAULT_SLOTS = 4
+DEFAULT_MAX_TOKENS = 256
+MAX_STOP_STRINGS = 4
+
+
+class APIError(Exception):
+    """An OpenAI-style error: HTTP status, message, type, offending parameter and code."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": self.message, "type": self.type, "param": self.param,
+                                       "code": self.code}}, status_code=self.status)
+
+
+# ----------------------------------------------------------------------------- the prefix cache
+
+
+class PrefixCache:
+    """Caches of finished requests, keyed by the tokens each holds; at most ``slots``, LRU."""
+
+    def __init__(self, target, slots: int = DEFAULT_SLOTS):
+        if slots < 1:
+            raise BadInput("--slots must be >= 1")
+        self.target = target
+        self.slots = slots
+        self.entries: OrderedDict[int, tuple[list[int], Any]] = OrderedDict()
+        self._ids = 0
+
+    def take(self, prompt: list[int]) -> tuple[Any, int]:
+        """The kept cache sharing the longest prefix with ``prompt``, trimmed to that prefix (at
+        least one prompt token is left to forward), or an empty one; -> (cache, tokens reused). The
+        cache leaves the pool until ``give`` returns it."""
+        best, best_n = None, 0
+        for key, (tokens, _) in self.entries.items():
+            n = common_prefix(tokens, prompt)
+            if n > best_n:
+                best, best_n = key, n
+        if best is None:
+            if len(self.entries) >= self.slots:  # recycle the least recently used one's memory
+                _, (_, cache) = self.entries.popitem(last=False)
+                cache.reset()
+                return cache, 0
+            return self.target.make_cache(), 0
+        tokens, cache = self.entries.pop(best)
+        keep = min(best_n, len(prompt) - 1)
+        if keep < cache.length:
+            try:
+                cache.trim(cache.length - keep)
+            except ValueError:  # a recurrent state cannot go back that far
+                cache.reset()
+                keep = 0
+        return cache, keep
+
+    def give(self, tokens: list[int], cache) -> None:
+        """Return a cache holding ``tokens`` (position by position) to the pool, most recent."""
+        self._ids += 1
+        self.entries[self._ids] = (list(tokens[: cache.length]), cache)
+        while len(self.entries) > self.slots:
+            self.entries.popitem(last=False)
+
+
+# ----------------------------------------------------------------------------- the engine side
+
+
+@dataclass
+class Metrics:
+    requests: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    generated_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    verify_calls: int = 0
+    decode_ms: float = 0.0
+    by_status: dict[int, int] = field(default_factory=dict)
+
+    def prometheus(self) -> str:
+        rows = [
+            ("tsspec_requests_total", "counter", "completions served", self.requests),
+            ("tsspec_request_errors_total", "counter", "requests answered with an error", self.errors),
+            ("tsspec_prompt_tokens_total", "counter", "prompt tokens of served completions", self.prompt_tokens),
+            ("tsspec_prompt_tokens_reused_total", "counter", "prompt tokens taken from the prefix cache",
+             self.reused_tokens),
+            ("tsspec_generated_tokens_total", "counter", "tokens generated", self.generated_tokens),
+            ("tsspec_spec_drafted_tokens_total", "counter", "draft tokens sent to verification", self.drafted),
+            ("tsspec_spec_accepted_tokens_total", "counter", "draft tokens accepted", self.accepted),
+            ("tsspec_spec_verify_calls_total", "counter", "verify forwards", self.verify_calls),
+            ("tsspec_decode_seconds_total", "counter", "time spent decoding", self.decode_ms / 1000.0),
+        ]
+        out = []
+        for name, kind, help_, value in rows:
+            out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value:g}"]
+        return "\n".join(out) + "\n"
+
+
+class Server:
+    """One loaded model serving completions one at a time, with a prefix cache."""
+
+    def __init__(self, engine: Engine, *, model_id: str, slots: int = DEFAULT_SLOTS,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, template_kwargs: dict | None = None):
+        self.engine = engine
+        self.model_id = model_id
+        self.prefix = PrefixCache(engine.target, slots)
+        self.default_max_tokens = default_max_tokens
+        self.template_kwargs = dict(template_kwargs or {})
+        self.metrics = Metrics()
+        self.lock = threading.Lock()
+        self.created = int(time.time())
+
+    def complete(self, prompt: list[int], sampler: Sampler, max_tokens: int, stop: list[str],
+                 on_text: Callable[[str], None] | None = None,
+                 interrupted: Callable[[], bool] | None = None) -> tuple[GenerationResult, int]:
+        """Generate after ``prompt`` on the best kept cache; -> (result, prompt tokens reused)."""
+        self.check_context(prompt, max_tokens)
+        with self.lock:
+            cache, reused = self.prefix.take(prompt)
+            try:
+                result = self.engine.generate(prompt, sampler=sampler, max_tokens=max_tokens, stop=stop,
+                                              on_text=on_text, cache=cache, interrupted=interrupted)
+            except BaseException:
+                cache.reset()
+                self.prefix.give([], cache)
+                raise
+            held = prompt + result.token_ids + ([result.eos_token] if result.eos_token is not None else [])
+            self.prefix.give(held, cache)
+            m, s = self.metrics, result.stats
+            m.requests += 1
+            m.prompt_tokens += len(prompt)
+            m.reused_tokens += reused
+            m.generated_tokens += len(result.token_ids)
+            m.drafted += s.drafted
+            m.accepted += s.accepted
+            m.verify_calls += s.verify_calls
+            m.decode_ms += s.decode_ms
+        return result, reused
+
+    # -- request parsing ----------------------------------------------------------------------------
+    def check_context(self, prompt: list[int], max_tokens: int) -> None:
+        ctx = self.engine.target.max_context
+        if len(prompt) + max_tokens > ctx:
+            raise APIError(400, f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
+                           f"context of {ctx} tokens", param="max_tokens", code="context_length_exceeded")
+
+    def check_model(self, body: dict) -> None:
+        name = body.get("model")
+        if name is not None and name not in (self.model_id, "default"):
+            raise APIError(404, f"model {name!r} is not served here (this server serves {self.model_id!r})",
+                           type="invalid_request_error", param="model", code="model_not_found")
+
+    def sampling(self, body: dict) -> tuple[Sampler, int, list[str]]:
+        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+        if top_p == 0.0:
+            raise APIError(400, "top_p must be in (0, 1]", param="top_p")
+        seed = body.get("seed", 0)
+        if seed is None:
+            seed = 0
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+            raise APIError(400, "seed must be a non-negative integer", param="seed")
+        n = body.get("n", 1)
+        if n != 1:
+            raise APIError(400, "only n = 1 is supported", param="n")
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        if max_tokens is None:
+            max_tokens = self.default_max_tokens
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise APIError(400, "max_tokens must be a positive integer", param="max_tokens")
+        stop = body.get("stop") or []
+        if isinstance(stop, str):
+            stop = [stop]
+        if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
+                or not all(isinstance(x, str) and x for x in stop)):
+            raise APIError(400, f"stop must be a string or a list of at most {MAX_STOP_STRINGS} non-empty strings",
+                           param="stop")
+        try:
+            sampler = Sampler(SamplingParams(temperature=temperature, top_p=top_p, seed=seed))
+        except (ValueError, BadInput) as e:
+            raise APIError(400, str(e)) from None
+        return sampler, max_tokens, stop
+
+    def chat_prompt(self, body: dict) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise APIError(400, "messages must be a non-empty list", param="messages")
+        clean = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer"):
+                raise APIError(400, f"messages[{i}] needs a role of system, user or assistant", param="messages")
+            content = m.get("content", "")
+            if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+                if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                           for p in content):
+                    raise APIError(400, f"messages[{i}].content: only text parts are supported", param="messages")
+                content = "".join(p["text"] for p in content)
+            if not isinstance(content, str):
+                raise APIError(400, f"messages[{i}].content must be a string", param="messages")
+            role = "system" if m["role"] == "developer" else m["role"]
+            clean.append({"role": role, "content": content})
+        try:
+            return chat_prompt_ids(self.engine.tokenizer, clean, **self.template_kwargs)
+        except BadInput as e:
+            raise APIError(400, str(e), param="messages") from None
+
+    def text_prompt(self, body: dict) -> list[int]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str) and prompt:
+            return self.engine.tokenizer.encode(prompt)
+        vocab = self.engine.target.vocab_size
+        if (isinstance(prompt, list) and prompt
+                and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in prompt)):
+            return list(prompt)
+        raise APIError(400, f"prompt must be a non-empty string or a list of token ids below {vocab}",
+                       param="prompt")
+
+
+def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(key, default)
+    if v is None:
+        v = default
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= float(v) <= hi:
+        raise APIError(400, f"{key} must be a number in [{lo:g}, {hi:g}]", param=key)
+    return float(v)
+
+
+def _finish_reason(result: GenerationResult) -> str:
+    return "length" if result.stop_reason == "length" else "stop"
+
+
+def _extension(result: GenerationResult, prompt: list[int], reused: int) -> dict:
+    s = result.stats
+    return {"reused_tokens": reused, "prefilled_tokens": len(prompt) - reused, "speculator": s.speculator,
+            "drafted_tokens": s.drafted, "accepted_tokens": s.accepted, "verify_calls": s.verify_calls,
+            "decode_tok_s": round(s.decode_tok_s, 2), "prefill_ms": round(s.prefill_ms, 2),
+            "decode_ms": round(s.decode_ms, 2)}
+
+
+def _usage(prompt: list[int], result: GenerationResult) -> dict:
+    n = len(result.token_ids)
+    return {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
+
+
+# ----------------------------------------------------------------------------- the HTTP side
+
+
+def create_app(server: Server) -> Starlette:
+    async def read_json(request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise APIError(400, "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        return body
+
+    def failing(handler):
+        async def wrapped(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except APIError as e:
+                server.metrics.errors += 1
+                return e.response()
+            except BadInput as e:
+                server.metrics.errors += 1
+                return APIError(400, str(e)).response()
+        return wrapped
+
+    async def completions(request: Request, chat: bool) -> Response:
+        body = await read_json(request)
+        server.check_model(body)
+        sampler, max_tokens, stop = server.sampling(body)
+        prompt = server.chat_prompt(body) if chat else server.text_prompt(body)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        kind = "chat.completion" if chat else "text_completion"
+        if body.get("stream"):
+            server.check_context(prompt, max_tokens)  # refused before the stream starts
+            return StreamingResponse(stream(server, rid, kind, chat, prompt, sampler, max_tokens, stop),
+                                     media_type="text/event-stream")
+        from starlette.concurrency import run_in_threadpool
+
+        result, reused = await run_in_threadpool(server.complete, prompt, sampler, max_tokens, stop)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(result), "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": result.text}
+        else:
+            choice["text"] = result.text
+        return JSONResponse({"id": rid, "object": kind, "created": int(time.time()), "model": server.model_id,
+                             "choices": [choice], "usage": _usage(prompt, result),
+                             "tsspec": _extension(result, prompt, reused)})
+
+    async def chat_completions(request: Request) -> Response:
+        return await completions(request, chat=True)
+
+    async def text_completions(request: Request) -> Response:
+        return await completions(request, chat=False)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": server.model_id, "object": "model", "created": server.created, "owned_by": "tsspec"}]})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(server.metrics.prometheus(), media_type="text/plain; version=0.0.4")
+
+    routes = [
+        Route("/v1/chat/completions", failing(chat_completions), methods=["POST"]),
+        Route("/v1/completions", failing(text_completions), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+
+    async def not_found(request: Request, exc) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return APIError(status, f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
+                        code="not_found" if status == 404 else None).response()
+
+    async def internal(request: Request, exc) -> Response:
+        server.metrics.errors += 1
+        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").response()
+
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: internal})
+
+
+def stream(server: Server, rid: str, kind: str, chat: bool, prompt: list[int], sampler: Sampler, max_tokens: int,
+           stop: list[str]) -> Iterator[str]:
+    """Server-sent events: the generation runs in its own thread and hands text over a queue; a
+    client that goes away stops it at the next token."""
+    q: queue.Queue = queue.Queue()
+    gone = threading.Event()
+    created = int(time.time())
+
+    def chunk(delta: dict | str | None, finish: str | None, extra: dict | None = None) -> str:
+        if chat:
+            choice = {"index": 0, "delta": delta if isinstance(delta, dict) else {}, "finish_reason": finish,
+                      "logprobs": None}
+        else:
+            choice = {"index": 0, "text": delta if isinstance(delta, str) else "", "finish_reason": finish,
+                      "logprobs": None}
+        obj = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": created,
+               "model": server.model_id, "choices": [choice], **(extra or {})}
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    def work() -> None:
+        try:
+            out = server.complete(prompt, sampler, max_tokens, stop, on_text=lambda s: q.put(("text", s)),
+                                  interrupted=gone.is_set)
+            q.put(("done", out))
+        except APIError as e:
+            q.put(("error", e))
+        except Exception as e:  # noqa: BLE001 - reported to the client as a server error
+            q.put(("error", APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")))
+
+    threading.Thread(target=work, daemon=True).start()
+    try:
+        if chat:
+            yield chunk({"role": "assistant", "content": ""}, None)
+        while True:
+            kind_, item = q.get()
+            if kind_ == "text":
+                yield chunk({"content": item} if chat else item, None)
+            elif kind_ == "error":
+                server.metrics.errors += 1
+                err = {"error": {"message": item.message, "type": item.type, "code": item.code}}
+                yield f"data: {json.dumps(err)}\n\n"
+                break
+            else:
+                result, reused = item
+                yield chunk({} if chat else "", _finish_reason(result),
+                            {"usage": _usage(prompt, result), "tsspec": _extension(result, prompt, reused)})
+                break
+        yield "data: [DONE]\n\n"
+    finally:
+        gone.set()
