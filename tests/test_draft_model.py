@@ -126,7 +126,7 @@ class EveryThird:
     def __init__(self):
         self.step = 0
 
-    def reset(self):
+    def begin_sequence(self):
         self.step = 0
 
     def draft_length(self, window):
@@ -180,7 +180,7 @@ def test_commit_rewinds_to_what_the_trunk_kept(files, trunk):
     spec = _speculator(files["other"], trunk, window=4)
     prompt = PROMPTS[0]
     spec.begin(prompt, None)
-    assert spec.cache.length == len(prompt) and not spec.pending
+    assert spec.cache.length == 0 and spec.pending == prompt  # lazy: nothing forwarded before a propose
     sampler = Sampler()
     ctx = DraftContext(last_token=7, position=len(prompt), max_tokens=4, history=prompt + [7],
                        sampler=sampler)
@@ -332,7 +332,7 @@ def test_registry_entry(files, trunk):
     spec = REGISTRY.create("draft-model", trunk, opts, drafter)
     assert isinstance(spec, DraftModelSpeculator)
     assert (spec.max_draft_tokens, spec.min_draft_prob) == (5, 0.25)
-    assert spec.default_accept_rule == "match" and not spec.can_arm_after_prefix_reuse
+    assert spec.default_accept_rule == "match" and spec.can_arm_after_prefix_reuse
     assert not spec.needs_hidden_state and spec.taps == ()
     assert REGISTRY.auto_order(drafter)[0] == "draft-model"
     assert isinstance(REGISTRY.create("auto", trunk, opts, drafter), DraftModelSpeculator)
@@ -425,3 +425,20 @@ def test_one_loaded_drafter_serves_interleaved_sequences(files, trunk):
                 out.extend(seq.step(n - len(out)))
     assert outs == alone
     assert all(seq.stats.verify_calls > 0 for seq in seqs)
+
+
+def test_a_restart_forwards_at_most_the_context_window(files, trunk):
+    """A catch-up longer than ``context`` (a long prompt, a long parked stretch, a kept cache the
+    drafter never saw) restarts the drafter on the last ``context`` tokens: its cost is bounded, and
+    the output stays plain's."""
+    drafter = load_drafter(files["trunk"], trunk)
+    spec = REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), drafter)
+    spec.context = 8
+    prompt = PROMPTS[4]
+    assert len(prompt) > 8
+    rows = []
+    real = spec._forward
+    spec._forward = lambda toks: (rows.append(len(toks)), real(toks))[1]
+    out = decode(trunk, Sampler(), prompt, 30, speculator=spec, window=4)
+    assert out == decode(trunk, Sampler(), prompt, 30)
+    assert rows[0] == 8 and spec.restarts >= 1 and max(rows) <= 8

@@ -369,3 +369,44 @@ def test_governor_sim_script_separates_winners_from_losers():
     cfg = GovernorConfig()
     assert 0.85 < sim.simulate(cfg, never, n=200, window=8, seeds=20) < 1.0  # parked: close to plain
     assert sim.simulate(cfg, always, n=200, window=8, seeds=20) > 3.0
+
+
+def test_a_losing_drafter_starts_the_next_sequence_parked():
+    """begin_sequence: a drafter that was losing when a sequence ended starts the next one parked
+    for the last park's length, backoff kept; one that was winning probes afresh; reset forgets."""
+    c = GovernorConfig()
+    gov = SpeculationCostGovernor(c)
+    gov.begin_sequence()
+    assert gov.state == PROBING
+    # lose: speculative steps at 3x the plain cost per token
+    for _ in range(6):
+        if gov.should_draft():
+            gov.record(True, 30.0, 1, 3)
+        else:
+            gov.record(False, 10.0, 1)
+    assert gov.state == PARKED and gov.parks == 1
+    gov.begin_sequence()
+    assert gov.state == PARKED and gov.steps_left == park_length(0, c.park_base, c.park_cap)
+    assert gov.parks == 0 and gov.ratio is None  # fresh windows, counters per sequence
+    for _ in range(gov.steps_left):
+        assert not gov.should_draft()
+        gov.record(False, 10.0, 1)
+    assert gov.state == PROBING and gov.should_draft()
+    gov.record(True, 30.0, 1, 3)  # still losing: the next park is twice as long
+    assert gov.state == PARKED and gov.steps_left == park_length(1, c.park_base, c.park_cap)
+    gov.reset()
+    assert gov.state == PROBING
+    # a winner carries nothing
+    win = SpeculationCostGovernor(c)
+    win.begin_sequence()
+    for _ in range(12):
+        if win.should_draft():
+            win.record(True, 10.0, 3, 3)
+        else:
+            win.record(False, 10.0, 1)
+    assert win.state == HOLDING
+    win.begin_sequence()
+    assert win.state == PROBING
+    off = SpeculationCostGovernor(c, enabled=False)
+    off.begin_sequence()
+    assert off.should_draft()

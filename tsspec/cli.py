@@ -277,7 +277,7 @@ def chat(
 ):
     """Talk to a model: each turn renders the conversation with the model's chat template and
     forwards only the tokens the kept cache does not hold; speculation arms from the second turn
-    where the speculator can (n-gram, block drafters). Lines starting with / are commands (/help)."""
+    where the speculator can (n-gram, block drafters, a draft model). Lines starting with / are commands (/help)."""
     from .chat import parse_template_kwargs
     from .conversation import Conversation
     from .repl import run

@@ -14,8 +14,8 @@ equals a fresh run over the whole rendered prompt: reuse changes the cost, never
 
 Speculation: one speculator serves the whole conversation (``begin`` is called with the whole
 prompt every turn). One that can arm after a reused prefix (n-gram, block drafters) drafts from the
-second turn on; one that cannot (a per-token draft head, a draft model) is left out of turns that
-reuse the cache, and the turn says so.
+second turn on (so does a draft model, which restarts its own cache on the recent tokens); one that
+cannot (a per-token draft head) is left out of turns that reuse the cache, and the turn says so.
 """
 
 from __future__ import annotations

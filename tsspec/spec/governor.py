@@ -69,8 +69,9 @@ An always-losing drafter thus costs one losing step per park, and parks grow geo
 over 500 tokens at 2x the plain cost per token that is ~1.5 % above all-plain.
 
 ``enabled=False`` (``TS_SPEC_ADAPTIVE=0``, mapped by the caller) drafts every step; the windows
-are still kept so the display can show the ratio. ``reset()`` starts a new sequence from scratch,
-backoff included.
+are still kept so the display can show the ratio. ``begin_sequence()`` (what the loop calls) starts
+a new sequence of the same engine: fresh windows, but a drafter that was losing starts it parked,
+its backoff kept; ``reset()`` forgets everything.
 """
 
 from __future__ import annotations
@@ -254,8 +255,22 @@ class SpeculationCostGovernor:
 
     # -- what the loop calls
 
+    def begin_sequence(self) -> None:
+        """A new sequence of the same engine (a bench prompt, a chat turn, a server request): the
+        windows start empty, but a drafter that was losing when the last sequence ended starts this
+        one parked, for the last park's length, with its backoff kept. Without this every sequence
+        would pay a first probe (for a draft model: its catch-up over the prompt too) to relearn a
+        loss; with it a losing drafter is retried once per park, across sequences as within one."""
+        streak = self._streak if self.enabled else 0
+        self.reset()
+        if streak:
+            c = self.config
+            self._streak = streak
+            self._state = PARKED
+            self._steps_left = park_length(streak - 1, c.park_base, c.park_cap)
+
     def reset(self) -> None:
-        """A new sequence: forget everything, backoff and windows included."""
+        """Forget everything, backoff and windows included."""
         c = self.config
         self._spec: deque[Sample] = deque(maxlen=c.window)
         self._plain: deque[Sample] = deque(maxlen=c.window)

@@ -89,7 +89,7 @@ class Sequence:
         st.window = self.window if spec is not None else 0
         st.prompt_tokens = len(prompt)
         if self.governor is not None:
-            self.governor.reset()
+            self.governor.begin_sequence()
         t0 = time.perf_counter()
         self.cache.reserve(len(prompt) + 1)
         logits, hidden = prefill(self.target, self.cache, prompt[reused:], self.taps)
