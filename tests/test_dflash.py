@@ -579,7 +579,7 @@ def test_reduced_draft_vocabulary(files, tmp_path):
 def test_one_loaded_block_drafter_serves_interleaved_sequences(files):
     """Two sequences on one trunk and ONE loaded DFlash2 drafter, stepped in turn: each speculator
     holds its own KV ring (``new_state``), so each sequence gets exactly what it gets alone."""
-    from tsspec.spec.loop import Sequence as Seq
+    from tsspec.spec.loop import Sequence as Seq, decode_interleaved
 
     target, dr = _load(files, "dflash2")
     sampler = Sampler()
@@ -589,10 +589,5 @@ def test_one_loaded_block_drafter_serves_interleaved_sequences(files):
              for p, a in zip(prompts, alone)]
     assert specs[0].state is not specs[1].state
     seqs = [Seq(target, sampler, speculator=s, window=8) for s in specs]
-    outs = [[seq.start(p)] for seq, p in zip(seqs, prompts)]
-    while any(len(o) < N_TOKENS for o in outs):
-        for seq, out in zip(seqs, outs):
-            if len(out) < N_TOKENS:
-                out.extend(seq.step(N_TOKENS - len(out)))
-    assert outs == alone
+    assert decode_interleaved(seqs, prompts, N_TOKENS) == alone
     assert all(0 < seq.stats.accepted < seq.stats.drafted for seq in seqs)

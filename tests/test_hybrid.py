@@ -25,7 +25,7 @@ from tsspec.errors import ModelFileError
 from tsspec.models import load_model
 from tsspec.models.gated_delta import delta_rule_chunked, delta_rule_rows, delta_rule_step, l2norm
 from tsspec.sampling import Sampler, SamplingParams
-from tsspec.spec.loop import Sequence as Seq, decode
+from tsspec.spec.loop import Sequence as Seq, decode, decode_interleaved
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.protocols import Draft, DraftContext
 from tsspec.spec.stats import SpecStats
@@ -262,18 +262,13 @@ def test_sequences_interleaved_on_one_hybrid_equal_each_alone(files, fast):
     jobs = [(_prompt(), Sampler(SAMPLERS["greedy"]), lambda ref: Scripted(ref, len(_prompt()), -1), 4),
             (_prompt(20, seed=3), Sampler(SAMPLERS["seeded"]), lambda ref: Scripted(ref, 20, 2, k=3), 3)]
     n = 30
-    alone, seqs, outs = [], [], []
+    alone, seqs = [], []
     for prompt, sampler, make, window in jobs:
         ref = decode(m, sampler, prompt, n)
         alone.append(ref)
         assert decode(m, sampler, prompt, n, speculator=make(ref), window=window) == ref
         seqs.append(Seq(m, sampler, speculator=make(ref), window=window))
-    outs = [[seq.start(prompt)] for seq, (prompt, *_) in zip(seqs, jobs)]
-    while any(len(o) < n for o in outs):
-        for seq, out in zip(seqs, outs):
-            if len(out) < n:
-                out.extend(seq.step(n - len(out)))
-    assert outs == alone
+    assert decode_interleaved(seqs, [prompt for prompt, *_ in jobs], n) == alone
     assert all(seq.stats.verify_calls > 0 for seq in seqs)
 
 

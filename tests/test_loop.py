@@ -18,7 +18,7 @@ from tsspec.models import load_model
 from tsspec.models.cache import KVCache
 from tsspec.sampling import Sampler, SamplingParams
 from tsspec.spec.governor import FIRST_DRAFT, GovernorConfig, SpeculationCostGovernor
-from tsspec.spec.loop import Sequence as Seq, decode
+from tsspec.spec.loop import Sequence as Seq, decode, decode_interleaved
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.protocols import Draft, DraftContext, Speculator
 from tsspec.spec.stats import SpecStats
@@ -373,12 +373,7 @@ def run_interleaved(model, jobs, n=N_NEW) -> list[list[int]]:
     """Decode several sequences on one loaded model, one step of each in turn: ``jobs`` is a list
     of (prompt, sampler, speculator or None, window)."""
     seqs = [Seq(model, sampler, speculator=spec, window=window) for _, sampler, spec, window in jobs]
-    outs = [[seq.start(prompt)] for seq, (prompt, *_) in zip(seqs, jobs)]
-    while any(len(o) < n for o in outs):
-        for seq, out in zip(seqs, outs):
-            if len(out) < n:
-                out.extend(seq.step(n - len(out)))
-    return outs
+    return decode_interleaved(seqs, [prompt for prompt, *_ in jobs], n)
 
 
 def interleaving_jobs(model):

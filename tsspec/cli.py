@@ -55,6 +55,21 @@ def utf8_text(text: str, what: str) -> str:
 # ----------------------------------------------------------------------------- loading
 
 
+def resolve_command(*, model, weights, ctx_size, threads, spec, spec_type, spec_draft, spec_pmin, spec_draft_model,
+                    draft_model, spec_accept, spec_adaptive):
+    """Flags and environment resolved once into the run's configuration (its warnings printed, its
+    speculation settings published for child processes): the start of generate, chat and serve."""
+    from .settings import publish_spec, resolve_run
+
+    flags = dict(enabled=spec, type=spec_type, draft=spec_draft, pmin=spec_pmin, draft_model=spec_draft_model,
+                 accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model)
+    config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags)
+    for w in config.warnings:
+        warn(w)
+    publish_spec(config.spec)
+    return config
+
+
 def open_session(config, *, progress: bool = True):
     """The run's ``Session`` (the trunk loaded, threads applied), with this command line's spinner,
     download progress and warnings."""
@@ -151,19 +166,40 @@ def read_prompt_set(path: Path) -> list[tuple[str, str]]:
 
 # ----------------------------------------------------------------------------- commands
 
+# options of every command that loads a model and may speculate (generate, chat, serve)
+MODEL_OPTION = typer.Option(None, "-m", "--model", help="GGUF path or known model name (see `tsspec models`). Default: smollm2-135m, pulled on first use.")
+TEMP_OPTION = typer.Option(0.0, "--temp", help="Temperature; 0 is greedy.")
+TOP_K_OPTION = typer.Option(0, "--top-k", help="Keep the k most likely tokens; 0 is off.")
+TOP_P_OPTION = typer.Option(1.0, "--top-p", help="Nucleus sampling mass; 1 is off.")
+MIN_P_OPTION = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability; 0 is off.")
+REPEAT_PENALTY_OPTION = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens; 1 is off.")
+TEMPLATE_KWARGS_OPTION = typer.Option(None, "--chat-template-kwargs", help='JSON object passed to the chat template, e.g. \'{"enable_thinking": false}\'.')
+CTX_OPTION = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's).")
+THREADS_OPTION = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores).")
+WEIGHTS_OPTION = typer.Option(None, "--weights", help="In-memory weight format: auto (default: the file's own GGUF blocks on the native kernels; pure torch without a C compiler), bf16, f32 (plain reference) or int4 (lossy for non-Q4 tensors). Env: TSSPEC_WEIGHTS.")
+SPEC_OPTION = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC).")
+SPEC_TYPE_OPTION = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE.")
+SPEC_DRAFT_OPTION = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64 (default 8; a model may prefer fewer). Env TS_SPEC_DRAFT / TS_MTP_DRAFT.")
+SPEC_PMIN_OPTION = typer.Option(None, "--spec-pmin", "--mtp-pmin", help="Confidence gate in [0,1] (default per algorithm: 0.75 draft head, 0.35 block, 0 n-gram). Env TS_SPEC_PMIN.")
+SPEC_DRAFT_MODEL_OPTION = typer.Option(None, "--spec-draft-model", "--mtp-draft-model", help="Separate drafter GGUF (draft head or language model). Env TS_SPEC_DRAFT_MODEL.")
+DRAFT_MODEL_OPTION = typer.Option(None, "--draft-model", help="Drafter GGUF or known model name (a language model, or a dflash block drafter); implies --spec.")
+SPEC_ACCEPT_OPTION = typer.Option(None, "--spec-accept", help="Verification rule: auto (speculator's default) | match (identical to plain) | residual (lossless in distribution). Env TS_SPEC_ACCEPT.")
+SPEC_ADAPTIVE_OPTION = typer.Option(None, "--spec-adaptive/--no-spec-adaptive", help="Cost governor that parks drafting while it loses (default on; env TS_SPEC_ADAPTIVE=0 turns it off).")
+
+
 
 @app.command()
 def generate(
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="GGUF path or known model name (see `tsspec models`). Default: smollm2-135m, pulled on first use."),
+    model: Optional[str] = MODEL_OPTION,
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="Prompt text."),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help='JSONL file, one {"id", "text"} per line: many prompts, model loaded once.'),
     max_tokens: int = typer.Option(128, "-n", "--max-tokens", help="Tokens to generate at most."),
-    temp: float = typer.Option(0.0, "--temp", help="Temperature; 0 is greedy."),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens; 0 is off."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass; 1 is off."),
-    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability; 0 is off."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens; 1 is off."),
+    temp: float = TEMP_OPTION,
+    top_k: int = TOP_K_OPTION,
+    top_p: float = TOP_P_OPTION,
+    min_p: float = MIN_P_OPTION,
+    repeat_penalty: float = REPEAT_PENALTY_OPTION,
     repeat_last_n: int = typer.Option(64, "--repeat-last-n", help="How many recent tokens the penalties look at."),
     presence_penalty: float = typer.Option(0.0, "--presence-penalty", help="Subtracted once from any recent token's logit."),
     frequency_penalty: float = typer.Option(0.0, "--frequency-penalty", help="Subtracted per occurrence of a recent token."),
@@ -172,19 +208,19 @@ def generate(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep going past end-of-sequence tokens."),
     chat: bool = typer.Option(False, "--chat", help="Render the prompt with the model's chat template."),
     system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
-    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object passed to the chat template, e.g. \'{"enable_thinking": false}\'.'),
-    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's)."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores)."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="In-memory weight format: auto (default: the file's own GGUF blocks on the native kernels; pure torch without a C compiler), bf16, f32 (plain reference) or int4 (lossy for non-Q4 tensors). Env: TSSPEC_WEIGHTS."),
-    spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC)."),
+    chat_template_kwargs: Optional[str] = TEMPLATE_KWARGS_OPTION,
+    ctx_size: Optional[int] = CTX_OPTION,
+    threads: Optional[int] = THREADS_OPTION,
+    weights: Optional[str] = WEIGHTS_OPTION,
+    spec: Optional[bool] = SPEC_OPTION,
     mtp_spec: Optional[bool] = typer.Option(None, "--mtp-spec/--no-mtp-spec", help="Legacy spelling of --spec/--no-spec."),
-    spec_type: Optional[str] = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE."),
-    spec_draft: Optional[int] = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64 (default 8; a model may prefer fewer). Env TS_SPEC_DRAFT / TS_MTP_DRAFT."),
-    spec_pmin: Optional[float] = typer.Option(None, "--spec-pmin", "--mtp-pmin", help="Confidence gate in [0,1] (default per algorithm: 0.75 draft head, 0.35 block, 0 n-gram). Env TS_SPEC_PMIN."),
-    spec_draft_model: Optional[str] = typer.Option(None, "--spec-draft-model", "--mtp-draft-model", help="Separate drafter GGUF (draft head or language model). Env TS_SPEC_DRAFT_MODEL."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Drafter GGUF or known model name (a language model, or a dflash block drafter); implies --spec."),
-    spec_accept: Optional[str] = typer.Option(None, "--spec-accept", help="Verification rule: auto (speculator's default) | match (identical to plain) | residual (lossless in distribution). Env TS_SPEC_ACCEPT."),
-    spec_adaptive: Optional[bool] = typer.Option(None, "--spec-adaptive/--no-spec-adaptive", help="Cost governor that parks drafting while it loses (default on; env TS_SPEC_ADAPTIVE=0 turns it off)."),
+    spec_type: Optional[str] = SPEC_TYPE_OPTION,
+    spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
+    spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
+    spec_draft_model: Optional[str] = SPEC_DRAFT_MODEL_OPTION,
+    draft_model: Optional[str] = DRAFT_MODEL_OPTION,
+    spec_accept: Optional[str] = SPEC_ACCEPT_OPTION,
+    spec_adaptive: Optional[bool] = SPEC_ADAPTIVE_OPTION,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, ids, counters, timings) at the end instead of streaming."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Plain text only: no live panel, no summary."),
 ):
@@ -192,8 +228,6 @@ def generate(
     from .chat import parse_template_kwargs
     from .display import LiveSink, TextSink, summary_line
     from .sampling import Sampler, SamplingParams
-    from .settings import publish_spec, resolve_run
-
     with user_errors():
         if max_tokens < 1:
             raise BadInput("--max-tokens must be >= 1")
@@ -204,14 +238,10 @@ def generate(
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
             repeat_last_n=repeat_last_n, seed=seed,
         ))
-        flags = dict(
-            enabled=spec if spec is not None else mtp_spec, type=spec_type, draft=spec_draft, pmin=spec_pmin,
-            draft_model=spec_draft_model, accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model,
-        )
-        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags)
-        for w in config.warnings:
-            warn(w)
-        publish_spec(config.spec)
+        config = resolve_command(
+            model=model, weights=weights, ctx_size=ctx_size, threads=threads, spec=spec if spec is not None else mtp_spec, spec_type=spec_type,
+            spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
+            spec_accept=spec_accept, spec_adaptive=spec_adaptive)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         if (system or kwargs) and not chat:
             warn("--system and --chat-template-kwargs only apply with --chat")
@@ -252,28 +282,28 @@ def generate(
 
 @app.command()
 def chat(
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="GGUF path or known model name (see `tsspec models`). Default: smollm2-135m, pulled on first use."),
+    model: Optional[str] = MODEL_OPTION,
     system: Optional[str] = typer.Option(None, "--system", help="System message (change it later with /system)."),
     max_tokens: int = typer.Option(512, "-n", "--max-tokens", help="Tokens per reply at most."),
-    temp: float = typer.Option(0.0, "--temp", help="Temperature; 0 is greedy."),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens; 0 is off."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass; 1 is off."),
-    min_p: float = typer.Option(0.0, "--min-p", help="Drop tokens below min-p x the top probability; 0 is off."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="Penalty for recent tokens; 1 is off."),
+    temp: float = TEMP_OPTION,
+    top_k: int = TOP_K_OPTION,
+    top_p: float = TOP_P_OPTION,
+    min_p: float = MIN_P_OPTION,
+    repeat_penalty: float = REPEAT_PENALTY_OPTION,
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     stop: List[str] = typer.Option([], "--stop", help="End a reply when this text appears (repeatable)."),
-    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object passed to the chat template, e.g. \'{"enable_thinking": false}\'.'),
-    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's); the whole conversation must fit."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores)."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="In-memory weight format: auto (default), bf16, f32 or int4. Env: TSSPEC_WEIGHTS."),
-    spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC)."),
-    spec_type: Optional[str] = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE."),
-    spec_draft: Optional[int] = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64. Env TS_SPEC_DRAFT / TS_MTP_DRAFT."),
-    spec_pmin: Optional[float] = typer.Option(None, "--spec-pmin", "--mtp-pmin", help="Confidence gate in [0,1]. Env TS_SPEC_PMIN."),
-    spec_draft_model: Optional[str] = typer.Option(None, "--spec-draft-model", "--mtp-draft-model", help="Separate drafter GGUF. Env TS_SPEC_DRAFT_MODEL."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Drafter GGUF or known model name; implies --spec."),
-    spec_accept: Optional[str] = typer.Option(None, "--spec-accept", help="Verification rule: auto | match | residual. Env TS_SPEC_ACCEPT."),
-    spec_adaptive: Optional[bool] = typer.Option(None, "--spec-adaptive/--no-spec-adaptive", help="Cost governor (default on; env TS_SPEC_ADAPTIVE=0 turns it off)."),
+    chat_template_kwargs: Optional[str] = TEMPLATE_KWARGS_OPTION,
+    ctx_size: Optional[int] = CTX_OPTION,
+    threads: Optional[int] = THREADS_OPTION,
+    weights: Optional[str] = WEIGHTS_OPTION,
+    spec: Optional[bool] = SPEC_OPTION,
+    spec_type: Optional[str] = SPEC_TYPE_OPTION,
+    spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
+    spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
+    spec_draft_model: Optional[str] = SPEC_DRAFT_MODEL_OPTION,
+    draft_model: Optional[str] = DRAFT_MODEL_OPTION,
+    spec_accept: Optional[str] = SPEC_ACCEPT_OPTION,
+    spec_adaptive: Optional[bool] = SPEC_ADAPTIVE_OPTION,
 ):
     """Talk to a model: each turn renders the conversation with the model's chat template and
     forwards only the tokens the kept cache does not hold; speculation arms from the second turn
@@ -282,19 +312,15 @@ def chat(
     from .conversation import Conversation
     from .repl import run
     from .sampling import Sampler, SamplingParams
-    from .settings import publish_spec, resolve_run
-
     with user_errors():
         if max_tokens < 1:
             raise BadInput("--max-tokens must be >= 1")
         sampler = Sampler(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                          repeat_penalty=repeat_penalty, seed=seed))
-        flags = dict(enabled=spec, type=spec_type, draft=spec_draft, pmin=spec_pmin, draft_model=spec_draft_model,
-                     accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model)
-        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags)
-        for w in config.warnings:
-            warn(w)
-        publish_spec(config.spec)
+        config = resolve_command(
+            model=model, weights=weights, ctx_size=ctx_size, threads=threads, spec=spec, spec_type=spec_type,
+            spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
+            spec_accept=spec_accept, spec_adaptive=spec_adaptive)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         for text, what in [(system, "--system")] + [(x, "--stop") for x in stop]:
             if text is not None:
@@ -311,30 +337,28 @@ def chat(
 
 @app.command()
 def serve(
-    model: Optional[str] = typer.Option(None, "-m", "--model", help="GGUF path or known model name. Default: smollm2-135m, pulled on first use."),
+    model: Optional[str] = MODEL_OPTION,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     slots: int = typer.Option(4, "--slots", help="Kept caches in the prefix cache (memory: one context's KV each)."),
     max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="Default max_tokens of a request that gives none."),
-    chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object passed to the chat template.'),
-    ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's)."),
-    threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores)."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="In-memory weight format: auto (default), bf16, f32 or int4. Env: TSSPEC_WEIGHTS."),
-    spec: Optional[bool] = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC)."),
-    spec_type: Optional[str] = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE."),
-    spec_draft: Optional[int] = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64. Env TS_SPEC_DRAFT / TS_MTP_DRAFT."),
-    spec_pmin: Optional[float] = typer.Option(None, "--spec-pmin", "--mtp-pmin", help="Confidence gate in [0,1]. Env TS_SPEC_PMIN."),
-    spec_draft_model: Optional[str] = typer.Option(None, "--spec-draft-model", "--mtp-draft-model", help="Separate drafter GGUF. Env TS_SPEC_DRAFT_MODEL."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Drafter GGUF or known model name; implies --spec."),
-    spec_accept: Optional[str] = typer.Option(None, "--spec-accept", help="Verification rule: auto | match | residual. Env TS_SPEC_ACCEPT."),
-    spec_adaptive: Optional[bool] = typer.Option(None, "--spec-adaptive/--no-spec-adaptive", help="Cost governor (default on; env TS_SPEC_ADAPTIVE=0 turns it off)."),
+    chat_template_kwargs: Optional[str] = TEMPLATE_KWARGS_OPTION,
+    ctx_size: Optional[int] = CTX_OPTION,
+    threads: Optional[int] = THREADS_OPTION,
+    weights: Optional[str] = WEIGHTS_OPTION,
+    spec: Optional[bool] = SPEC_OPTION,
+    spec_type: Optional[str] = SPEC_TYPE_OPTION,
+    spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
+    spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
+    spec_draft_model: Optional[str] = SPEC_DRAFT_MODEL_OPTION,
+    draft_model: Optional[str] = DRAFT_MODEL_OPTION,
+    spec_accept: Optional[str] = SPEC_ACCEPT_OPTION,
+    spec_adaptive: Optional[bool] = SPEC_ADAPTIVE_OPTION,
 ):
     """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health,
     /metrics) over one loaded model, with a prefix cache across requests."""
     from .chat import parse_template_kwargs
     from .server import Server, create_app
-    from .settings import publish_spec, resolve_run
-
     with user_errors():
         if not 0 < port < 65536:
             raise BadInput("--port must be in 1..65535")
@@ -342,12 +366,10 @@ def serve(
             raise BadInput("--slots must be >= 1")
         if max_tokens < 1:
             raise BadInput("--max-tokens must be >= 1")
-        flags = dict(enabled=spec, type=spec_type, draft=spec_draft, pmin=spec_pmin, draft_model=spec_draft_model,
-                     accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model)
-        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags)
-        for w in config.warnings:
-            warn(w)
-        publish_spec(config.spec)
+        config = resolve_command(
+            model=model, weights=weights, ctx_size=ctx_size, threads=threads, spec=spec, spec_type=spec_type,
+            spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
+            spec_accept=spec_accept, spec_adaptive=spec_adaptive)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         session = open_session(config)
         speculation = session.speculation()

@@ -223,3 +223,14 @@ def decode(
     st.decode_ms = _ms(t_decode)
     st.generated = len(out)
     return out
+
+
+def decode_interleaved(sequences: list[Sequence], prompts: list[Seq[int]], max_tokens: int) -> list[list[int]]:
+    """Run several sequences (each on its own cache, possibly one shared model) one step each in
+    turn until each has ``max_tokens`` tokens; -> their tokens. Each gets exactly what it gets alone."""
+    outs = [[seq.start(p)] for seq, p in zip(sequences, prompts)]
+    while any(len(o) < max_tokens for o in outs):
+        for seq, out in zip(sequences, outs):
+            if len(out) < max_tokens:
+                out.extend(seq.step(max_tokens - len(out)))
+    return outs
