@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .errors import BadInput, TsspecError
+from .interrupts import startup_done
 
 app = typer.Typer(
     name="tsspec",
@@ -230,6 +231,7 @@ def generate(
                                 fits=(max_tokens, session.target.max_context))
 
         interactive = sys.stdout.isatty() and not quiet and not json_out
+        startup_done()  # from here a Ctrl-C stops the run and keeps what it printed (user_errors)
         for pid, text in items:
             ids = encode(text)
             if json_out:
@@ -316,6 +318,7 @@ def pull(
     from .hub import KNOWN_MODELS, pull as do_pull
 
     with user_errors():
+        startup_done()  # a download cleans up its partial file on Ctrl-C (tsspec.hub)
         todo = list(KNOWN_MODELS) if all_ else list(names or [])
         if not todo:
             raise BadInput("name a model to pull (see `tsspec models`) or pass --all")
@@ -417,6 +420,8 @@ def bench(
         g = session.gguf
 
         encode = prompt_encoder(g, session.tokenizer, chat=chat, system=system, kwargs=kwargs)
+        _bench_modules()
+        startup_done()  # from here a Ctrl-C stops the peer servers on its way out (user_errors)
         with contextlib.ExitStack() as stack:
             peer_run = None
             if peer_cfgs:
@@ -446,6 +451,13 @@ def bench(
             report.plot(result, plot_out)
         if not result.ok:
             raise TsspecError("speculative output differed from the baseline: a correctness bug, see the table")
+
+
+def _bench_modules() -> None:
+    """Import what the bench's rotation needs while start-up still owns Ctrl-C (tsspec.interrupts)."""
+    import rich.progress  # noqa: F401
+
+    from .bench import engine, provenance, runner  # noqa: F401
 
 
 def _run_bench_rows(session, configs, wls, *, sampler, max_tokens, encode, draft_model, stop_at_eos, peer,
@@ -497,8 +509,15 @@ def _model_sha(path: Path, fallback) -> str:
     return fallback(path)
 
 
-def main() -> None:
-    app()
+def main(args: list[str] | None = None) -> None:
+    """The ``tsspec`` command."""
+    from .interrupts import exiting, guard_startup
+
+    guard_startup()  # the ``tsspec`` script imports this module first; ``python -m tsspec`` guards earlier
+    try:
+        app(args=args)
+    finally:
+        exiting()
 
 
 if __name__ == "__main__":
