@@ -510,14 +510,48 @@ def _model_sha(path: Path, fallback) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    """The ``tsspec`` command."""
+    """The ``tsspec`` command: Ctrl-C owned from the start (``tsspec.interrupts``), then ``sys.exit``
+    with the status of :func:`run`."""
     from .interrupts import exiting, guard_startup
 
     guard_startup()  # the ``tsspec`` script imports this module first; ``python -m tsspec`` guards earlier
     try:
-        app(args=args)
+        sys.exit(run(args))
     finally:
         exiting()
+
+
+def run(args: list[str] | None = None) -> int:
+    """Run the command line on ``args`` (default ``sys.argv[1:]``) and return its exit status.
+
+    Usage errors from the parser (an unknown option or command, a missing or badly typed value, an
+    extra argument) are one ``error:`` line and exit 2, like every other bad input, instead of
+    click's usage box; ``--help`` and a bare ``tsspec`` (the help, exit 2) are unchanged."""
+    from .interrupts import EXIT_CODE, MESSAGE
+
+    try:
+        rv = app(args=args, standalone_mode=False)
+    except Exception as e:  # noqa: BLE001 (only the parser's own exceptions are handled here)
+        kinds = {c.__name__ for c in type(e).__mro__}  # click's classes, vendored by typer or not
+        if "NoArgsIsHelpError" in kinds:  # the help is already printed
+            return 2
+        if "ClickException" in kinds:
+            return _usage_error(e)
+        if "Abort" in kinds:  # end of input, or an interrupt, inside the parser
+            err.print(f"[yellow]{MESSAGE}[/]")
+            return EXIT_CODE
+        raise
+    return rv if isinstance(rv, int) else 0
+
+
+def _usage_error(e) -> int:
+    """One line for a parser error, with where to find the help; its exit status (2 for usage)."""
+    msg = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None and "UsageError" in {c.__name__ for c in type(e).__mro__}:
+        msg += f" (see '{ctx.command_path} --help')"
+    err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, markup=True, soft_wrap=True)
+    return e.exit_code
 
 
 if __name__ == "__main__":
