@@ -9,7 +9,7 @@ import hashlib
 import time
 
 import pytest
-from clirun import run
+from clirun import entry, run
 from tiny import write_tiny_model
 from tsspec import hub
 from tsspec.chat import build_messages, parse_template_kwargs, render_chat
@@ -211,22 +211,21 @@ EDGE_VALUES = ("-1", "0", "nan", "inf", "-inf", "1e30", "99999999999999999999", 
 
 
 def test_numeric_flag_edges_never_trace(model):
-    """Every numeric flag of generate at every edge value: a clean run, typer's usage error or one
-    error line; never a traceback or a crash."""
+    """Every numeric flag of generate at every edge value, through the real entry point: a clean run,
+    or one error line and exit 2 (a usage error where the parser could not read the value as the
+    flag's type, else the command's refusal); never a traceback or a crash."""
     outcomes = {"ran": 0, "refused": 0, "usage": 0}
     for flag in NUMERIC_FLAGS:
         for value in EDGE_VALUES:
-            r = run("generate", "-m", model, "-p", "the cat", "-n", "2", "--quiet", "--spec", "--spec-type", "ngram",
-                    flag, value)
-            what = f"{flag} {value}: exit {r.exit_code} {r.exception!r} {r.output[-300:]}"
-            assert r.exception is None or isinstance(r.exception, SystemExit), what
-            assert "Traceback" not in r.output, what
-            if r.exit_code == 0:
+            code, out, err = entry("generate", "-m", model, "-p", "the cat", "-n", "2", "--quiet", "--spec",
+                                   "--spec-type", "ngram", flag, value)
+            what = f"{flag} {value}: exit {code} {err[-300:]}"
+            assert "Traceback" not in out + err, what
+            if code == 0:
                 outcomes["ran"] += 1
-            elif "Invalid value" in r.output:  # typer could not parse it as the flag's type
-                outcomes["usage"] += 1
-            else:
-                one_error(r, 2, "")
-                outcomes["refused"] += 1
+                continue
+            lines = [x for x in err.strip().splitlines() if x.strip()]
+            assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), what
+            outcomes["usage" if "Invalid value" in lines[0] else "refused"] += 1
     print(f"\nflag edges: {sum(outcomes.values())} cases, {outcomes}")
     assert outcomes["refused"] > 0 and outcomes["usage"] > 0

@@ -55,7 +55,9 @@ def test_each_variable_and_flag_resolves():
     assert resolve_run(weights="bf16", env={"TSSPEC_WEIGHTS": "int3"}).weights == "bf16"
     # a command without speculation flags (bench) does not read TS_SPEC_*/TS_MTP_*
     assert not resolve_run(env={"TS_SPEC_SPEC": "1", "TS_MTP_DRAFT": "lots"}).spec.enabled
-    assert resolve_run(env={"TS_DFLASH_CONV": "1"}).dflash_conv  # anything but a false word: on
+    assert resolve_run(env={"TS_DFLASH_CONV": " On "}).dflash_conv
+    # the empty string is unset; anything else must be valid
+    assert resolve_run(env={"TS_DFLASH_CONV": "", "TSSPEC_WEIGHTS": "", "TSSPEC_DRAFT_WEIGHTS": ""}) == RunConfig()
     assert set(c.provenance()) == {f.name for f in dataclasses.fields(RunConfig)} - {"warnings"}
 
 
@@ -66,6 +68,9 @@ def test_each_variable_and_flag_resolves():
     ({"ctx_size": 8}, {}, "--ctx-size must be >= 16"),
     ({"threads": 0}, {}, "--threads must be between 1 and"),
     ({"speculation": {}}, {"TS_MTP_DRAFT": "lots"}, "TS_MTP_DRAFT"),
+    ({}, {"TS_DFLASH_CONV": "of"}, "TS_DFLASH_CONV='of': expected 0/1"),  # a typo is not "on"
+    ({}, {"TS_Q35_VERIFY_SNAPSHOTS": " "}, "TS_Q35_VERIFY_SNAPSHOTS=' '"),
+    ({}, {"TSSPEC_WEIGHTS": " "}, "TSSPEC_WEIGHTS=' ': expected one of"),
 ])
 def test_bad_values_are_one_line(kwargs, env, needle):
     with pytest.raises(BadInput) as e:
@@ -76,8 +81,12 @@ def test_bad_values_are_one_line(kwargs, env, needle):
 def test_process_wide_switches(tmp_path):
     assert cache_root({}) is None and cache_root({"TSSPEC_CACHE": str(tmp_path)}) == tmp_path
     assert kernels_enabled({}) and not kernels_enabled({"TSSPEC_KERNELS": "0"})
-    with pytest.raises(BadInput, match="TSSPEC_KERNELS"):
-        kernels_enabled({"TSSPEC_KERNELS": "maybe"})
+    assert kernels_enabled({"TSSPEC_KERNELS": ""}) and cache_root({"TSSPEC_CACHE": ""}) is None
+    for raw in ("maybe", " "):
+        with pytest.raises(BadInput, match="TSSPEC_KERNELS"):
+            kernels_enabled({"TSSPEC_KERNELS": raw})
+    with pytest.raises(BadInput, match="TSSPEC_CACHE=' ': a blank path"):
+        cache_root({"TSSPEC_CACHE": " "})
     assert llama_cpp_dir({"LLAMA_CPP_DIR": str(tmp_path)}) == tmp_path
     assert recorded_env({"TS_DFLASH_CONV": "0", "TSSPEC_WEIGHTS": "f32", "HOME": "/"}) == {
         "TSSPEC_WEIGHTS": "f32", "TS_DFLASH_CONV": "0"}

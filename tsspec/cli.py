@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .errors import BadInput, TsspecError
+from .interrupts import startup_done
 
 app = typer.Typer(
     name="tsspec",
@@ -260,6 +261,7 @@ def generate(
                                 fits=(max_tokens, session.target.max_context))
 
         interactive = sys.stdout.isatty() and not quiet and not json_out
+        startup_done()  # from here a Ctrl-C stops the run and keeps what it printed (user_errors)
         for pid, text in items:
             ids = encode(text)
             if json_out:
@@ -453,6 +455,7 @@ def pull(
     from .hub import KNOWN_MODELS, pull as do_pull
 
     with user_errors():
+        startup_done()  # a download cleans up its partial file on Ctrl-C (tsspec.hub)
         todo = list(KNOWN_MODELS) if all_ else list(names or [])
         if not todo:
             raise BadInput("name a model to pull (see `tsspec models`) or pass --all")
@@ -554,6 +557,8 @@ def bench(
         g = session.gguf
 
         encode = prompt_encoder(g, session.tokenizer, chat=chat, system=system, kwargs=kwargs)
+        _bench_modules()
+        startup_done()  # from here a Ctrl-C stops the peer servers on its way out (user_errors)
         with contextlib.ExitStack() as stack:
             peer_run = None
             if peer_cfgs:
@@ -583,6 +588,13 @@ def bench(
             report.plot(result, plot_out)
         if not result.ok:
             raise TsspecError("speculative output differed from the baseline: a correctness bug, see the table")
+
+
+def _bench_modules() -> None:
+    """Import what the bench's rotation needs while start-up still owns Ctrl-C (tsspec.interrupts)."""
+    import rich.progress  # noqa: F401
+
+    from .bench import engine, provenance, runner  # noqa: F401
 
 
 def _run_bench_rows(session, configs, wls, *, sampler, max_tokens, encode, draft_model, stop_at_eos, peer,
@@ -634,8 +646,49 @@ def _model_sha(path: Path, fallback) -> str:
     return fallback(path)
 
 
-def main() -> None:
-    app()
+def main(args: list[str] | None = None) -> None:
+    """The ``tsspec`` command: Ctrl-C owned from the start (``tsspec.interrupts``), then ``sys.exit``
+    with the status of :func:`run`."""
+    from .interrupts import exiting, guard_startup
+
+    guard_startup()  # the ``tsspec`` script imports this module first; ``python -m tsspec`` guards earlier
+    try:
+        sys.exit(run(args))
+    finally:
+        exiting()
+
+
+def run(args: list[str] | None = None) -> int:
+    """Run the command line on ``args`` (default ``sys.argv[1:]``) and return its exit status.
+
+    Usage errors from the parser (an unknown option or command, a missing or badly typed value, an
+    extra argument) are one ``error:`` line and exit 2, like every other bad input, instead of
+    click's usage box; ``--help`` and a bare ``tsspec`` (the help, exit 2) are unchanged."""
+    from .interrupts import EXIT_CODE, MESSAGE
+
+    try:
+        rv = app(args=args, standalone_mode=False)
+    except Exception as e:  # noqa: BLE001 (only the parser's own exceptions are handled here)
+        kinds = {c.__name__ for c in type(e).__mro__}  # click's classes, vendored by typer or not
+        if "NoArgsIsHelpError" in kinds:  # the help is already printed
+            return 2
+        if "ClickException" in kinds:
+            return _usage_error(e)
+        if "Abort" in kinds:  # end of input, or an interrupt, inside the parser
+            err.print(f"[yellow]{MESSAGE}[/]")
+            return EXIT_CODE
+        raise
+    return rv if isinstance(rv, int) else 0
+
+
+def _usage_error(e) -> int:
+    """One line for a parser error, with where to find the help; its exit status (2 for usage)."""
+    msg = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None and "UsageError" in {c.__name__ for c in type(e).__mro__}:
+        msg += f" (see '{ctx.command_path} --help')"
+    err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, markup=True, soft_wrap=True)
+    return e.exit_code
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, NamedTuple
 
 from tsspec.errors import BadInput, TsspecError
+from tsspec.interrupts import catchable
 
 try:  # POSIX only; without it concurrent pulls of one model are simply not serialized.
     import fcntl
@@ -429,7 +430,8 @@ def pull(name: str, *, force: bool = False, progress: bool = True, console: obje
     if not force and is_cached(name):  # before the lock: a read-only cache that holds it is fine
         return final
     try:
-        return _pull_locked(m, name, final, force=force, progress=progress, console=console)
+        with catchable():  # a Ctrl-C, even during a command's start-up, still removes the partial file
+            return _pull_locked(m, name, final, force=force, progress=progress, console=console)
     except OSError as e:  # the cache is not writable, or the disk failed mid-write
         where = f": {e.filename}" if e.filename else ""
         raise TsspecError(f"cannot write {m.name} into the cache {d}: {e.strerror or e}{where}") from None

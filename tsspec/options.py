@@ -86,12 +86,12 @@ def _parse(setting: str, name: str, raw: Any) -> Any:
 
         known = ["auto", *REGISTRY.names()]
         if v not in known:
-            raise BadInput(f"{name}={v!r}: unknown speculator (choose from {', '.join(known)})")
+            raise BadInput(f"{name}={raw!r}: unknown speculator (choose from {', '.join(known)})")
         return v
     if setting == "accept":
         v = str(raw).strip()
         if v not in ACCEPT_RULES:
-            raise BadInput(f"{name}={v!r}: expected one of {', '.join(ACCEPT_RULES)}")
+            raise BadInput(f"{name}={raw!r}: expected one of {', '.join(ACCEPT_RULES)}")
         return v
     if setting == "draft_model":
         v = str(raw).strip()

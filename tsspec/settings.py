@@ -13,8 +13,11 @@ Two kinds of setting:
   and where the llama.cpp peer build lives (``LLAMA_CPP_DIR``). ``tsspec.hub``, ``tsspec.kernels``
   and ``tsspec.bench.llama_server`` ask the accessors below.
 
-Bad values are one ``BadInput`` line naming the variable (or the flag), as documented in
-README.md and man/tsspec.1.
+One rule for every variable: set to the empty string (the shell's ``VAR= tsspec ...``) it counts as
+unset; any other value must be valid (blanks around it are ignored), or the run stops with one
+``BadInput`` line naming the variable (or the flag), as documented in README.md and man/tsspec.1.
+A switch takes only the boolean words (``0``/``1``, ``true``/``false``, ``yes``/``no``,
+``on``/``off``): a typo is refused, not read as "on".
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, MutableMapping
 
 from .errors import BadInput
-from .options import FALSE_WORDS, SpecOptions, parse_bool, publish, resolve
+from .options import SpecOptions, parse_bool, publish, resolve
 
 # the run configuration
 ENV_WEIGHTS = "TSSPEC_WEIGHTS"  # the trunk's in-memory weight format (``--weights`` wins)
@@ -51,17 +54,27 @@ def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if env is None else env
 
 
+def _value(env: Mapping[str, str], name: str) -> str | None:
+    """``name``'s value; None when unset or set to the empty string."""
+    raw = env.get(name)
+    return None if raw is None or raw == "" else raw
+
+
 def _switch(env: Mapping[str, str], name: str) -> bool:
     """An attribution switch: on unless set to a false word (``=0`` is the documented spelling)."""
-    return env.get(name, "1").strip().lower() not in FALSE_WORDS
+    raw = _value(env, name)
+    return True if raw is None else parse_bool(name, raw)
 
 
 def _weight_format(env: Mapping[str, str], name: str, default: str) -> str:
     from .weights import FORMATS
 
-    fmt = env.get(name, default).strip().lower()
+    raw = _value(env, name)
+    if raw is None:
+        return default
+    fmt = raw.strip().lower()
     if fmt not in FORMATS:
-        raise BadInput(f"{name}={fmt!r}: expected one of {', '.join(FORMATS)}")
+        raise BadInput(f"{name}={raw!r}: expected one of {', '.join(FORMATS)}")
     return fmt
 
 
@@ -145,15 +158,21 @@ def publish_spec(opts: SpecOptions, env: MutableMapping[str, str] | None = None)
 
 
 def cache_root(env: Mapping[str, str] | None = None) -> Path | None:
-    """``$TSSPEC_CACHE`` (expanded) if set and non-empty, else None (the caller's default)."""
-    raw = _env(env).get(ENV_CACHE)
-    return Path(raw).expanduser() if raw else None
+    """``$TSSPEC_CACHE`` (expanded) if set and non-empty, else None (the caller's default). Any path
+    the operating system takes is a path (relative ones are relative to the working directory);
+    only blanks are refused."""
+    raw = _value(_env(env), ENV_CACHE)
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise BadInput(f"{ENV_CACHE}={raw!r}: a blank path (unset it for the default cache)")
+    return Path(raw).expanduser()
 
 
 def kernels_enabled(env: Mapping[str, str] | None = None) -> bool:
     """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
-    raw = _env(env).get(ENV_KERNELS, "")
-    return True if not raw.strip() else parse_bool(ENV_KERNELS, raw)
+    raw = _value(_env(env), ENV_KERNELS)
+    return True if raw is None else parse_bool(ENV_KERNELS, raw)
 
 
 def c_compilers(env: Mapping[str, str] | None = None) -> tuple[str, ...]:

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..interrupts import catchable
+
 SOURCE = Path(__file__).with_name("qgemm.c")
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 
@@ -137,7 +139,8 @@ def lib() -> ctypes.CDLL | None:
             cc = _compiler()
             if cc is None:
                 raise RuntimeError("no C compiler found (install gcc, or set CC)")
-            path = _build(cc)
+            with catchable():  # a Ctrl-C mid-build still removes the temporary file
+                path = _build(cc)
             h = ctypes.CDLL(str(path))
             _declare(h)
             _check_layouts(h)

@@ -1,0 +1,82 @@
+"""Parser errors through the real entry point (``tsspec.cli.run``, what ``main`` exits with): one
+``error:`` line on stderr and exit 2, the documented status for bad input, never click's usage box;
+``--help`` and a bare ``tsspec`` unchanged; the commands' own exit statuses unchanged."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tsspec.cli import run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+USAGE_ERRORS = [
+    (["generate", "--bogus"], "No such option: --bogus (see '"),
+    (["generate", "--specc"], "Possible options:"),
+    (["generate", "-n", "x"], "Invalid value for '-n' / '--max-tokens'"),
+    (["generate", "--temp", "hot"], "Invalid value for '--temp'"),
+    (["generate", "--seed", "1.5"], "Invalid value for '--seed'"),
+    (["generate", "-m"], "Option '-m' requires an argument"),
+    (["generate", "--spec=yes"], "does not take a value"),
+    (["frob"], "No such command 'frob'"),
+    (["--bogus"], "No such option: --bogus"),
+    (["info", "a", "b"], "unexpected extra argument"),
+    (["pull", "--force=3"], "Option '--force' does not take a value"),
+    (["bench", "--reps", "1.5"], "Invalid value for '--reps'"),
+    (["bench", "-w"], "Option '-w' requires an argument"),
+    (["models", "extra"], "unexpected extra argument"),
+]
+
+
+def one_line(err: str) -> str:
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, needle", USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
+def test_usage_error_is_one_line_and_exit_2(args, needle, capsys):
+    assert run(args) == 2
+    out, err = capsys.readouterr()
+    line = one_line(err)
+    assert line.startswith("error: ") and needle in line, line
+    assert out == "" and "Usage:" not in err and "╭" not in err
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["generate", "--help"], ["bench", "-h"], ["info", "--help"]])
+def test_help_is_unchanged(args, capsys):
+    assert run(args) == 0
+    out, err = capsys.readouterr()
+    assert "Usage:" in out and err == ""
+
+
+def test_bare_command_prints_the_help_and_exits_2(capsys):
+    assert run([]) == 2
+    out, err = capsys.readouterr()
+    assert "Usage:" in out and "generate" in out and err == ""
+
+
+def test_command_errors_keep_their_status(tmp_path, capsys):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\xff" * 60)
+    assert run(["generate", "-m", str(junk), "-p", "hi"]) == 3  # a bad model file
+    assert one_line(capsys.readouterr().err).startswith("error: ")
+    assert run(["generate", "-m", str(tmp_path / "none.gguf"), "-p", "hi"]) == 2  # no such file
+    assert one_line(capsys.readouterr().err).startswith("error: model not found")
+    assert run(["generate", "-m", str(tmp_path / "none.gguf"), "-p", "hi", "-n", "0"]) == 2  # bad input
+    assert one_line(capsys.readouterr().err) == "error: --max-tokens must be >= 1"
+    assert run(["pull"]) == 2
+    assert one_line(capsys.readouterr().err).startswith("error: name a model to pull")
+
+
+def test_real_process():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "tsspec", "generate", "--max-tokens", "many"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert one_line(r.stderr).startswith("error: Invalid value for '-n' / '--max-tokens'") and r.stdout == ""
