@@ -333,6 +333,7 @@ def chat(
         for n in speculation.notes:
             err.print(f"[dim]note: {n}[/]")
         conv = Conversation(session.engine(speculation), system=system, template_kwargs=kwargs)
+        startup_done()  # from here Ctrl-C stops a reply (repl) or, at the prompt, leaves with 130
         code = run(conv, sampler=sampler, max_tokens=max_tokens, stop=stop, err=err, interactive=interactive)
     raise typer.Exit(code)
 
@@ -383,6 +384,7 @@ def serve(
 
         err.print(f"serving {session.path.name} on http://{host}:{port}/v1 "
                   f"({speculation.speculator.name if speculation.speculator else 'plain'}; Ctrl-C stops)")
+        startup_done()  # uvicorn owns Ctrl-C from here and shuts the server down cleanly
         try:
             uvicorn.run(create_app(server), host=host, port=port, log_level="warning")
         except SystemExit as e:  # uvicorn exits when it cannot bind
