@@ -372,8 +372,8 @@ def test_governor_sim_script_separates_winners_from_losers():
 
 
 def test_a_losing_drafter_starts_the_next_sequence_parked():
-    """begin_sequence: a drafter that was losing when a sequence ended starts the next one parked
-    for the last park's length, backoff kept; one that was winning probes afresh; reset forgets."""
+    """begin_sequence: a drafter parked when a sequence ended stays parked for the rest of that park
+    in the next one, backoff kept; one that was winning probes afresh; reset forgets."""
     c = GovernorConfig()
     gov = SpeculationCostGovernor(c)
     gov.begin_sequence()
@@ -385,8 +385,11 @@ def test_a_losing_drafter_starts_the_next_sequence_parked():
         else:
             gov.record(False, 10.0, 1)
     assert gov.state == PARKED and gov.parks == 1
+    gov.record(False, 10.0, 1)  # one parked step in this sequence
+    left = gov.steps_left
+    assert 0 < left < park_length(0, c.park_base, c.park_cap)
     gov.begin_sequence()
-    assert gov.state == PARKED and gov.steps_left == park_length(0, c.park_base, c.park_cap)
+    assert gov.state == PARKED and gov.steps_left == left  # the rest of the park, not a new one
     assert gov.parks == 0 and gov.ratio is None  # fresh windows, counters per sequence
     for _ in range(gov.steps_left):
         assert not gov.should_draft()

@@ -70,8 +70,8 @@ over 500 tokens at 2x the plain cost per token that is ~1.5 % above all-plain.
 
 ``enabled=False`` (``TS_SPEC_ADAPTIVE=0``, mapped by the caller) drafts every step; the windows
 are still kept so the display can show the ratio. ``begin_sequence()`` (what the loop calls) starts
-a new sequence of the same engine: fresh windows, but a drafter that was losing starts it parked,
-its backoff kept; ``reset()`` forgets everything.
+a new sequence of the same engine: fresh windows, but a drafter parked at the end of the last one
+stays parked for the rest of that park, its backoff kept; ``reset()`` forgets everything.
 """
 
 from __future__ import annotations
@@ -257,17 +257,19 @@ class SpeculationCostGovernor:
 
     def begin_sequence(self) -> None:
         """A new sequence of the same engine (a bench prompt, a chat turn, a server request): the
-        windows start empty, but a drafter that was losing when the last sequence ended starts this
-        one parked, for the last park's length, with its backoff kept. Without this every sequence
-        would pay a first probe (for a draft model: its catch-up over the prompt too) to relearn a
-        loss; with it a losing drafter is retried once per park, across sequences as within one."""
-        streak = self._streak if self.enabled else 0
+        windows start empty, but a drafter that was parked when the last sequence ended stays parked
+        for the rest of that park, its backoff kept. Without this every sequence would pay a first
+        probe (for a draft model: its catch-up too) to relearn a loss; with it a losing drafter is
+        retried once per park, across sequences as within one. (A park longer than a sequence
+        carries over; it does not start again, or a drafter parked longer than one sequence would
+        never be retried.)"""
+        parked = self.enabled and self._state == PARKED
+        streak, left = self._streak, self._steps_left
         self.reset()
-        if streak:
-            c = self.config
+        if parked:
             self._streak = streak
             self._state = PARKED
-            self._steps_left = park_length(streak - 1, c.park_base, c.park_cap)
+            self._steps_left = max(1, left)
 
     def reset(self) -> None:
         """Forget everything, backoff and windows included."""
