@@ -5,7 +5,9 @@
 #
 #   bash scripts/reproduce_results.sh            # everything
 #   bash scripts/reproduce_results.sh plain spec # some sections: plain (vs llama.cpp, verify curve),
-#                                                #   spec (speculation beside llama.cpp's, per model)
+#                                                #   spec (speculation beside llama.cpp's, per model),
+#                                                #   governor (the draft model after issue 11's governor
+#                                                #   change), chat (multi-turn: kept cache, n-gram)
 #
 # Models are pulled into the cache on first use; the peer (llama.cpp b11434) is built by
 # ../shared/tools/build_llamacpp.sh if it is missing (about 10 minutes).
@@ -14,7 +16,7 @@ cd "$(dirname "$0")/.."
 export COLUMNS=160
 mkdir -p docs/results
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(plain spec)
+[ ${#sections[@]} -eq 0 ] && sections=(plain spec governor chat)
 want() { local s; for s in "${sections[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 LLAMA_BIN=$(bash ../shared/tools/build_llamacpp.sh | tail -1)
@@ -42,4 +44,18 @@ if want spec; then
     "${peer[@]}" --peer-spec ngram-simple --peer-spec ngram-mod --peer-spec draft \
     --json docs/results/spec-qwen2.5-coder-1.5b.json --plot docs/spec-qwen2.5-coder-1.5b.png \
     | tee docs/results/spec-qwen2.5-coder-1.5b.txt
+fi
+
+if want governor; then
+  # the draft model (qwen2.5-coder-0.5b for 1.5b) after the lazy, windowed drafter catch-up and the
+  # governor's park carried across sequences; tsspec only (llama.cpp's figures are in section spec)
+  tsspec bench -m qwen2.5-coder-1.5b --chat -w grounded -w code -w prose --config ngram \
+    --config draft-model:path=qwen2.5-coder-0.5b --draft-model qwen2.5-coder-0.5b -n 48 --reps 1 \
+    --json docs/results/governor-qwen2.5-coder-1.5b.json | tee docs/results/governor-qwen2.5-coder-1.5b.txt
+fi
+
+if want chat; then
+  # multi-turn conversations: fresh prefill per turn vs the kept cache vs kept cache + n-gram
+  python scripts/bench_chat.py -m qwen2.5-coder-0.5b --rounds 3 --tokens 96 \
+    --json docs/results/chat-qwen2.5-coder-0.5b.json | tee docs/results/chat-qwen2.5-coder-0.5b.txt
 fi
