@@ -26,6 +26,7 @@ from .stats import SpecStats
 from .verify import verify
 
 PREFILL_CHUNK = 256
+NO_DRAFT = Draft()  # what a plain step drafts: one shared, never-modified value, not one per token
 
 
 def _ms(t0: float) -> float:
@@ -65,7 +66,7 @@ class Sequence:
         self.accept_rule = accept_rule
         self.stats = stats if stats is not None else SpecStats()
         self.history: list[int] = []  # prompt + emitted tokens; the last is not in the cache yet
-        self.emitted: list[int] = []
+        self.prompt_len = 0
         self.last = -1
         self.hidden_last: torch.Tensor | None = None
         self.taps: tuple[int, ...] = ()
@@ -96,7 +97,7 @@ class Sequence:
         self.history = list(prompt)
         self.last = self.sampler.sample(logits, len(prompt), self.history)
         self.history.append(self.last)
-        self.emitted = [self.last]
+        self.prompt_len = len(prompt)
         self.hidden_last = hidden[-1] if hidden is not None else None
         if spec is not None:
             # tap rows cover the forwarded suffix only when a prefix was reused
@@ -107,7 +108,8 @@ class Sequence:
 
     # -- one step ----------------------------------------------------------------------------------
     def step(self, budget: int) -> list[int]:
-        """Emit at least one and at most ``budget`` tokens (more than one only by verifying a draft)."""
+        """Emit at least one and at most ``budget`` tokens (more than one only by verifying a draft,
+        whose length ``_draft`` bounds by ``budget - 1``)."""
         t0 = time.perf_counter()
         pos = self.cache.length  # the last token takes this position
         draft = self._draft(pos, budget)
@@ -115,12 +117,10 @@ class Sequence:
             emitted = self._verify(pos, draft)
         else:
             emitted = self._plain(pos)
-        emitted = emitted[:budget]
-        self.emitted.extend(emitted)
         self.history.extend(emitted)
         self.last = emitted[-1]
         st = self.stats
-        st.generated = len(self.emitted)
+        st.generated = len(self.history) - self.prompt_len
         if self.governor is not None:
             self.governor.record(bool(draft.tokens), _ms(t0), len(emitted), len(draft.tokens) or None)
             st.governor_state = self.governor.state
@@ -130,12 +130,12 @@ class Sequence:
     def _draft(self, pos: int, budget: int) -> Draft:
         spec, gov = self.speculator, self.governor
         if spec is None or (gov is not None and not gov.should_draft()):
-            return Draft()
+            return NO_DRAFT
         # sized only when a draft will be asked for: a parked stretch pays no sizing per token
         window = self.window if gov is None else gov.draft_length(self.window)
         k_max = min(window, budget - 1, self.target.max_context - pos - 1)
         if k_max <= 0:
-            return Draft()
+            return NO_DRAFT
         with self.stats.phase("draft"):
             ctx = DraftContext(self.last, pos, k_max, self.history, self.hidden_last, self.sampler)
             draft = spec.propose(ctx)
