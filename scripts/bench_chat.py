@@ -55,8 +55,7 @@ def run_conversation(model, tok, turns: list[str], config: str, tokens: int) -> 
     out = []
     for user in turns:
         if config == "fresh":
-            conv.cache.reset()
-            conv.cached = []
+            conv.prefix.clear()
         t = conv.reply(user, sampler=Sampler(), max_tokens=tokens)
         s = t.stats
         out.append({"ms": s.prefill_ms + s.decode_ms, "prefill_ms": s.prefill_ms, "decode_ms": s.decode_ms,

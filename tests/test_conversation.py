@@ -8,7 +8,8 @@ import json
 import pytest
 
 from tiny import write_tiny_model
-from tsspec.conversation import Conversation, common_prefix
+from tsspec.conversation import Conversation
+from tsspec.models.cache import common_prefix
 from tsspec.errors import BadInput
 from tsspec.generate import Engine
 from tsspec.models import load_model
@@ -24,6 +25,12 @@ USER = ["Say the word apple three times: apple apple apple", "Now say banana", "
 def tiny(tmp_path_factory):
     path = write_tiny_model(tmp_path_factory.mktemp("conv") / "m.gguf", "qwen2", seed=3, vocab_size=400, ctx=1024)
     return load_model(path), Tokenizer.from_gguf(path)
+
+
+def kept(conv):
+    """(tokens, cache) of the conversation's one kept cache."""
+    (tokens, cache), = conv.prefix.entries.values()
+    return tokens, cache
 
 
 def _engine(model, tok, spec=None):
@@ -47,7 +54,8 @@ def test_each_reply_equals_a_fresh_run_and_only_new_tokens_are_forwarded(tiny, s
         else:
             assert turn.reused > 0 and turn.prefilled == len(prompt) - turn.reused
             assert turn.reused >= len(conv.render(conv.all_messages()[:-3])) - 1  # at least the earlier turns
-        assert conv.cache.length == len(conv.cached)
+        tokens, cache = kept(conv)
+        assert cache.length == len(tokens) and tokens == (prompt + turn.token_ids)[: len(tokens)]
 
 
 def test_speculation_arms_from_the_second_turn_and_stays_exact(tiny):
@@ -80,14 +88,14 @@ def test_reset_system_change_and_cache_trim(tiny):
     model, tok = tiny
     conv = Conversation(_engine(model, tok), system="one")
     conv.reply(USER[0], sampler=Sampler(), max_tokens=6)
-    held = conv.cache.length
+    held = kept(conv)[1].length
     conv.set_system("two")  # the first tokens differ now: the cache keeps only the common prefix
     turn = conv.reply(USER[1], sampler=Sampler(), max_tokens=6)
     assert turn.reused < held
     prompt = conv.render(conv.all_messages()[:-1])
     assert turn.token_ids == decode(model, Sampler(), prompt, 6)[: len(turn.token_ids)]
     conv.reset()
-    assert conv.messages == [] and conv.cache.length == 0 and conv.system == "two"
+    assert conv.messages == [] and not conv.prefix.entries and conv.system == "two"
     assert conv.reply(USER[0], sampler=Sampler(), max_tokens=4).reused == 0
 
 

@@ -282,3 +282,20 @@ def test_extending_a_kept_hybrid_cache_equals_a_fresh_run(files):
     assert len(turn2) <= 65
     got = decode(m, Sampler(), turn2, 16, cache=cache, speculator=NGramSpeculator(max_draft_tokens=3), window=3)
     assert got == decode(m, Sampler(), turn2, 16)
+
+
+def test_hybrid_cache_keep_goes_back_inside_the_last_forward_or_starts_over(files):
+    """``keep(n)``: inside the last multi-row forward it is a trim (equal to a fresh run); further
+    back the recurrent state cannot return, so the cache starts over (0 kept)."""
+    m = load_model(files["qwen35"][0])
+    prompt = _prompt()
+    c = m.make_cache()
+    m.forward(prompt[:16], c)
+    m.forward(prompt[16:], c)  # the last multi-row forward: positions 16..23
+    assert c.keep(20) == 20
+    fresh = m.make_cache()
+    m.forward(prompt[:16], fresh)
+    m.forward(prompt[16:20], fresh)
+    assert torch.equal(m.forward([7], c).logits, m.forward([7], fresh).logits)
+    assert c.keep(10) == 0 and c.length == 0  # behind the last forward: start over
+    assert torch.equal(m.forward(prompt, c).logits, m.forward(prompt, m.make_cache()).logits)

@@ -283,3 +283,10 @@ def test_config_comes_from_metadata(tmp_path, arch):
         assert [s.window for s in c.layers] == [8, 8, 8, 8, 8, None, 8]
     else:
         assert all(s.window is None for s in c.layers)
+
+
+def test_kv_cache_keep(tiny_paths):
+    m = load_model(tiny_paths["llama"])
+    c = m.make_cache()
+    m.forward(tokens(20), c)
+    assert c.keep(30) == 20 and c.keep(12) == 12 and c.length == 12 and c.keep(-1) == 0

@@ -14,7 +14,8 @@ from tsspec.chat import chat_prompt_ids
 from tsspec.generate import Engine
 from tsspec.models import load_model
 from tsspec.sampling import Sampler, SamplingParams
-from tsspec.server import PrefixCache, Server, create_app
+from tsspec.models.cache import PrefixCache
+from tsspec.server import Server, create_app
 from tsspec.spec.loop import decode
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.tokenizer import Tokenizer
@@ -152,7 +153,7 @@ def test_malformed_bodies_and_unknown_routes(tiny):
 
 def test_prefix_cache_lru_and_trim(tiny):
     model, _ = tiny
-    pc = PrefixCache(model, slots=2)
+    pc = PrefixCache(model.make_cache, slots=2)
     c, n = pc.take([1, 2, 3, 4])
     assert n == 0 and c.length == 0
     model.forward([1, 2, 3, 4, 5], c)

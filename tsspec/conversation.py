@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 from .chat import chat_prompt_ids
 from .errors import BadInput
 from .generate import Engine, check_fits
+from .models.cache import PrefixCache
 from .sampling import Sampler
 from .spec.stats import SpecStats
 
@@ -52,14 +53,6 @@ class Turn:
                 "prefill_ms": s.prefill_ms, "decode_ms": s.decode_ms, "spec": s.to_dict()}
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class Conversation:
     """Messages, the kept cache and the tokens it holds, over an ``Engine`` (trunk, tokenizer and
     an optional speculator and governor)."""
@@ -72,8 +65,7 @@ class Conversation:
         self.system = system
         self.template_kwargs = dict(template_kwargs or {})
         self.messages: list[dict[str, Any]] = []
-        self.cache = engine.target.make_cache()
-        self.cached: list[int] = []  # the tokens the cache holds, position by position
+        self.prefix = PrefixCache(engine.target.make_cache)  # one kept cache and the tokens it holds
         self.turns: list[Turn] = []
 
     # -- the conversation -------------------------------------------------------------------------
@@ -85,8 +77,7 @@ class Conversation:
         """Forget the messages and the cache (the system message stays)."""
         self.messages = []
         self.turns = []
-        self.cache.reset()
-        self.cached = []
+        self.prefix.clear()
 
     def set_system(self, text: str | None) -> None:
         """A new system message; the next turn re-renders, and the cache keeps what still matches."""
@@ -105,32 +96,21 @@ class Conversation:
             check_fits(len(prompt), max_tokens, self.engine.target.max_context)
         except BadInput as e:
             raise BadInput(f"the conversation is full: {e}; /reset starts a new one") from None
-        reused = self._reuse(prompt)
-        result = self.engine.generate(prompt, sampler=sampler, max_tokens=max_tokens, stop=stop, on_text=on_text,
-                                      on_step=on_step, cache=self.cache, interrupted=interrupted)
-        emitted = list(result.token_ids)
-        if result.eos_token is not None:  # in the cache's history, not in the reply's ids
-            emitted.append(result.eos_token)
-        self.cached = (prompt + emitted)[: self.cache.length]
+        cache, reused = self.prefix.take(prompt)
+        try:
+            result = self.engine.generate(prompt, sampler=sampler, max_tokens=max_tokens, stop=stop,
+                                          on_text=on_text, on_step=on_step, cache=cache, interrupted=interrupted)
+        except BaseException:  # a second Ctrl-C may land mid-forward: keep the memory, not the state
+            cache.reset()
+            self.prefix.give([], cache)
+            raise
+        self.prefix.give(prompt + result.generated_ids, cache)
         self.messages.append({"role": "user", "content": user})
         self.messages.append({"role": "assistant", "content": result.text})
         turn = Turn(result.text, result.token_ids, result.stop_reason, len(prompt), reused, len(prompt) - reused,
                     result.stats)
         self.turns.append(turn)
         return turn
-
-    def _reuse(self, prompt: list[int]) -> int:
-        """Trim the cache to what it shares with ``prompt`` (leaving at least one token to forward);
-        -> how many of the prompt's tokens it holds."""
-        keep = min(common_prefix(self.cached, prompt), len(prompt) - 1)
-        if keep < self.cache.length:
-            try:
-                self.cache.trim(self.cache.length - keep)
-            except ValueError:  # a recurrent state cannot go back that far: start over
-                self.cache.reset()
-                keep = 0
-        self.cached = self.cached[:keep]
-        return keep
 
     # -- saving -----------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

@@ -23,6 +23,12 @@ class GenerationResult:
     stats: SpecStats = field(default_factory=SpecStats)
     eos_token: int | None = None  # the end-of-sequence token that ended the run (not in token_ids)
 
+    @property
+    def generated_ids(self) -> list[int]:
+        """Every token the run appended to the sequence (and so to a kept cache's history): the
+        reply's ids plus the end-of-sequence token that ended it."""
+        return self.token_ids + ([] if self.eos_token is None else [self.eos_token])
+
     def to_dict(self) -> dict:
         s = self.stats
         return {

@@ -24,8 +24,7 @@ import queue
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from starlette.applications import Starlette
@@ -34,9 +33,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from .chat import chat_prompt_ids
-from .conversation import common_prefix
 from .errors import BadInput
 from .generate import Engine, GenerationResult
+from .models.cache import PrefixCache
 from .sampling import Sampler, SamplingParams
 
 DEFAULT_SLOTS = 4
@@ -57,53 +56,6 @@ class APIError(Exception):
                                        "code": self.code}}, status_code=self.status)
 
 
-# ----------------------------------------------------------------------------- the prefix cache
-
-
-class PrefixCache:
-    """Caches of finished requests, keyed by the tokens each holds; at most ``slots``, LRU."""
-
-    def __init__(self, target, slots: int = DEFAULT_SLOTS):
-        if slots < 1:
-            raise BadInput("--slots must be >= 1")
-        self.target = target
-        self.slots = slots
-        self.entries: OrderedDict[int, tuple[list[int], Any]] = OrderedDict()
-        self._ids = 0
-
-    def take(self, prompt: list[int]) -> tuple[Any, int]:
-        """The kept cache sharing the longest prefix with ``prompt``, trimmed to that prefix (at
-        least one prompt token is left to forward), or an empty one; -> (cache, tokens reused). The
-        cache leaves the pool until ``give`` returns it."""
-        best, best_n = None, 0
-        for key, (tokens, _) in self.entries.items():
-            n = common_prefix(tokens, prompt)
-            if n > best_n:
-                best, best_n = key, n
-        if best is None:
-            if len(self.entries) >= self.slots:  # recycle the least recently used one's memory
-                _, (_, cache) = self.entries.popitem(last=False)
-                cache.reset()
-                return cache, 0
-            return self.target.make_cache(), 0
-        tokens, cache = self.entries.pop(best)
-        keep = min(best_n, len(prompt) - 1)
-        if keep < cache.length:
-            try:
-                cache.trim(cache.length - keep)
-            except ValueError:  # a recurrent state cannot go back that far
-                cache.reset()
-                keep = 0
-        return cache, keep
-
-    def give(self, tokens: list[int], cache) -> None:
-        """Return a cache holding ``tokens`` (position by position) to the pool, most recent."""
-        self._ids += 1
-        self.entries[self._ids] = (list(tokens[: cache.length]), cache)
-        while len(self.entries) > self.slots:
-            self.entries.popitem(last=False)
-
-
 # ----------------------------------------------------------------------------- the engine side
 
 
@@ -118,7 +70,6 @@ class Metrics:
     accepted: int = 0
     verify_calls: int = 0
     decode_ms: float = 0.0
-    by_status: dict[int, int] = field(default_factory=dict)
 
     def prometheus(self) -> str:
         rows = [
@@ -146,7 +97,7 @@ class Server:
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, template_kwargs: dict | None = None):
         self.engine = engine
         self.model_id = model_id
-        self.prefix = PrefixCache(engine.target, slots)
+        self.prefix = PrefixCache(engine.target.make_cache, slots)
         self.default_max_tokens = default_max_tokens
         self.template_kwargs = dict(template_kwargs or {})
         self.metrics = Metrics()
@@ -163,12 +114,11 @@ class Server:
             try:
                 result = self.engine.generate(prompt, sampler=sampler, max_tokens=max_tokens, stop=stop,
                                               on_text=on_text, cache=cache, interrupted=interrupted)
-            except BaseException:
+            except BaseException:  # the cache may be mid-forward: give its memory back empty
                 cache.reset()
                 self.prefix.give([], cache)
                 raise
-            held = prompt + result.token_ids + ([result.eos_token] if result.eos_token is not None else [])
-            self.prefix.give(held, cache)
+            self.prefix.give(prompt + result.generated_ids, cache)
             m, s = self.metrics, result.stats
             m.requests += 1
             m.prompt_tokens += len(prompt)

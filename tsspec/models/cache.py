@@ -31,6 +31,7 @@ How a hybrid keeps n rows is therefore the cache's business; the loop only ever 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -50,6 +51,17 @@ ROW_FORM_MAX = 65
 
 def round_span(n: int) -> int:
     return -(-n // SPAN_BLOCK) * SPAN_BLOCK
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the usual case (a kept cache the next prompt extends): one compare
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
 
 
 class KVCache:
@@ -87,6 +99,12 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    def keep(self, n: int) -> int:
+        """Keep at most the first ``n`` positions; -> how many are kept."""
+        if n < self.length:
+            self.length = max(n, 0)
+        return self.length
 
     def nbytes(self) -> int:
         return self.k.numel() * 4 + self.v.numel() * 4
@@ -169,6 +187,9 @@ class HybridCache:
         if keep == 0:
             self.reset()
             return
+        if not self._can_return_to(keep):
+            raise ValueError(f"the recurrent state cannot return to position {keep}: only a trim inside "
+                             "the last multi-row forward can be undone")
         p, s = self.pending, self.saved
         if p is not None and p.start < keep <= p.start + p.n:
             self.kv.trim(n)
@@ -182,12 +203,23 @@ class HybridCache:
             self.replay = s.tokens[: keep - s.start]
             self.saved = None
             self.live_buf = None
-        else:
-            raise ValueError(f"the recurrent state cannot return to position {keep}: only a trim inside "
-                             "the last multi-row forward can be undone")
 
-    def nbytes(self) -> int:
-        return self.kv.nbytes() + sum(s.nbytes() for s in self.states)
+    def _can_return_to(self, keep: int) -> bool:
+        p, s = self.pending, self.saved
+        return ((p is not None and p.start <= keep <= p.start + p.n)
+                or (s is not None and not self.replay and s.start <= keep < s.start + len(s.tokens)))
+
+    def keep(self, n: int) -> int:
+        """Keep at most the first ``n`` positions; a recurrent state that cannot return that far
+        starts over (0 kept); -> how many are kept."""
+        n = max(n, 0)
+        if n >= self.length:
+            return self.length
+        if n and self._can_return_to(n):
+            self.trim(self.length - n)
+        else:
+            self.reset()
+        return self.length
 
     # -- what the model's forward uses -----------------------------------------------------------
     def settle(self) -> None:
@@ -247,3 +279,44 @@ class HybridCache:
         self.live_buf = p.buf
         self.state_len = length
         self.pending = None
+
+
+class PrefixCache:
+    """Kept caches of finished sequences, keyed by the tokens each holds; at most ``slots``, least
+    recently used first out. A chat keeps one (its conversation's); a server keeps several."""
+
+    def __init__(self, make_cache, slots: int = 1):
+        if slots < 1:
+            raise ValueError(f"a prefix cache needs at least one slot, got {slots}")
+        self.make_cache = make_cache
+        self.slots = slots
+        self.entries: OrderedDict[int, tuple[list[int], object]] = OrderedDict()
+        self._ids = 0
+
+    def take(self, prompt: Sequence[int]) -> tuple[object, int]:
+        """The kept cache sharing the longest prefix with ``prompt``, cut to that prefix (leaving at
+        least one prompt token to forward), or an empty one; -> (cache, positions reused). The cache
+        leaves the pool until ``give`` returns it."""
+        best, best_n = None, 0
+        for key, (tokens, _) in self.entries.items():
+            n = common_prefix(tokens, prompt)
+            if n > best_n:
+                best, best_n = key, n
+        if best is None:
+            if len(self.entries) >= self.slots:  # recycle the least recently used one's memory
+                _, (_, cache) = self.entries.popitem(last=False)
+                cache.reset()
+                return cache, 0
+            return self.make_cache(), 0
+        _, cache = self.entries.pop(best)
+        return cache, cache.keep(min(best_n, len(prompt) - 1))
+
+    def give(self, tokens: Sequence[int], cache) -> None:
+        """Return a cache holding ``tokens`` (position by position; extra ones are ignored), most recent."""
+        self._ids += 1
+        self.entries[self._ids] = (list(tokens[: cache.length]), cache)
+        while len(self.entries) > self.slots:
+            self.entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self.entries.clear()

@@ -47,6 +47,7 @@ from typing import Sequence
 
 import torch
 
+from ..models.cache import common_prefix
 from .protocols import Draft, DraftContext, MinDraftProb
 
 PREFILL_CHUNK = 256
@@ -58,16 +59,6 @@ PREFILL_CHUNK = 256
 DEFAULT_CONTEXT = 256
 DRAFT_STREAM = 0  # see module doc: common random numbers with the trunk's plain draw
 DEFAULT_MIN_DRAFT_PROB = 0.0
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
-        return n
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class DraftModelSpeculator:
@@ -136,7 +127,7 @@ class DraftModelSpeculator:
         return row
 
     def _rewind_to_committed(self) -> None:
-        keep = _common_prefix(self._cached, self._committed[self._offset:])
+        keep = common_prefix(self._cached, self._committed[self._offset:])
         if keep < len(self._cached):
             self.cache.trim(self.cache.length - keep)
             del self._cached[keep:]
