@@ -169,3 +169,17 @@ def test_prefix_cache_lru_and_trim(tiny):
         model.forward([50 + i], c)
         pc.give([50 + i], c)
     assert len(pc.entries) == 2 and all(t[0][0] >= 51 for t in pc.entries.values())
+
+
+def test_serve_refuses_an_address_in_use_with_one_line(tmp_path):
+    import socket
+
+    from clirun import run
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run("serve", "-m", str(tmp_path / "never-loaded.gguf"), "--port", str(port))
+    assert r.exit_code == 2 and "cannot listen on" in r.output and "Traceback" not in r.output
+    assert len([x for x in r.output.splitlines() if x.strip()]) == 1

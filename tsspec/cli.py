@@ -367,6 +367,7 @@ def serve(
             raise BadInput("--port must be in 1..65535")
         if slots < 1:
             raise BadInput("--slots must be >= 1")
+        _check_bind(host, port)  # before minutes of loading, not after
         if max_tokens < 1:
             raise BadInput("--max-tokens must be >= 1")
         config = resolve_command(
@@ -389,6 +390,20 @@ def serve(
             uvicorn.run(create_app(server), host=host, port=port, log_level="warning")
         except SystemExit as e:  # uvicorn exits when it cannot bind
             raise BadInput(f"cannot listen on {host}:{port} (in use, or not an address of this machine)") from e
+
+
+def _check_bind(host: str, port: int) -> None:
+    """Refuse an address the server could not listen on, with the reason, before claiming to serve
+    (uvicorn would log its own multi-line error and exit)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(infos[0][4])
+    except OSError as e:
+        raise BadInput(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
 @app.command()
