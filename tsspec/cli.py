@@ -482,6 +482,62 @@ def pull(
 
 
 @app.command()
+def distill(
+    model: str = typer.Option("smollm2-135m", "-m", "--model", help="GGUF path or known model name: the trunk to train for."),
+    out: Path = typer.Option(..., "-o", "--out", help="Where to write the drafter GGUF (a checkpoint OUT.ckpt sits beside it)."),
+    kind: str = typer.Option("head", "--kind", help="head: a per-token draft head (EAGLE-shaped). block: not built yet."),
+    corpus: Optional[List[Path]] = typer.Option(None, "--corpus", help="Text files or directories to train on "
+                                                "(repeatable; default: Python's sources and the docs on this machine)."),
+    tokens: int = typer.Option(200_000, "--tokens", help="Training tokens the trunk is run over."),
+    steps: int = typer.Option(2000, "--steps", help="Optimiser steps."),
+    batch: int = typer.Option(128, "--batch", help="Positions per step."),
+    lr: float = typer.Option(2e-3, "--lr", help="Peak learning rate (warmup, then cosine to a tenth)."),
+    unroll: int = typer.Option(3, "--unroll", help="Chained head steps trained per position (as drafting chains them)."),
+    draft_vocab: int = typer.Option(8192, "--draft-vocab", help="Tokens the head scores (the trunk's most predicted)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the corpus order, the initial weights and every batch."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    weights: str = typer.Option("q8_0", "--weights", help="Matrix format in the written file: q8_0 or f32."),
+    eval_every: int = typer.Option(200, "--eval-every", help="Steps between held-out measurements (and checkpoints)."),
+):
+    """Train a drafter for a model on this machine, from the model's own predictions.
+
+    The trunk is run over a corpus and the head learns to predict its next tokens (its soft
+    distribution, so acceptance is what improves). The output loads with
+    `tsspec generate -m MODEL --spec-draft-model OUT`. Ctrl-C saves a checkpoint; run the same
+    command again to continue."""
+    from .distill.train import DistillConfig, distill as run_distill
+    from .hub import resolve_model
+
+    with user_errors():
+        path = resolve_model(model, console=err)
+        cfg = DistillConfig(model=str(path), out=str(out), kind=kind, corpus=tuple(str(c) for c in corpus or ()),
+                            tokens=tokens, steps=steps, batch=batch, lr=lr, unroll=unroll, draft_vocab=draft_vocab,
+                            seed=seed, device=device, weights=weights, eval_every=eval_every)
+        cfg.check()
+        if out.is_dir():
+            raise BadInput(f"-o {out}: is a directory; give a file name")
+        if not out.parent.exists():
+            raise BadInput(f"-o {out}: directory {out.parent} does not exist")
+        startup_done()  # Ctrl-C from here saves a checkpoint (inside distill) and exits 130
+        from .display import DistillProgress
+
+        with DistillProgress(err) as view:
+            try:
+                result = run_distill(cfg, view.event)
+            except KeyboardInterrupt:
+                view.stop()
+                err.print(f"[yellow]interrupted[/]: checkpoint saved to {out}.ckpt; run the same command to continue")
+                raise typer.Exit(130) from None
+        h = result.heldout
+        err.print(f"wrote {result.out}: {result.steps} steps on {result.train_tokens} tokens in {result.seconds / 60:.1f} min; "
+                  f"draft vocabulary {result.draft_vocab} covers {result.coverage:.1%} of the trunk's held-out greedy tokens")
+        err.print(f"held-out acceptance (greedy path, {h['anchors']} positions): first token {h['first']:.1%}, "
+                  f"run of 1..4: {', '.join(f'{a:.1%}' for a in h['accept'])}; "
+                  f"expected tokens per verify with 4 drafts {h['tokens_per_verify']:.2f}")
+        err.print(f"use it: tsspec generate -m {model} --spec-draft-model {result.out} -p ...")
+
+
+@app.command()
 def models():
     """List the known real models and whether each is cached."""
     from rich.table import Table

@@ -142,3 +142,73 @@ class _NullLive:
 
     def update(self, *a, **k):
         pass
+
+
+class DistillProgress:
+    """The live view of ``tsspec distill``: one progress bar per phase (trunk features, training)
+    with tokens/s or steps/s, the running loss and the latest held-out acceptance."""
+
+    def __init__(self, console: Console):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("eta"),
+                                 TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console,
+                                 transient=False)
+        self.task = None
+        self.unit = "tok"
+        self.loss: float | None = None
+        self.held = ""
+        self.console = console
+        self.live = console.is_terminal  # else (a log file, a pipe): one line per phase and measurement
+
+    def __enter__(self) -> "DistillProgress":
+        if self.live:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+    def _info(self) -> str:
+        parts = []
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.3f}")
+        if self.held:
+            parts.append(self.held)
+        return "  ".join(parts)
+
+    def event(self, kind: str, **d) -> None:
+        p = self.progress
+        if not self.live:
+            if kind == "phase":
+                self.console.print(f"{d['name']}: {d['total']} {'steps' if d['name'] == 'training' else 'tokens'}")
+            elif kind == "advance" and "loss" in d:
+                self.loss = d["loss"] if self.loss is None else 0.95 * self.loss + 0.05 * d["loss"]
+            elif kind == "metrics":
+                loss = f", loss {self.loss:.3f}" if self.loss is not None else ""
+                self.console.print(f"step {d['step']}{loss}, held-out: first {d['first']:.1%}, "
+                                   f"{d['tokens_per_verify']:.2f} tok/verify")
+            elif kind == "resumed":
+                self.console.print(f"resuming from step {d['step']}")
+            return
+        if kind == "phase":
+            if self.task is not None:
+                p.update(self.task, info=self._info())
+            self.unit = "step" if d["name"] == "training" else "tok"
+            self.task = p.add_task(d["name"], total=d["total"], completed=d.get("completed", 0), rate="", info="")
+        elif kind == "advance" and self.task is not None:
+            if "loss" in d:
+                self.loss = d["loss"] if self.loss is None else 0.95 * self.loss + 0.05 * d["loss"]
+            p.advance(self.task, d["n"])
+            speed = p.tasks[self.task].speed
+            p.update(self.task, rate=f"{speed:,.1f} {self.unit}/s" if speed else "", info=self._info())
+        elif kind == "metrics":
+            self.held = f"held-out: first {d['first']:.1%}, {d['tokens_per_verify']:.2f} tok/verify"
+            if self.task is not None:
+                p.update(self.task, info=self._info())
+        elif kind == "resumed":
+            self.console.print(f"resuming from step {d['step']}")

@@ -4,7 +4,8 @@ The attached file's ``general.architecture`` decides what it is, never its name:
 
 * a full language model (``llama``, ``qwen2``, ...) -> a separate draft model (``draft-model``);
 * ``dflash`` -> a block drafter (``block``);
-* a file holding only NextN/MTP tensors -> a per-token draft head (``draft-head``).
+* a file holding only NextN/MTP tensors -> a per-token draft head (``draft-head``);
+* ``tsspec-eagle`` (written by ``tsspec distill --kind head``) -> a trained per-token head (``draft-head``).
 
 Adapters only load and validate weights: each module exposes
 ``load(g: GGUFFile, target, options: DrafterOptions) -> Drafter``, and ``tsspec.spec.registry``
@@ -26,6 +27,7 @@ from ..gguf_file import GGUFFile
 ADAPTERS = {
     "dflash": "tsspec.drafters.dflash",
     "nextn": "tsspec.drafters.nextn",
+    "tsspec-eagle": "tsspec.drafters.eagle",
 }
 LANGUAGE_MODEL_ADAPTER = "tsspec.drafters.draft_model"
 

@@ -21,7 +21,7 @@ ARCHITECTURES = {
     "qwen3next": "qwen3next",
 }
 # Files whose architecture is a drafter, not a language model on its own.
-DRAFTER_ARCHITECTURES = {"dflash"}
+DRAFTER_ARCHITECTURES = {"dflash", "tsspec-eagle"}
 
 
 def arch_module(arch: str):

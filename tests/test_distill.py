@@ -1,0 +1,238 @@
+"""tsspec distill --kind head: the trainer, the file it writes, and the head the registry loads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.tiny import write_tiny_model
+from tsspec.distill import corpus as C
+from tsspec.distill.head import HeadModule, export_gguf
+from tsspec.distill.train import DistillConfig, distill, lr_at
+from tsspec.drafters import load_drafter
+from tsspec.drafters.eagle import EagleHead, head_step, trunk_identity
+from tsspec.gguf_file import GGUFFile
+from tsspec.errors import BadInput, ModelFileError
+from tsspec.models import load_model
+from tsspec.sampling import Sampler, SamplingParams
+from tsspec.spec.draft_head import DraftHeadSpeculator
+from tsspec.spec.loop import decode
+from tsspec.spec.stats import SpecStats
+
+TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
+        "        self.y = y\n\nThe quick brown fox jumps over the lazy dog. ")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("distill")
+    trunk = write_tiny_model(d / "trunk.gguf", arch="llama", vocab_size=300, d_model=64, n_layers=2)
+    other = write_tiny_model(d / "other.gguf", arch="qwen2", vocab_size=300, d_model=64, n_layers=2, seed=5)
+    corpus = d / "corpus"
+    corpus.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(12):  # varied, repetitive text the byte-level tokenizer turns into long token runs
+        words = TEXT.split(" ")
+        body = " ".join(words[j % len(words)] for j in rng.integers(0, len(words), 600))
+        (corpus / f"f{i:02d}.txt").write_text(body)
+    return {"dir": d, "trunk": trunk, "other": other, "corpus": corpus}
+
+
+def _cfg(world, out, **kw):
+    base = dict(model=str(world["trunk"]), out=str(out), corpus=(str(world["corpus"]),), tokens=4096,
+                heldout_tokens=512, steps=60, batch=32, chunk=64, draft_vocab=128, eval_every=20, lr=3e-3,
+                weights="f32")
+    base.update(kw)
+    return DistillConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def trained(world, tmp_path_factory, monkeypatch_module):
+    out = tmp_path_factory.mktemp("out") / "head.gguf"
+    events = []
+    result = distill(_cfg(world, out, steps=100, eval_every=50), lambda kind, **d: events.append((kind, d)))
+    return result, events
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TSSPEC_CACHE", str(tmp_path_factory.mktemp("cache") / "models"))  # features cached here
+    yield mp
+    mp.undo()
+
+
+def test_training_lowers_the_loss_and_raises_acceptance(trained):
+    result, events = trained
+    losses = [d["loss"] for k, d in events if k == "advance" and "loss" in d]
+    assert len(losses) == 100
+    assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10])
+    firsts = [d["first"] for k, d in events if k == "metrics"]
+    # step 0 (untrained), 50, 100: the head learns the trunk's greedy choices on text it never saw
+    assert len(firsts) == 3 and firsts[-1] > firsts[1] > firsts[0] and firsts[-1] > firsts[0] + 0.05
+    assert result.heldout["tokens_per_verify"] == pytest.approx(1 + sum(result.heldout["accept"]))
+    assert [c[0] for c in result.curve] == [0, 50, 100]
+
+
+def test_the_file_loads_and_matches_the_trained_module(world, trained):
+    result, _ = trained
+    target = load_model(world["trunk"], fmt="f32")
+    dr = load_drafter(result.out, target)
+    assert dr.speculator_name == "draft-head" and isinstance(dr.draft_head, EagleHead)
+    assert "held-out first-token acceptance" in dr.notes[0]
+    head = dr.draft_head
+    # the loaded head's step is the trained math on the written weights
+    ck = torch.load(str(result.out) + ".ckpt", weights_only=False)
+    m = HeadModule(64, 128, float(target.cfg.rms_eps), target.out_norm, 0)
+    m.load_state_dict(ck["head"])
+    h = torch.randn(3, 64)
+    toks = [5, 77, 123]
+    logits, h_out = head.step_rows(toks, h)
+    with torch.no_grad():
+        want = m.step(target.embed[toks].float(), h)
+    assert torch.allclose(h_out, want, atol=1e-5)
+    # logits exist only on the draft vocabulary, and there they are the trunk's head rows
+    inside = torch.isfinite(logits[0])
+    assert int(inside.sum()) == 128 and torch.equal(torch.nonzero(inside)[:, 0], head.d2t)
+    assert torch.allclose(logits[:, head.d2t], target.lm_head(want)[:, head.d2t], atol=1e-4)
+
+
+def test_q8_0_file_is_close_to_f32(world, trained, tmp_path):
+    result, _ = trained
+    target = load_model(world["trunk"], fmt="f32")
+    a = load_drafter(result.out, target).draft_head
+    m = HeadModule(64, 128, float(target.cfg.rms_eps), target.out_norm, 0)
+    m.load_state_dict(torch.load(str(result.out) + ".ckpt", weights_only=False)["head"])
+    out = tmp_path / "q8.gguf"
+    export_gguf(out, m, a.d2t.numpy(), trunk_identity(GGUFFile(world["trunk"]), target), {}, weights="q8_0")
+    assert GGUFFile(out).tensor_info("fc.weight").type_name == "Q8_0"
+    b = load_drafter(out, target).draft_head
+    h = torch.randn(4, 64)
+    _, ha = a.step_rows([1, 2, 3, 4], h)
+    _, hb = b.step_rows([1, 2, 3, 4], h)
+    assert torch.allclose(ha, hb, atol=0.05) and not torch.equal(ha, hb)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=7)],
+                         ids=["greedy", "seeded"])
+def test_speculative_output_equals_plain_with_the_trained_head(world, trained, params):
+    result, _ = trained
+    target = load_model(world["trunk"], fmt="f32")
+    head = load_drafter(result.out, target).draft_head
+    prompt = [ord(c) % 256 for c in TEXT[:40]]
+    plain = decode(target, Sampler(params), prompt, 40)
+    stats = SpecStats()
+    spec = DraftHeadSpeculator(head, target.n_layers, max_draft_tokens=4, min_draft_prob=0.0)
+    assert decode(target, Sampler(params), prompt, 40, speculator=spec, window=4, stats=stats) == plain
+    assert stats.drafted > 0
+    if params.temperature == 0:
+        assert stats.accepted > 0  # a trained head: some drafts land
+
+
+def test_refuses_another_trunk(world, trained):
+    result, _ = trained
+    with pytest.raises(BadInput, match="architecture llama.*qwen2.*tsspec distill"):
+        load_drafter(result.out, load_model(world["other"]))
+    wide = write_tiny_model(world["dir"] / "wide.gguf", arch="llama", d_model=96)
+    with pytest.raises(BadInput, match="embedding length 64.*96"):
+        load_drafter(result.out, load_model(wide))
+    seeded = write_tiny_model(world["dir"] / "seed9.gguf", arch="llama", seed=9)  # same shapes, other weights
+    assert load_drafter(result.out, load_model(seeded))  # the vocabulary decides, not the weights
+
+
+def test_a_trunk_refuses_to_load_a_head_file(trained):
+    result, _ = trained
+    with pytest.raises(ModelFileError, match="drafter, not a language model"):
+        load_model(result.out)
+
+
+def test_resume_after_interruption_gives_the_uninterrupted_result(world, tmp_path):
+    cfg = _cfg(world, tmp_path / "a.gguf", steps=30, eval_every=10)
+    full = distill(cfg)
+
+    cut = _cfg(world, tmp_path / "b.gguf", steps=30, eval_every=10)
+
+    def stop_at_15(kind, **d):
+        if kind == "metrics" and d["step"] == 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        distill(cut, stop_at_15)
+    ck = torch.load(str(cut.out) + ".ckpt", weights_only=False)
+    assert ck["step"] == 20 and not (tmp_path / "b.gguf").exists()
+    seen = []
+    resumed = distill(cut, lambda kind, **d: seen.append((kind, d)))
+    assert ("resumed", {"step": 20}) in seen
+    assert sum(1 for k, d in seen if k == "advance" and "loss" in d) == 10
+    assert [d["step"] for k, d in seen if k == "metrics"] == [30]  # no second step-0 measurement
+    a = torch.load(str(cfg.out) + ".ckpt", weights_only=False)["head"]
+    b = torch.load(str(cut.out) + ".ckpt", weights_only=False)["head"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.heldout == full.heldout
+    # a checkpoint from other settings is not silently continued
+    with pytest.raises(BadInput, match="other settings"):
+        distill(_cfg(world, tmp_path / "b.gguf", steps=30, lr=1e-3))
+
+
+def test_same_seed_same_head(world, tmp_path):
+    a = distill(_cfg(world, tmp_path / "a.gguf", steps=8, eval_every=8))
+    b = distill(_cfg(world, tmp_path / "b.gguf", steps=8, eval_every=8))
+    c = distill(_cfg(world, tmp_path / "c.gguf", steps=8, eval_every=8, seed=1))
+    ta, tb, tc = (load_drafter(r.out, load_model(world["trunk"], fmt="f32")).draft_head for r in (a, b, c))
+    h = torch.randn(2, 64)
+    assert torch.equal(ta.step_rows([3, 4], h)[1], tb.step_rows([3, 4], h)[1])
+    assert not torch.equal(ta.step_rows([3, 4], h)[1], tc.step_rows([3, 4], h)[1])
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(kind="tree"), "--kind 'tree'"),
+    (dict(kind="block"), "--kind block is not built yet"),
+    (dict(tokens=10), "--tokens must be >= 1024"),
+    (dict(unroll=64), "--unroll 64 must be smaller than --chunk 64"),
+    (dict(lr=0.0), "--lr must be in"),
+    (dict(weights="q4"), "--weights 'q4'"),
+    (dict(corpus=("/no/such/dir",)), "no such file"),
+])
+def test_bad_settings_are_one_clear_error(world, tmp_path, kw, msg):
+    with pytest.raises(BadInput, match=msg.replace("(", r"\(").replace("'", "'")):
+        distill(_cfg(world, tmp_path / "x.gguf", **kw))
+
+
+# ----------------------------------------------------------------------------- pure pieces
+
+
+def test_heldout_split_is_stable_and_seed_free(tmp_path):
+    srcs = [C.Source(tmp_path / f"f{i}.txt", "user") for i in range(200)]
+    train, held = C.split_sources(srcs, 0.1)
+    assert 5 < len(held) < 40 and len(train) + len(held) == 200
+    assert set(s.path for s in held).isdisjoint(s.path for s in train)
+    train2, held2 = C.split_sources(srcs[:100], 0.1)
+    assert set(s.path for s in held2) == {s.path for s in held if s in srcs[:100]}
+
+
+def test_chunks_are_exact_length():
+    chunks = C.chunk_ids([list(range(10)), list(range(100, 103)), list(range(200, 207))], 4)
+    assert chunks == [[0, 1, 2, 3], [4, 5, 6, 7], [6, 7, 8, 9], [200, 201, 202, 203], [203, 204, 205, 206]]
+
+
+def test_default_corpus_has_code_and_prose():
+    kinds = {s.kind for s in C.default_sources()}
+    assert kinds == {"code", "prose"}
+
+
+def test_learning_rate_schedule():
+    assert lr_at(0, 1000, 1.0) == pytest.approx(0.01)
+    assert lr_at(99, 1000, 1.0) == pytest.approx(1.0)
+    assert lr_at(1000, 1000, 1.0) == pytest.approx(0.1)
+    assert all(lr_at(s, 1000, 1.0) >= lr_at(s + 1, 1000, 1.0) for s in range(100, 1000))
+
+
+def test_head_step_is_one_definition():
+    """The module trains through the same function the adapter runs."""
+    m = HeadModule(16, 32, 1e-6, torch.ones(16), 0)
+    e, h = torch.randn(2, 16), torch.randn(2, 16)
+    assert torch.equal(m.step(e, h), head_step(m.weights(), e, h, 1e-6))
+    # initial block: output is the normed pass-through of the trunk row plus a small embedding term
+    out = m.step(torch.zeros(2, 16), h)
+    assert torch.allclose(out, h / h.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt(), atol=0.25)

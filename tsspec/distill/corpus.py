@@ -1,0 +1,133 @@
+"""Training text for ``tsspec distill``: what a fresh machine already holds, or the user's files.
+
+The default corpus needs no download:
+
+* code: the Python standard library's own sources (tests left out);
+* prose: Python's built-in help topics (``pydoc_data/topics.py``), the long descriptions of the
+  installed packages (``*.dist-info/METADATA``) and the text documentation under ``/usr/share/doc``.
+
+Files are split into training and held-out sets by a hash of their path, so the split does not
+move when files are added, and read in a seeded order up to a character budget per kind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from ..errors import BadInput
+
+TEXT_SUFFIXES = {".md", ".txt", ".rst", ".markdown", ""}
+MAX_FILE_CHARS = 200_000  # one huge file must not be the whole corpus
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    kind: str  # "code" or "prose" (or "user")
+
+
+def default_sources() -> list[Source]:
+    """Code and prose already on this machine, in a stable order."""
+    std = Path(sysconfig.get_paths()["stdlib"])
+    code = sorted(p for p in std.rglob("*.py")
+                  if "site-packages" not in p.parts and not any(part in ("test", "tests", "idle_test") for part in p.parts))
+    prose = [std / "pydoc_data" / "topics.py"]
+    pure = Path(sysconfig.get_paths()["purelib"])
+    prose += sorted(pure.glob("*.dist-info/METADATA"))
+    doc = Path("/usr/share/doc")
+    if doc.is_dir():
+        prose += sorted(p for p in doc.rglob("*") if p.is_file() and not p.is_symlink()
+                        and (p.suffix.lower() in TEXT_SUFFIXES or p.name.upper().startswith("README"))
+                        and p.name != "copyright" and p.stat().st_size > 500)
+    out = [Source(p, "code") for p in code] + [Source(p, "prose") for p in prose if p.is_file()]
+    if not out:
+        raise BadInput("no default corpus found on this machine; give one with --corpus PATH")
+    return out
+
+
+def user_sources(paths: Sequence[str | Path]) -> list[Source]:
+    """--corpus PATH ...: files, or directories read recursively for text files."""
+    out: list[Source] = []
+    for raw in paths:
+        p = Path(raw).expanduser()
+        if p.is_dir():
+            out += [Source(f, "user") for f in sorted(p.rglob("*")) if f.is_file() and _looks_textual(f)]
+        elif p.is_file():
+            out.append(Source(p, "user"))
+        else:
+            raise BadInput(f"--corpus {raw}: no such file or directory")
+    if not out:
+        raise BadInput("--corpus: no text files found in " + ", ".join(str(p) for p in paths))
+    return out
+
+
+def _looks_textual(p: Path) -> bool:
+    try:
+        head = p.read_bytes()[:4096]
+    except OSError:
+        return False
+    return b"\0" not in head
+
+
+def is_heldout(path: Path, fraction: float) -> bool:
+    """Whether ``path`` belongs to the held-out set: a stable hash, independent of the seed."""
+    h = int.from_bytes(hashlib.sha256(str(path).encode()).digest()[:8], "big")
+    return (h % 10_000) < fraction * 10_000
+
+
+def read_text(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return text[:MAX_FILE_CHARS]
+
+
+def sample_texts(sources: Iterable[Source], chars: int, seed: int) -> list[str]:
+    """Texts from ``sources`` in a seeded order, each kind up to an equal share of ``chars``."""
+    by_kind: dict[str, list[Source]] = {}
+    for s in sources:
+        by_kind.setdefault(s.kind, []).append(s)
+    out: list[str] = []
+    share = chars // max(1, len(by_kind))
+    for kind in sorted(by_kind):
+        files = list(by_kind[kind])
+        random.Random(f"{seed}:{kind}").shuffle(files)
+        got = 0
+        for s in files:
+            if got >= share:
+                break
+            text = read_text(s.path)
+            if len(text.strip()) < 200:
+                continue
+            text = text[: share - got + 2000]
+            out.append(text)
+            got += len(text)
+    return out
+
+
+def split_sources(sources: Sequence[Source], heldout: float) -> tuple[list[Source], list[Source]]:
+    train = [s for s in sources if not is_heldout(s.path, heldout)]
+    held = [s for s in sources if is_heldout(s.path, heldout)]
+    if not held and len(train) > 1:  # a tiny user corpus: hold out its last file
+        held, train = train[-1:], train[:-1]
+    return train, held
+
+
+def chunk_ids(texts: Iterable[list[int]], length: int) -> list[list[int]]:
+    """Token lists cut into chunks of exactly ``length`` (a text's short tail is dropped when it is
+    under a quarter chunk, else left-filled from the text's previous tokens)."""
+    out = []
+    for ids in texts:
+        for i in range(0, len(ids), length):
+            piece = ids[i : i + length]
+            if len(piece) == length:
+                out.append(piece)
+            elif len(piece) >= length // 4 and len(ids) >= length:
+                out.append(ids[len(ids) - length :])
+    return out

@@ -1,0 +1,78 @@
+"""The trunk's behaviour over a corpus, teacher-forced: what a drafter learns to predict.
+
+For every position of every chunk: the token, the trunk's final-normed hidden row (the space a
+per-token head reads and writes) and the trunk's top-k next-token probabilities (the soft target,
+so that agreement with the trunk, not corpus accuracy, is what training optimises).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from ..models.base import rms_norm
+
+
+@dataclass
+class Features:
+    tokens: torch.Tensor  # [C, L] int64
+    hidden: torch.Tensor  # [C, L, d] bfloat16: the trunk's final-normed row at each position
+    top_ids: torch.Tensor  # [C, L, k] int64: the trunk's k likeliest next tokens at each position
+    top_p: torch.Tensor  # [C, L, k] float32: their probabilities
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.numel())
+
+    def argmax(self) -> torch.Tensor:
+        """The trunk's greedy next token at each position [C, L]."""
+        return self.top_ids[..., 0]
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".part")
+        torch.save({"tokens": self.tokens, "hidden": self.hidden, "top_ids": self.top_ids.int(),
+                    "top_p": self.top_p.half()}, tmp)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "Features":
+        d = torch.load(path, weights_only=True)
+        return cls(d["tokens"], d["hidden"], d["top_ids"].long(), d["top_p"].float())
+
+
+def features_key(model_id: str, chunks: Sequence[Sequence[int]], k: int) -> str:
+    h = hashlib.sha256(f"{model_id}|{k}|{len(chunks)}".encode())
+    for c in chunks:
+        h.update(torch.as_tensor(c, dtype=torch.int32).numpy().tobytes())
+    return h.hexdigest()[:20]
+
+
+@torch.inference_mode()
+def collect(model, chunks: Sequence[Sequence[int]], k: int,
+            progress: Callable[[int], None] | None = None) -> Features:
+    """Run the trunk over each chunk from an empty cache (one forward per chunk, every row's
+    logits and the residual after the last layer) and keep what a drafter trains on."""
+    if not chunks:
+        raise ValueError("no chunks to collect features from")
+    cache = model.make_cache()
+    eps = model.cfg.rms_eps
+    C, L = len(chunks), len(chunks[0])
+    tokens = torch.tensor([list(c) for c in chunks], dtype=torch.long)
+    hidden = torch.empty(C, L, model.hidden_size, dtype=torch.bfloat16)
+    top_ids = torch.empty(C, L, k, dtype=torch.long)
+    top_p = torch.empty(C, L, k, dtype=torch.float32)
+    for i, c in enumerate(chunks):
+        cache.reset()
+        out = model.forward(list(c), cache, all_logits=True, taps=(model.n_layers,))
+        hidden[i] = rms_norm(out.hidden.float(), model.out_norm, eps).to(torch.bfloat16)
+        probs = torch.softmax(out.logits.float(), dim=-1)
+        p, ids = torch.topk(probs, k, dim=-1)
+        top_ids[i], top_p[i] = ids, p
+        if progress:
+            progress(len(c))
+    return Features(tokens, hidden, top_ids, top_p)

@@ -1,0 +1,238 @@
+"""``tsspec distill``: teach a drafter the trunk's own behaviour, on this machine.
+
+One run: read a corpus, run the frozen trunk over it teacher-forced (``features``), pick the draft
+vocabulary, train the head (``head``), measure held-out acceptance as it goes, write the GGUF the
+registry loads. The work is resumable: the trunk's features are cached by content, and a
+checkpoint beside the output (``OUT.ckpt``) holds the head, the optimiser and the step; running
+the same command again continues from it. Every batch is drawn from a generator seeded by
+(seed, step), so a resumed run takes the same batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import BadInput
+from . import corpus as corpus_mod
+from .features import Features, collect, features_key
+from .head import HeadModule, anchors, choose_draft_vocab, coverage, evaluate, export_gguf, loss_fn, make_batch
+
+KINDS = ("head", "block")
+CHARS_PER_TOKEN = 3.0  # a generous guess: text read per wanted token (chunks are then cut to the budget)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    model: str
+    out: str
+    kind: str = "head"
+    corpus: tuple[str, ...] = ()
+    tokens: int = 200_000  # training tokens the trunk is run over
+    heldout_tokens: int = 16_384
+    steps: int = 2000
+    batch: int = 128
+    lr: float = 2e-3
+    unroll: int = 3
+    chunk: int = 256
+    top_k: int = 8
+    draft_vocab: int = 8192
+    ffn: int = 0  # 0: twice the hidden size
+    seed: int = 0
+    device: str = "cpu"
+    weights: str = "q8_0"
+    eval_every: int = 200
+
+    def check(self) -> None:
+        if self.kind not in KINDS:
+            raise BadInput(f"--kind {self.kind!r}: choose head or block")
+        for name, lo in (("tokens", 1024), ("steps", 1), ("batch", 1), ("unroll", 1), ("chunk", 16), ("top_k", 1),
+                         ("draft_vocab", 16), ("heldout_tokens", 256), ("eval_every", 1)):
+            if getattr(self, name) < lo:
+                raise BadInput(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(self, name)}")
+        if self.unroll >= self.chunk:
+            raise BadInput(f"--unroll {self.unroll} must be smaller than --chunk {self.chunk}")
+        if not (0 < self.lr < 1):
+            raise BadInput(f"--lr must be in (0, 1), got {self.lr}")
+        if self.weights not in ("q8_0", "f32"):
+            raise BadInput(f"--weights {self.weights!r}: choose q8_0 or f32")
+        if self.device not in ("cpu", "cuda"):
+            raise BadInput(f"--device {self.device!r}: choose cpu or cuda")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise BadInput("--device cuda: torch sees no CUDA device on this machine")
+
+    def resumable_with(self, other: "DistillConfig") -> bool:
+        """A checkpoint continues under a config that differs only in how long or how visibly it runs."""
+        skip = {"steps", "eval_every", "device"}
+        a, b = asdict(self), asdict(other)
+        return all(a[k] == b[k] for k in a if k not in skip)
+
+
+@dataclass
+class DistillResult:
+    out: Path
+    steps: int
+    train_tokens: int
+    heldout_tokens: int
+    draft_vocab: int
+    coverage: float
+    heldout: dict
+    curve: list = field(default_factory=list)  # (step, anchors seen, held-out first-token acceptance, tokens/verify)
+    seconds: float = 0.0
+
+
+Events = Callable[..., None]  # events(kind, **data): "phase" (name, total), "advance" (n), "metrics" (...)
+
+
+def _noop(kind: str, **data) -> None:
+    pass
+
+
+def lr_at(step: int, steps: int, base: float, warmup: int = 100) -> float:
+    """Linear warmup, then cosine down to a tenth."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def features_dir() -> Path:
+    from ..hub import cache_dir
+
+    return cache_dir().parent / "distill"
+
+
+def _texts_to_chunks(tok, texts: Sequence[str], chunk: int, budget: int) -> list[list[int]]:
+    ids = [tok.encode(t, add_special=False, parse_special=False) for t in texts]
+    chunks = corpus_mod.chunk_ids(ids, chunk)
+    return chunks[: max(1, budget // chunk)]
+
+
+def prepare_features(cfg: DistillConfig, model, tok, model_id: str, events: Events) -> tuple[Features, Features]:
+    sources = corpus_mod.user_sources(cfg.corpus) if cfg.corpus else corpus_mod.default_sources()
+    train_src, held_src = corpus_mod.split_sources(sources, 0.1)
+    if not held_src:
+        raise BadInput("the corpus has a single file; give at least two so one can be held out")
+    out = []
+    for name, src, budget in (("train", train_src, cfg.tokens), ("held-out", held_src, cfg.heldout_tokens)):
+        texts = corpus_mod.sample_texts(src, int(budget * CHARS_PER_TOKEN), cfg.seed)
+        chunks = _texts_to_chunks(tok, texts, cfg.chunk, budget)
+        if not chunks:
+            raise BadInput(f"the {name} corpus holds fewer than {cfg.chunk} tokens; give more text or a smaller --chunk")
+        key = features_key(model_id, chunks, cfg.top_k)
+        path = features_dir() / f"{key}.pt"
+        if path.exists():
+            events("phase", name=f"trunk features ({name}, cached)", total=len(chunks) * cfg.chunk)
+            feats = Features.load(path)
+            events("advance", n=feats.n_tokens)
+        else:
+            events("phase", name=f"trunk features ({name})", total=len(chunks) * cfg.chunk)
+            feats = collect(model, chunks, cfg.top_k, progress=lambda n: events("advance", n=n))
+            feats.save(path)
+        out.append(feats)
+    return out[0], out[1]
+
+
+def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
+    """Train a drafter for ``cfg.model`` and write it to ``cfg.out``."""
+    from ..drafters.eagle import dense_head_rows, trunk_identity
+    from ..gguf_file import GGUFFile
+    from ..models import load_model
+    from ..tokenizer import Tokenizer
+
+    cfg.check()
+    if cfg.kind == "block":
+        raise BadInput("--kind block is not built yet: only --kind head can be trained so far")
+    t_start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    g = GGUFFile(cfg.model)
+    model = load_model(g)
+    tok = Tokenizer.from_gguf(cfg.model)
+    st = Path(cfg.model).stat()
+    model_id = f"{Path(cfg.model).resolve()}|{st.st_size}|{int(st.st_mtime)}"
+    train, held = prepare_features(cfg, model, tok, model_id, events)
+
+    d = model.hidden_size
+    d2t = choose_draft_vocab(train, cfg.draft_vocab, model.vocab_size)
+    t2d = torch.full((model.vocab_size,), -1, dtype=torch.long)
+    t2d[torch.as_tensor(d2t)] = torch.arange(len(d2t))
+    dev = torch.device(cfg.device)
+    lm_rows = dense_head_rows(g, d2t).to(dev)
+    embed = torch.cat([model.embed[list(range(i, min(i + 8192, model.vocab_size)))].float()
+                       for i in range(0, model.vocab_size, 8192)]).to(dev)
+    d2t_t = torch.as_tensor(d2t).to(dev)
+    t2d = t2d.to(dev)
+
+    head = HeadModule(d, cfg.ffn or 2 * d, float(model.cfg.rms_eps), model.out_norm, cfg.seed).to(dev)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    ckpt = Path(str(cfg.out) + ".ckpt")
+    step, curve = 0, []
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        saved = DistillConfig(**state["config"])
+        if not saved.resumable_with(cfg):
+            raise BadInput(f"{ckpt} holds a run with other settings; delete it to start over, or rerun with the same options")
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        step, curve = int(state["step"]), list(state["curve"])
+        events("resumed", step=step)
+
+    def save_checkpoint() -> None:
+        tmp = ckpt.with_name(ckpt.name + ".part")
+        torch.save({"config": asdict(cfg), "head": head.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "curve": curve}, tmp)
+        tmp.replace(ckpt)
+
+    pool = anchors(train, cfg.unroll)
+    held_eval = lambda: evaluate(head, embed, lm_rows, d2t_t, _to(held, dev), steps=4, seed=cfg.seed)
+    train_dev = _to(train, dev)
+    if step == 0:  # the untrained head: where the curve starts
+        m = held_eval()
+        curve.append((0, 0, m["first"], m["tokens_per_verify"]))
+        events("metrics", step=0, **m)
+    events("phase", name="training", total=cfg.steps, completed=step)
+    try:
+        while step < cfg.steps:
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+            idx = pool[torch.randint(len(pool), (cfg.batch,), generator=gen)]
+            batch = make_batch(train_dev, idx.to(dev), cfg.unroll)
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, cfg.steps, cfg.lr)
+            loss, parts = loss_fn(head, embed, lm_rows, t2d, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            step += 1
+            events("advance", n=1, loss=float(loss.detach()), **parts)
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                m = held_eval()
+                curve.append((step, step * cfg.batch, m["first"], m["tokens_per_verify"]))
+                events("metrics", step=step, **m)
+                save_checkpoint()
+    except KeyboardInterrupt:
+        save_checkpoint()
+        raise
+    final = held_eval()
+    cov = coverage(held, d2t)
+    trunk = trunk_identity(g, model)
+    trunk["name"] = str(g.get("general.name") or Path(cfg.model).stem)
+    export_gguf(Path(cfg.out), head, d2t, trunk, {
+        "steps": step, "tokens": train.n_tokens, "seed": cfg.seed, "unroll": cfg.unroll,
+        "heldout_accept": float(final["first"]), "heldout_tokens_per_verify": float(final["tokens_per_verify"]),
+        "corpus": "user" if cfg.corpus else "default",
+    }, weights=cfg.weights)
+    return DistillResult(Path(cfg.out), step, train.n_tokens, held.n_tokens, len(d2t), cov, final, curve,
+                         time.perf_counter() - t_start)
+
+
+def _to(f: Features, dev: torch.device) -> Features:
+    if dev.type == "cpu":
+        return f
+    return Features(f.tokens.to(dev), f.hidden.to(dev), f.top_ids.to(dev), f.top_p.to(dev))
