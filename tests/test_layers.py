@@ -20,7 +20,7 @@ FORBIDDEN = {
     "kernels": {"models", "drafters", "spec", "session", "cli", "bench", "weights"},
     "session": {"cli"},
     # the trainer loads a trunk and writes a drafter file; nothing below it knows it exists
-    "distill": {"cli", "session", "spec", "bench", "generate", "display", "chat", "server"},
+    "distill": {"cli", "session", "bench", "generate", "display", "server"},
 }
 
 

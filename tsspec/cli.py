@@ -488,8 +488,10 @@ def distill(
     kind: str = typer.Option("head", "--kind", help="head: a per-token draft head (EAGLE-shaped). block: not built yet."),
     corpus: Optional[List[Path]] = typer.Option(None, "--corpus", help="Text files or directories to train on "
                                                 "(repeatable; default: Python's sources and the docs on this machine)."),
-    tokens: int = typer.Option(200_000, "--tokens", help="Training tokens the trunk is run over."),
-    steps: int = typer.Option(2000, "--steps", help="Optimiser steps."),
+    tokens: int = typer.Option(200_000, "--tokens", help="Training tokens of corpus text the trunk is run over."),
+    answers: int = typer.Option(60_000, "--answers", help="Reply tokens the trunk writes to prompts made from the "
+                                "corpus, added to the training set (the text a head drafts in; 0: none)."),
+    steps: int = typer.Option(6000, "--steps", help="Optimiser steps."),
     batch: int = typer.Option(128, "--batch", help="Positions per step."),
     lr: float = typer.Option(2e-3, "--lr", help="Peak learning rate (warmup, then cosine to a tenth)."),
     unroll: int = typer.Option(3, "--unroll", help="Chained head steps trained per position (as drafting chains them)."),
@@ -511,7 +513,7 @@ def distill(
     with user_errors():
         path = resolve_model(model, console=err)
         cfg = DistillConfig(model=str(path), out=str(out), kind=kind, corpus=tuple(str(c) for c in corpus or ()),
-                            tokens=tokens, steps=steps, batch=batch, lr=lr, unroll=unroll, draft_vocab=draft_vocab,
+                            tokens=tokens, answers=answers, steps=steps, batch=batch, lr=lr, unroll=unroll, draft_vocab=draft_vocab,
                             seed=seed, device=device, weights=weights, eval_every=eval_every)
         cfg.check()
         if out.is_dir():

@@ -88,8 +88,8 @@ def read_text(path: Path) -> str:
     return text[:MAX_FILE_CHARS]
 
 
-def sample_texts(sources: Iterable[Source], chars: int, seed: int) -> list[str]:
-    """Texts from ``sources`` in a seeded order, each kind up to an equal share of ``chars``."""
+def sample_texts(sources: Iterable[Source], chars: int, seed: int) -> list[tuple[str, str]]:
+    """(kind, text) from ``sources`` in a seeded order, each kind up to an equal share of ``chars``."""
     by_kind: dict[str, list[Source]] = {}
     for s in sources:
         by_kind.setdefault(s.kind, []).append(s)
@@ -106,7 +106,7 @@ def sample_texts(sources: Iterable[Source], chars: int, seed: int) -> list[str]:
             if len(text.strip()) < 200:
                 continue
             text = text[: share - got + 2000]
-            out.append(text)
+            out.append((kind, text))
             got += len(text)
     return out
 

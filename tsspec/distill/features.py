@@ -32,6 +32,12 @@ class Features:
         """The trunk's greedy next token at each position [C, L]."""
         return self.top_ids[..., 0]
 
+    @classmethod
+    def concat(cls, parts: Sequence["Features"]) -> "Features":
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(torch.cat([getattr(p, f) for p in parts]) for f in ("tokens", "hidden", "top_ids", "top_p")))
+
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".part")

@@ -34,9 +34,11 @@ class DistillConfig:
     out: str
     kind: str = "head"
     corpus: tuple[str, ...] = ()
-    tokens: int = 200_000  # training tokens the trunk is run over
+    tokens: int = 200_000  # training tokens of corpus text the trunk is run over
+    answers: int = 0  # reply tokens the trunk writes to prompts made from the corpus (added to the training set)
+    answer_length: int = 192
     heldout_tokens: int = 16_384
-    steps: int = 2000
+    steps: int = 6000
     batch: int = 128
     lr: float = 2e-3
     unroll: int = 3
@@ -52,7 +54,9 @@ class DistillConfig:
     def check(self) -> None:
         if self.kind not in KINDS:
             raise BadInput(f"--kind {self.kind!r}: choose head or block")
-        for name, lo in (("tokens", 1024), ("steps", 1), ("batch", 1), ("unroll", 1), ("chunk", 16), ("top_k", 1),
+        if self.answers < 0:
+            raise BadInput(f"--answers must be >= 0, got {self.answers}")
+        for name, lo in (("tokens", 1024), ("answer_length", 8), ("steps", 1), ("batch", 1), ("unroll", 1), ("chunk", 16), ("top_k", 1),
                          ("draft_vocab", 16), ("heldout_tokens", 256), ("eval_every", 1)):
             if getattr(self, name) < lo:
                 raise BadInput(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(self, name)}")
@@ -108,10 +112,24 @@ def features_dir() -> Path:
     return cache_dir().parent / "distill"
 
 
-def _texts_to_chunks(tok, texts: Sequence[str], chunk: int, budget: int) -> list[list[int]]:
-    ids = [tok.encode(t, add_special=False, parse_special=False) for t in texts]
+def _texts_to_chunks(tok, texts: Sequence[tuple[str, str]], chunk: int, budget: int) -> list[list[int]]:
+    ids = [tok.encode(t, add_special=False, parse_special=False) for _, t in texts]
     chunks = corpus_mod.chunk_ids(ids, chunk)
     return chunks[: max(1, budget // chunk)]
+
+
+def _features(model, chunks: list[list[int]], cfg: DistillConfig, model_id: str, label: str, events: Events) -> Features:
+    """The trunk's features over ``chunks``, from the content-keyed cache when it has them."""
+    path = features_dir() / f"{features_key(model_id, chunks, cfg.top_k)}.pt"
+    if path.exists():
+        events("phase", name=f"trunk features ({label}, cached)", total=len(chunks) * cfg.chunk)
+        feats = Features.load(path)
+        events("advance", n=feats.n_tokens)
+        return feats
+    events("phase", name=f"trunk features ({label})", total=len(chunks) * cfg.chunk)
+    feats = collect(model, chunks, cfg.top_k, progress=lambda n: events("advance", n=n))
+    feats.save(path)
+    return feats
 
 
 def prepare_features(cfg: DistillConfig, model, tok, model_id: str, events: Events) -> tuple[Features, Features]:
@@ -125,17 +143,21 @@ def prepare_features(cfg: DistillConfig, model, tok, model_id: str, events: Even
         chunks = _texts_to_chunks(tok, texts, cfg.chunk, budget)
         if not chunks:
             raise BadInput(f"the {name} corpus holds fewer than {cfg.chunk} tokens; give more text or a smaller --chunk")
-        key = features_key(model_id, chunks, cfg.top_k)
-        path = features_dir() / f"{key}.pt"
-        if path.exists():
-            events("phase", name=f"trunk features ({name}, cached)", total=len(chunks) * cfg.chunk)
-            feats = Features.load(path)
-            events("advance", n=feats.n_tokens)
-        else:
-            events("phase", name=f"trunk features ({name})", total=len(chunks) * cfg.chunk)
-            feats = collect(model, chunks, cfg.top_k, progress=lambda n: events("advance", n=n))
-            feats.save(path)
-        out.append(feats)
+        feats = [_features(model, chunks, cfg, model_id, name, events)]
+        want = cfg.answers if name == "train" else cfg.answers // 10
+        if want:
+            if not tok.chat_template:
+                raise BadInput("--answers needs a model with a chat template (tokenizer.chat_template)")
+            from .selfgen import answer, make_prompts, pack
+
+            prompts = make_prompts(texts, 4 * want // 32 + 8, cfg.seed + (0 if name == "train" else 1))
+            events("phase", name=f"trunk answers ({name})", total=want)
+            convs = answer(model, tok, prompts, cfg.answer_length, want, features_dir(), model_id,
+                           progress=lambda n: events("advance", n=n))
+            answer_chunks = corpus_mod.chunk_ids([pack(convs)], cfg.chunk)
+            if answer_chunks:
+                feats.append(_features(model, answer_chunks, cfg, model_id, f"{name} answers", events))
+        out.append(Features.concat(feats))
     return out[0], out[1]
 
 

@@ -5,8 +5,12 @@ Contract:
 * The head chains its own hidden output one token per pass: draft d1 from (last token, the trunk
   row that produced it), d2 from (d1, the head's own output), and so on.
 * Confidence gate: a draft token is proposed only while the head's top-1 probability, computed over
-  its top-10 logits, is at least ``min_draft_prob`` (``--spec-pmin``, default 0.75). Drafting is
-  greedy (the head's argmax); the ``match`` rule keeps the output identical to plain decoding.
+  its top-10 logits (as llama.cpp's MTP draft sampler does), is at least ``min_draft_prob``
+  (``--spec-pmin``, default 0.75). A head may bring its own gate instead: ``confidence(logits)``
+  (its calibrated top-1 probability), compared cumulatively when ``cumulative_gate`` (draft while
+  the chance that every draft so far lands stays at least ``min_draft_prob``), with its own
+  ``default_min_draft_prob``. Drafting is greedy (the head's argmax); the ``match`` rule keeps the
+  output identical to plain decoding.
 * Catch-up is folded: the head's cache rows for the tokens that landed since the last proposal are
   rewritten from the trunk's exact hidden rows in the SAME forward as the first draft step (one
   head forward over n_accepted + 1 rows, as llama.cpp runs its MTP block), so no separate catch-up
@@ -49,7 +53,11 @@ class DraftHeadSpeculator:
         self.state = head.new_state()
         self.n_layers = n_layers
         self.max_draft_tokens = max_draft_tokens
+        if min_draft_prob is None:  # the head's own default, else the algorithm's
+            min_draft_prob = getattr(head, "default_min_draft_prob", None)
         self.min_draft_prob = min_draft_prob  # validated; None: the default
+        self._confidence = getattr(head, "confidence", gate_confidence)
+        self._cumulative = bool(getattr(head, "cumulative_gate", False))
         self._from_trunk = getattr(head, "from_trunk", lambda rows: rows)
         # counters one report line can print
         self.proposals = 0
@@ -109,8 +117,11 @@ class DraftHeadSpeculator:
         self._base = P
         k = min(ctx.max_tokens, self.max_draft_tokens)
         out: list[int] = []
+        chance = 1.0
         while True:
-            if gate_confidence(logits) < self.min_draft_prob:
+            p = self._confidence(logits)
+            chance = chance * p if self._cumulative else p
+            if chance < self.min_draft_prob:
                 self.gated += 1
                 break
             tok = int(torch.argmax(logits))
