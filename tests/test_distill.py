@@ -276,3 +276,36 @@ def test_training_with_answers(world, tmp_path):
     assert phases[:3] == ["trunk features (train)", "trunk answers (train)", "trunk features (train answers)"]
     assert "trunk answers (held-out)" in phases
     assert r.train_tokens > 4096  # the corpus chunks plus the packed conversations
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--kind", "tree"], "--kind 'tree': choose head or block"),
+    (["--device", "tpu"], "--device 'tpu': choose cpu or cuda"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--corpus", "/no/such/place"], "--corpus /no/such/place: no such file or directory"),
+])
+def test_cli_bad_input_is_one_error_line(world, tmp_path, capsys, args, msg):
+    from tsspec.cli import run
+
+    rc = run(["distill", "-m", str(world["trunk"]), "-o", str(tmp_path / "h.gguf"), *args])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert rc != 0 and len(lines) == 1 and lines[0].startswith("error:") and msg in " ".join(err.split()), err
+    assert not (tmp_path / "h.gguf").exists()
+
+
+def test_cli_trains_and_reports(world, tmp_path, capsys):
+    from tsspec.cli import run
+
+    out = tmp_path / "h.gguf"
+    rc = run(["distill", "-m", str(world["trunk"]), "-o", str(out), "--corpus", str(world["corpus"]), "--tokens", "2048",
+              "--answers", "0", "--steps", "10", "--eval-every", "5", "--batch", "16", "--draft-vocab", "64"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 0 and out.exists(), err
+    assert "wrote" in err and "held-out acceptance" in err and "--spec-draft-model" in err
+    # and generate takes it
+    rc = run(["generate", "-m", str(world["trunk"]), "--spec", "--spec-draft-model", str(out), "-p", "def f", "-n", "8"])
+    assert rc == 0, capsys.readouterr().err
