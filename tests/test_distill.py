@@ -297,8 +297,12 @@ def test_cli_bad_input_is_one_error_line(world, tmp_path, capsys, args, msg):
     assert not (tmp_path / "h.gguf").exists()
 
 
-def test_cli_trains_and_reports(world, tmp_path, capsys):
+def test_cli_trains_and_reports(world, tmp_path, capsys, monkeypatch):
+    import os
+
     from tsspec.cli import run
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # generate publishes TS_SPEC_* for child processes
 
     out = tmp_path / "h.gguf"
     rc = run(["distill", "-m", str(world["trunk"]), "-o", str(out), "--corpus", str(world["corpus"]), "--tokens", "2048",
