@@ -8,6 +8,9 @@ Two kinds of setting:
   mapping); a model's preferred draft window is applied later, by ``tsspec.session.Session``, since
   it needs the loaded model. Everything below the session takes explicit parameters: a weight
   loader gets its format, a drafter its switches, a hybrid trunk its rollback mode.
+* **The device** (``--device``, ``TSSPEC_DEVICE``): auto, cpu or cuda, resolved in ``RunConfig``
+  to the one the run computes on; ``cuda`` where torch sees no GPU or triton is missing is refused
+  here, in one line, before anything loads.
 * **Process-wide switches**, read when first needed because they belong to the process rather than
   to one run: the cache root (``TSSPEC_CACHE``), the native kernels (``TSSPEC_KERNELS``, ``CC``)
   and where the llama.cpp peer build lives (``LLAMA_CPP_DIR``). ``tsspec.hub``, ``tsspec.kernels``
@@ -98,11 +101,12 @@ def _device(flag: str | None, env: Mapping[str, str], weights: str) -> str:
             sep = " " if name.startswith("--") else "="
             raise BadInput(f"{name}{sep}{raw!r}: expected one of {', '.join(DEVICES)}")
     if requested == "cuda":
+        said = f"{name} cuda" if name.startswith("--") else f"{name}={raw!r}"
         why = cuda_unusable()
         if why is not None:
-            raise BadInput(f"{name} cuda: {why}")
+            raise BadInput(f"{said}: {why}")
         if weights != "auto":
-            raise BadInput(f"{name} cuda runs the file's own GGUF blocks (--weights auto), not --weights {weights}")
+            raise BadInput(f"{said}: the GPU path runs the file's own GGUF blocks (weights auto), not weights {weights}")
     if requested == "auto" and weights != "auto":
         return "cpu"
     return resolve(requested)
