@@ -69,3 +69,42 @@ def test_scripted_speculation_equals_plain(files, arch):
     res = gpu_check_module.spec_equals_plain(model, prompt, n_new=20)
     assert res["equal"], res
     assert res["verifies"] >= 3 and 0 < res["accepted"] < res["drafted"]  # some accepted, some rejected
+
+
+def test_drafters_on_the_triton_path(files, tmp_path):
+    """A draft model follows the trunk onto the Triton path; a block drafter (which borrows the
+    trunk's embedding and head on the host) is refused in one line; hybrid trunks are refused."""
+    from tiny_dflash import write_tiny_dflash
+
+    from tsspec.drafters import DrafterOptions, load_drafter
+    from tsspec.errors import BadInput
+
+    trunk = gpu_model(files["llama"])
+    drafter = load_drafter(files["llama"], trunk, DrafterOptions())
+    assert drafter.model.triton and drafter.model.device == trunk.device
+    cpu_drafter = load_drafter(files["llama"], trunk, DrafterOptions(weights="bf16"))
+    assert not cpu_drafter.model.triton
+    dflash = write_tiny_dflash(tmp_path / "d.gguf", files["llama"])
+    with pytest.raises(BadInput, match="dflash drafter runs with --device cpu only"):
+        load_drafter(dflash, trunk, DrafterOptions())
+    with pytest.raises(BadInput, match="the GPU path runs the file's own GGUF blocks"):
+        load_model(files["llama"], fmt="bf16", device=DEVICE.type, triton=True)
+
+
+def test_hybrid_trunks_are_refused_on_the_triton_path(tmp_path):
+    """Refused by architecture, before the file is validated or loaded."""
+    import gguf
+    import numpy as np
+
+    from tsspec.errors import BadInput
+
+    path = tmp_path / "h.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen35")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(BadInput, match="qwen35 trunks run on the CPU only for now"):
+        load_model(path, device=DEVICE.type, triton=True)
