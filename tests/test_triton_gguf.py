@@ -88,3 +88,27 @@ def test_refuses_shapes_it_cannot_take():
                   torch.zeros(1, 16, device=DEVICE))
     assert not tg.takes("Q4_K", 128) and tg.takes("Q4_K", 256) and not tg.takes("Q2_K", 256)
     assert tg.takes("Q6_K", 512) and tg.takes("F16", 8) is False and tg.takes("F32", 64)
+
+
+def test_a_linear_of_mixed_parts_on_the_triton_backend():
+    """``Linear.concat`` of parts of different types (a fused QKV whose V has more bits), with a
+    bias, on the triton backend: the reference product of the same stored weights, and rows
+    invariant."""
+    from tsspec.weights import GGUFWeight, Linear
+
+    k = 256
+    parts = [("Q4_K", 48, 1), ("Q4_K", 16, 2), ("Q6_K", 16, 3), ("Q8_0", 8, 4)]
+    ws = [(GGUFWeight(t, random_blocks(t, n, k, seed=s), (n, k)), None) for t, n, s in parts]
+    bias = torch.randn(88)
+    ws[0] = (ws[0][0], bias[:48].numpy())
+    ws[1] = (ws[1][0], bias[48:64].numpy())
+    ws[2] = (ws[2][0], bias[64:80].numpy())
+    ws[3] = (ws[3][0], bias[80:].numpy())
+    lin = Linear.concat(ws, "auto", DEVICE)
+    assert lin.fmt == "triton" and [t for t, _, _ in lin.dev_parts] == ["Q4_K", "Q6_K", "Q8_0"]
+    assert lin.nbytes() == sum(w.raw.nbytes for w, _ in ws) + 88 * 4
+    x = torch.randn(6, k, device=DEVICE)
+    y = lin(x)
+    ref = lin.reference(x)
+    assert float((y.cpu() - ref).abs().max()) <= 2e-3 * float(ref.abs().max())
+    assert torch.equal(torch.cat([lin(x[i : i + 1]) for i in range(6)]).cpu(), y.cpu())

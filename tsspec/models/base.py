@@ -260,7 +260,7 @@ class TransformerModel:
         # (``fused`` None: the torch path below, which is also the reference the fused one is tested against)
         if self.FUSABLE:
             check_block_shapes(self)
-        self.fused = fused_blocks(self) if self.FUSABLE else None
+        self.fused = fused_blocks(self) if self.FUSABLE and not self.triton else None
 
     # -- SpecTarget surface ------------------------------------------------------------------
     @property
