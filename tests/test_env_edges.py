@@ -28,6 +28,7 @@ KINDS = {
     "accept": ({""}, ["match", "residual"]),
     "draft_model": ({""}, ["MODEL"]),
     "weights": ({""}, ["f32", " BF16 ", "auto"]),
+    "device": ({""}, ["cpu", " CPU ", "auto"]),  # cuda: refused where there is no GPU (test_usage_errors)
     "cache": (set(EDGE_VALUES) - {" ", "\t"}, ["CACHE"]),  # any path the system takes is a path
 }
 SPEC_KINDS = {"SPEC": "bool", "TYPE": "type", "DRAFT": "draft", "PMIN": "pmin", "ACCEPT": "accept",
@@ -35,7 +36,7 @@ SPEC_KINDS = {"SPEC": "bool", "TYPE": "type", "DRAFT": "draft", "PMIN": "pmin", 
 VARIABLES = {fam + suffix: kind for fam in FAMILIES for suffix, kind in SPEC_KINDS.items()} | {
     "TSSPEC_WEIGHTS": "weights", "TSSPEC_DRAFT_WEIGHTS": "weights", "TSSPEC_CACHE": "cache",
     "TSSPEC_KERNELS": "bool", "TS_Q35_VERIFY_SNAPSHOTS": "bool", "TS_DFLASH_CONV": "bool",
-    "TS_DFLASH_SELECTOR": "bool",
+    "TS_DFLASH_SELECTOR": "bool", "TSSPEC_DEVICE": "device",
 }
 COUNTS = {"ran": 0, "refused": 0}
 

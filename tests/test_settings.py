@@ -71,6 +71,8 @@ def test_each_variable_and_flag_resolves():
     ({}, {"TS_DFLASH_CONV": "of"}, "TS_DFLASH_CONV='of': expected 0/1"),  # a typo is not "on"
     ({}, {"TS_Q35_VERIFY_SNAPSHOTS": " "}, "TS_Q35_VERIFY_SNAPSHOTS=' '"),
     ({}, {"TSSPEC_WEIGHTS": " "}, "TSSPEC_WEIGHTS=' ': expected one of"),
+    ({"device": "gpu"}, {}, "--device 'gpu': expected one of auto, cpu, cuda"),
+    ({}, {"TSSPEC_DEVICE": "1"}, "TSSPEC_DEVICE='1': expected one of auto, cpu, cuda"),
 ])
 def test_bad_values_are_one_line(kwargs, env, needle):
     with pytest.raises(BadInput) as e:
@@ -140,3 +142,38 @@ def test_session_attaches_a_draft_model(model_path, tmp_path):
     assert s.load_drafter(drafter_path).model.blocks[0].qkv.fmt == "bf16"
     assert s.speculation(SpecOptions(enabled=True, draft=6, draft_explicit=True,
                                      draft_model=str(drafter_path))).window == 6
+
+
+def test_the_device_resolves(monkeypatch):
+    from tsspec.kernels import device
+
+    assert resolve_run(device="cpu").device == "cpu"
+    assert resolve_run(env={"TSSPEC_DEVICE": " CPU "}).device == "cpu"
+    assert resolve_run(device="cpu", env={"TSSPEC_DEVICE": "gpu"}).device == "cpu"  # the flag wins, unread
+    # where cuda cannot run: auto is the CPU, and cuda asked for is one line saying why
+    monkeypatch.setattr(device, "cuda_unusable", lambda: "torch sees no CUDA GPU")
+    assert resolve_run(env={}).device == "cpu" and resolve_run(device="auto").device == "cpu"
+    for kwargs, env, said in (({"device": "cuda"}, {}, "--device cuda"),
+                              ({}, {"TSSPEC_DEVICE": "Cuda"}, "TSSPEC_DEVICE='Cuda'")):
+        with pytest.raises(BadInput, match=f"^{re.escape(said)}: torch sees no CUDA GPU$"):
+            resolve_run(env=env, **kwargs)
+    # where it can: auto picks it, unless a CPU weight format is asked for; cuda then refuses that
+    monkeypatch.setattr(device, "cuda_unusable", lambda: None)
+    assert resolve_run(env={}).device == "cuda" and resolve_run(device="cuda").device == "cuda"
+    assert resolve_run(weights="bf16").device == "cpu"
+    with pytest.raises(BadInput, match="GPU path runs the file's own GGUF blocks"):
+        resolve_run(device="cuda", env={"TSSPEC_WEIGHTS": "f32"})
+
+
+def test_no_gpu_reasons_are_sentences(monkeypatch):
+    from tsspec.kernels import device
+
+    monkeypatch.setattr(device.torch.version, "cuda", None)
+    assert "built without CUDA" in device.cuda_missing()
+    monkeypatch.setattr(device.torch.version, "cuda", "12.8")
+    monkeypatch.setattr(device.torch.cuda, "is_available", lambda: False)
+    assert device.cuda_missing() == "torch sees no CUDA GPU"
+    monkeypatch.setattr(device.torch.cuda, "is_available", lambda: True)
+    assert device.cuda_missing() is None
+    monkeypatch.setitem(__import__("sys").modules, "triton", None)  # an import that fails
+    assert "triton is not importable" in device.triton_missing() and device.cuda_unusable() is not None

@@ -80,3 +80,18 @@ def test_real_process():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert one_line(r.stderr).startswith("error: Invalid value for '-n' / '--max-tokens'") and r.stdout == ""
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("args, env", [(["generate", "--device", "cuda", "-p", "x"], {}),
+                                       (["generate", "-p", "x"], {"TSSPEC_DEVICE": "cuda"}),
+                                       (["bench", "--device", "cuda"], {})])
+def test_cuda_without_a_gpu_is_one_line(args, env, monkeypatch, capsys):
+    """--device cuda on a machine without a GPU: one error line saying why, exit 2, before any load."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert run(args) == 2
+    out, err = capsys.readouterr()
+    line = one_line(err)
+    assert line.startswith("error: ") and "cuda" in line and ("GPU" in line or "CUDA" in line), line
+    assert "Traceback" not in err and out == ""

@@ -57,14 +57,15 @@ def utf8_text(text: str, what: str) -> str:
 
 
 def resolve_command(*, model, weights, ctx_size, threads, spec, spec_type, spec_draft, spec_pmin, spec_draft_model,
-                    draft_model, spec_accept, spec_adaptive):
+                    draft_model, spec_accept, spec_adaptive, device=None):
     """Flags and environment resolved once into the run's configuration (its warnings printed, its
     speculation settings published for child processes): the start of generate, chat and serve."""
     from .settings import publish_spec, resolve_run
 
     flags = dict(enabled=spec, type=spec_type, draft=spec_draft, pmin=spec_pmin, draft_model=spec_draft_model,
                  accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model)
-    config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags)
+    config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags,
+                         device=device)
     for w in config.warnings:
         warn(w)
     publish_spec(config.spec)
@@ -80,7 +81,8 @@ def open_session(config, *, progress: bool = True):
         return err.status(f"loading {path.name}", spinner="dots") if progress else contextlib.nullcontext()
 
     session = Session.open(config, console=err, progress=progress, loading=loading, warn=warn)
-    _notice_without_kernels(config.weights)
+    if config.device == "cpu":
+        _notice_without_kernels(config.weights)
     return session
 
 
@@ -178,6 +180,7 @@ TEMPLATE_KWARGS_OPTION = typer.Option(None, "--chat-template-kwargs", help='JSON
 CTX_OPTION = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's).")
 THREADS_OPTION = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores).")
 WEIGHTS_OPTION = typer.Option(None, "--weights", help="In-memory weight format: auto (default: the file's own GGUF blocks on the native kernels; pure torch without a C compiler), bf16, f32 (plain reference) or int4 (lossy for non-Q4 tensors). Env: TSSPEC_WEIGHTS.")
+DEVICE_OPTION = typer.Option(None, "--device", help="auto (default: cuda when torch sees a GPU and triton is installed, else cpu), cpu, or cuda (the Triton kernels over the file's own GGUF blocks; needs --weights auto). Env: TSSPEC_DEVICE.")
 SPEC_OPTION = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC).")
 SPEC_TYPE_OPTION = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE.")
 SPEC_DRAFT_OPTION = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64 (default 8; a model may prefer fewer). Env TS_SPEC_DRAFT / TS_MTP_DRAFT.")
@@ -213,6 +216,7 @@ def generate(
     ctx_size: Optional[int] = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     weights: Optional[str] = WEIGHTS_OPTION,
+    device: Optional[str] = DEVICE_OPTION,
     spec: Optional[bool] = SPEC_OPTION,
     mtp_spec: Optional[bool] = typer.Option(None, "--mtp-spec/--no-mtp-spec", help="Legacy spelling of --spec/--no-spec."),
     spec_type: Optional[str] = SPEC_TYPE_OPTION,
@@ -240,7 +244,7 @@ def generate(
             repeat_last_n=repeat_last_n, seed=seed,
         ))
         config = resolve_command(
-            model=model, weights=weights, ctx_size=ctx_size, threads=threads, spec=spec if spec is not None else mtp_spec, spec_type=spec_type,
+            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec if spec is not None else mtp_spec, spec_type=spec_type,
             spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
             spec_accept=spec_accept, spec_adaptive=spec_adaptive)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
@@ -298,6 +302,7 @@ def chat(
     ctx_size: Optional[int] = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     weights: Optional[str] = WEIGHTS_OPTION,
+    device: Optional[str] = DEVICE_OPTION,
     spec: Optional[bool] = SPEC_OPTION,
     spec_type: Optional[str] = SPEC_TYPE_OPTION,
     spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
@@ -320,7 +325,7 @@ def chat(
         sampler = Sampler(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                          repeat_penalty=repeat_penalty, seed=seed))
         config = resolve_command(
-            model=model, weights=weights, ctx_size=ctx_size, threads=threads, spec=spec, spec_type=spec_type,
+            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, spec_type=spec_type,
             spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
             spec_accept=spec_accept, spec_adaptive=spec_adaptive)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
@@ -349,6 +354,7 @@ def serve(
     ctx_size: Optional[int] = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     weights: Optional[str] = WEIGHTS_OPTION,
+    device: Optional[str] = DEVICE_OPTION,
     spec: Optional[bool] = SPEC_OPTION,
     spec_type: Optional[str] = SPEC_TYPE_OPTION,
     spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
@@ -371,7 +377,7 @@ def serve(
         if max_tokens < 1:
             raise BadInput("--max-tokens must be >= 1")
         config = resolve_command(
-            model=model, weights=weights, ctx_size=ctx_size, threads=threads, spec=spec, spec_type=spec_type,
+            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, spec_type=spec_type,
             spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
             spec_accept=spec_accept, spec_adaptive=spec_adaptive)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
@@ -573,6 +579,7 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads."),
     weights: Optional[str] = typer.Option(None, "--weights", help="auto (default), bf16, f32 or int4; see generate --help."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto (default), cpu or cuda; see generate --help."),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON to this file ('-' for stdout)."),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per workload x config to this CSV file."),
@@ -627,7 +634,7 @@ def bench(
             peer_exe = llama_server.llama_tool("llama-server", llama_bin)
         elif peer_spec or llama_bin:
             raise BadInput("--peer-spec and --llama-bin go with --peer llama.cpp")
-        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads)
+        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, device=device)
         session = open_session(config)
         g = session.gguf
 

@@ -76,7 +76,7 @@ class Session:
         with loading(path) if loading is not None else contextlib.nullcontext():
             g = GGUFFile(path) if gguf is None else gguf
             target = load_model(g, fmt=config.weights, n_ctx=config.ctx_size,
-                                verify_snapshots=config.verify_snapshots)
+                                verify_snapshots=config.verify_snapshots, device=config.device)
             tokenizer = Tokenizer.from_metadata(g.metadata)
         return cls(config, g, target, tokenizer, console=console, warn=warn)
 

@@ -8,6 +8,9 @@ Two kinds of setting:
   mapping); a model's preferred draft window is applied later, by ``tsspec.session.Session``, since
   it needs the loaded model. Everything below the session takes explicit parameters: a weight
   loader gets its format, a drafter its switches, a hybrid trunk its rollback mode.
+* **The device** (``--device``, ``TSSPEC_DEVICE``): auto, cpu or cuda, resolved in ``RunConfig``
+  to the one the run computes on; ``cuda`` where torch sees no GPU or triton is missing is refused
+  here, in one line, before anything loads.
 * **Process-wide switches**, read when first needed because they belong to the process rather than
   to one run: the cache root (``TSSPEC_CACHE``), the native kernels (``TSSPEC_KERNELS``, ``CC``)
   and where the llama.cpp peer build lives (``LLAMA_CPP_DIR``). ``tsspec.hub``, ``tsspec.kernels``
@@ -36,6 +39,7 @@ ENV_DRAFT_WEIGHTS = "TSSPEC_DRAFT_WEIGHTS"  # a draft model's weight format
 ENV_DFLASH_CONV = "TS_DFLASH_CONV"  # =0: DFlash2's convolution off (attribution only)
 ENV_DFLASH_SELECTOR = "TS_DFLASH_SELECTOR"  # =0: DFlash2's candidate selector off (attribution only)
 ENV_VERIFY_SNAPSHOTS = "TS_Q35_VERIFY_SNAPSHOTS"  # =0: hybrid trunks restore and re-forward
+ENV_DEVICE = "TSSPEC_DEVICE"  # auto | cpu | cuda (``--device`` wins)
 # process-wide
 ENV_CACHE = "TSSPEC_CACHE"
 ENV_KERNELS = "TSSPEC_KERNELS"
@@ -46,6 +50,7 @@ RECORDED_PREFIXES = ("TSSPEC_", "TS_SPEC_", "TS_MTP_", "TS_DFLASH_", "TS_Q35_")
 
 DEFAULT_WEIGHTS = "auto"  # the file's own GGUF blocks on the native kernels (pure torch without them)
 DEFAULT_DRAFT_WEIGHTS = "auto"
+DEFAULT_DEVICE = "auto"  # CUDA (the Triton kernels) when torch sees a GPU and triton imports, else the CPU
 MIN_CTX = 16
 MAX_THREADS_PER_CPU = 4  # torch/OpenMP crash on absurd counts (100000 segfaults)
 
@@ -78,6 +83,35 @@ def _weight_format(env: Mapping[str, str], name: str, default: str) -> str:
     return fmt
 
 
+def _device(flag: str | None, env: Mapping[str, str], weights: str) -> str:
+    """The device the run computes on, resolved: "cpu" or "cuda". ``--device`` > ``TSSPEC_DEVICE`` >
+    auto. "cuda" where it cannot run, or with a weight format other than auto (the Triton kernels
+    read the file's own blocks), is one BadInput line; "auto" then quietly means the CPU."""
+    from .kernels.device import DEVICES, cuda_unusable, resolve
+
+    if flag is not None:
+        name, raw = "--device", flag
+    else:
+        name, raw = ENV_DEVICE, _value(env, ENV_DEVICE)
+    if raw is None:
+        requested = DEFAULT_DEVICE
+    else:
+        requested = raw.strip().lower()
+        if requested not in DEVICES:
+            sep = " " if name.startswith("--") else "="
+            raise BadInput(f"{name}{sep}{raw!r}: expected one of {', '.join(DEVICES)}")
+    if requested == "cuda":
+        said = f"{name} cuda" if name.startswith("--") else f"{name}={raw!r}"
+        why = cuda_unusable()
+        if why is not None:
+            raise BadInput(f"{said}: {why}")
+        if weights != "auto":
+            raise BadInput(f"{said}: the GPU path runs the file's own GGUF blocks (weights auto), not weights {weights}")
+    if requested == "auto" and weights != "auto":
+        return "cpu"
+    return resolve(requested)
+
+
 # ----------------------------------------------------------------------------- the run configuration
 
 
@@ -89,6 +123,7 @@ class RunConfig:
     weights: str = DEFAULT_WEIGHTS  # the trunk's format: --weights > TSSPEC_WEIGHTS > auto
     draft_weights: str = DEFAULT_DRAFT_WEIGHTS  # a draft model's format: TSSPEC_DRAFT_WEIGHTS > auto
     ctx_size: int | None = None  # None: the model's default (4096, capped at its trained context)
+    device: str = "cpu"  # resolved: "cpu" or "cuda" (--device > TSSPEC_DEVICE > auto)
     threads: int | None = None  # None: torch's choice
     spec: SpecOptions = field(default_factory=SpecOptions)  # flags > TS_SPEC_* > TS_MTP_* > defaults
     dflash_conv: bool = True  # TS_DFLASH_CONV
@@ -119,6 +154,7 @@ def resolve_run(
     threads: int | None = None,
     speculation: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    device: str | None = None,
 ) -> RunConfig:
     """Flags (None = not given) and the environment -> a ``RunConfig``, or one ``BadInput`` line.
 
@@ -135,11 +171,13 @@ def resolve_run(
         raise BadInput(f"--weights {weights!r}: expected one of {', '.join(FORMATS)}")
     if ctx_size is not None and ctx_size < MIN_CTX:
         raise BadInput(f"--ctx-size must be >= {MIN_CTX}")
+    weights = weights if weights is not None else _weight_format(env, ENV_WEIGHTS, DEFAULT_WEIGHTS)
     return RunConfig(
         model=model,
-        weights=weights if weights is not None else _weight_format(env, ENV_WEIGHTS, DEFAULT_WEIGHTS),
+        weights=weights,
         draft_weights=_weight_format(env, ENV_DRAFT_WEIGHTS, DEFAULT_DRAFT_WEIGHTS),
         ctx_size=ctx_size,
+        device=_device(device, env, weights),
         threads=threads,
         spec=spec,
         dflash_conv=_switch(env, ENV_DFLASH_CONV),

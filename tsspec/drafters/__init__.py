@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import ModelFileError
+from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
 
 ADAPTERS = {
@@ -74,6 +74,11 @@ def load_drafter(path: str | Path, target, options: DrafterOptions | None = None
             f"{g.path.name}: architecture {arch!r} is not a drafter this tool can use "
             "(a language model, a dflash drafter, or a NextN/MTP head)"
         )
+    if getattr(target, "triton", False) and module != LANGUAGE_MODEL_ADAPTER:
+        # heads and block drafters borrow the trunk's embedding and head and read its activations
+        # on the host; the GPU path has no kernels for them yet
+        raise BadInput(f"{g.path.name}: a {arch} drafter runs with --device cpu only for now "
+                       "(on the GPU, --spec-type ngram or a separate draft model)")
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError:

@@ -154,7 +154,10 @@ def load(g: GGUFFile, target, options: DrafterOptions) -> DraftModelDrafter:
     else:
         notes.append("the trunk has no file to compare token lists with; only vocabulary sizes were checked")
 
-    model = load_model(g, n_ctx=target.max_context, fmt=options.weights)
+    # on the trunk's device when it runs on the GPU and the drafter's format is the file's own blocks
+    on_gpu = getattr(target, "triton", False) and options.weights == "auto"
+    model = load_model(g, n_ctx=target.max_context, fmt=options.weights,
+                       device=target.device if on_gpu else None, triton=True if on_gpu else None)
     tv, dv = int(target.vocab_size), int(model.vocab_size)
     n_tokens = len(g.get("tokenizer.ggml.tokens") or [])
     if trunk_file is None and tv != dv:

@@ -228,11 +228,16 @@ class TransformerModel:
     FUSABLE = True  # its blocks are ``Block``s the native fused forward runs (not a hybrid's)
 
     def __init__(self, cfg: ArchConfig, blocks: list[Block], embed: torch.Tensor, out_norm: torch.Tensor,
-                 lm_head: Linear, n_ctx: int | None = None, path=None):
+                 lm_head: Linear, n_ctx: int | None = None, path=None, device=None):
         self.cfg = cfg
+        # ``device`` set: the Triton path (``load_model(device=...)``): every Linear on the triton
+        # backend, norms, rope tables and caches on the device, attention by the Triton kernel;
+        # the embedding stays on the host (only the rows a forward needs cross over)
+        self.triton = device is not None
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.blocks = blocks
         self.embed = embed if isinstance(embed, Embedding) else Embedding(embed)  # rows -> float32
-        self.out_norm = out_norm
+        self.out_norm = out_norm.to(self.device)
         self.lm_head = lm_head
         self.path = path
         self.vocab_size = cfg.vocab_size
@@ -242,7 +247,7 @@ class TransformerModel:
         self._max_context = min(n_ctx or DEFAULT_CTX, cfg.train_ctx)
         # rope tables for every position a cache can hold, shared by every sequence
         self._rope: dict[float, tuple[torch.Tensor, torch.Tensor]] = {
-            base: rope_tables(base, cfg.rope_dim, round_span(self._max_context))
+            base: tuple(t.to(self.device) for t in rope_tables(base, cfg.rope_dim, round_span(self._max_context)))
             for base in {spec.rope_base for spec in cfg.layers}}
         self.act = ACTIVATIONS[cfg.activation]
         scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(cfg.head_dim)
@@ -255,7 +260,7 @@ class TransformerModel:
         # (``fused`` None: the torch path below, which is also the reference the fused one is tested against)
         if self.FUSABLE:
             check_block_shapes(self)
-        self.fused = fused_blocks(self) if self.FUSABLE else None
+        self.fused = fused_blocks(self) if self.FUSABLE and not self.triton else None
 
     # -- SpecTarget surface ------------------------------------------------------------------
     @property
@@ -265,7 +270,7 @@ class TransformerModel:
     def make_cache(self) -> KVCache:
         """A new, empty cache for one sequence."""
         cfg = self.cfg
-        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, self._max_context)
+        return KVCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, self._max_context, device=self.device)
 
     def rope(self, base: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [positions, rope_dim / 2] for ``base``; shared with heads that ride the trunk."""
@@ -278,13 +283,14 @@ class TransformerModel:
         cfg = self.cfg
         n = len(tokens)
         start = cache.length
-        h = self._token_rows(tokens)  # [n, d]
+        h = self._token_rows(tokens).to(self.device)  # [n, d]
         cache.reserve(start + n)
         want = {t: None for t in (taps or ())}
         if self.fused is not None:
             h = self._fused_forward(h, cache, start, want)
         else:
-            groups = plan_attention(start, n, cache.capacity, cfg.n_heads // cfg.n_kv_heads, self._windows)
+            groups = None if self.triton else plan_attention(start, n, cache.capacity, cfg.n_heads // cfg.n_kv_heads,
+                                                             self._windows)
             for li, blk in enumerate(self.blocks):
                 if li in want:
                     want[li] = h
@@ -325,6 +331,9 @@ class TransformerModel:
         logits = self.lm_head(x)
         if cfg.final_softcap:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        if self.triton:  # the loop, the samplers and the drafters take host tensors
+            logits = logits.cpu()
+            hidden = None if hidden is None else hidden.cpu()
         return ForwardOutput(logits=logits, hidden=hidden)
 
     def _block(self, li: int, blk: Block, h: torch.Tensor, cache: KVCache, start: int,
@@ -346,7 +355,12 @@ class TransformerModel:
         k = apply_rope(k, cos, sin, cfg.rope_neox)
         cache.k[li, :, start : start + n] = k.transpose(0, 1)
         cache.v[li, :, start : start + n] = v.transpose(0, 1)
-        a = attend(q, cache.k[li], cache.v[li], groups, spec.window)
+        if self.triton:
+            from ..kernels import triton_attention
+
+            a = triton_attention.attend(q, cache.k[li], cache.v[li], start, spec.window)
+        else:
+            a = attend(q, cache.k[li], cache.v[li], groups, spec.window)
         a = blk.o(a.reshape(n, self.q_dim))
         if blk.post_attn_norm is not None:
             a = rms_norm(a, blk.post_attn_norm, cfg.rms_eps)
@@ -457,10 +471,11 @@ def load_weight(g: GGUFFile, names: Sequence[str], fmt: str | None) -> list:
     return [g.tensor(n) for n in names]
 
 
-def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = False) -> list[Block]:
+def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = False, device=None) -> list[Block]:
     """Read the standard llama-family block tensors (``blk.N.*``) into fused Linears.
 
-    With fmt "auto" a Linear keeps its tensors' GGUF blocks (see ``Linear`` for the backends)."""
+    With fmt "auto" a Linear keeps its tensors' GGUF blocks (see ``Linear`` for the backends);
+    ``device``: the triton backend there, norms on the device too."""
     from ..weights import load_format
 
     fmt = load_format(fmt)
@@ -472,10 +487,11 @@ def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = F
         return g.tensor(name) if g.has_tensor(name) else None
 
     def vec(name: str) -> torch.Tensor:
-        return to_tensor(t(name), torch.float32)
+        v = to_tensor(t(name), torch.float32)
+        return v if device is None else v.to(device)
 
     def fused(names: list[str], biases: list) -> Linear:
-        return Linear.concat(list(zip(load_weight(g, names, fmt), biases)), fmt)
+        return Linear.concat(list(zip(load_weight(g, names, fmt), biases)), fmt, device)
 
     def block(i: int) -> Block:
         p = f"blk.{i}."
@@ -484,10 +500,10 @@ def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = F
         return Block(
             attn_norm=vec(p + "attn_norm.weight"),
             qkv=qkv,
-            o=Linear(load_weight(g, [p + "attn_output.weight"], fmt)[0], None, fmt),
+            o=Linear(load_weight(g, [p + "attn_output.weight"], fmt)[0], None, fmt, device),
             ffn_norm=vec(p + "ffn_norm.weight"),
             gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
-            down=Linear(load_weight(g, [p + "ffn_down.weight"], fmt)[0], None, fmt),
+            down=Linear(load_weight(g, [p + "ffn_down.weight"], fmt)[0], None, fmt, device),
             q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
             k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
             post_attn_norm=vec(p + "post_attention_norm.weight") if cfg.post_norms else None,
@@ -500,9 +516,10 @@ def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = F
     return blocks
 
 
-def load_embedding(g: GGUFFile, cfg: ArchConfig, fmt: str) -> tuple[Embedding, Linear]:
+def load_embedding(g: GGUFFile, cfg: ArchConfig, fmt: str, device=None) -> tuple[Embedding, Linear]:
     """The token embedding and the output head (tied to the embedding when the file has no
-    ``output.weight``: then both share one copy of the stored blocks)."""
+    ``output.weight``: then both share one copy of the stored blocks). ``device``: the head on the
+    triton backend there; the embedding stays on the host (its own copy when tied)."""
     from ..weights import GGUFWeight, gguf_native, int4_shape_ok
 
     info = g.tensor_info("token_embd.weight")
@@ -512,6 +529,13 @@ def load_embedding(g: GGUFFile, cfg: ArchConfig, fmt: str) -> tuple[Embedding, L
         )
     tied = not g.has_tensor("output.weight")
     head_name = "token_embd.weight" if tied else "output.weight"
+    if device is not None:
+        head_info = g.tensor_info(head_name)
+        head = Linear(GGUFWeight.from_file(*g.tensor_raw(head_name), head_info.shape), None, fmt, device)
+        if fmt == "auto" and gguf_native(info.type_name, tuple(info.shape)):
+            return Embedding(GGUFWeight.from_file(*g.tensor_raw("token_embd.weight"), info.shape)), head
+        dtype = torch.float32 if info.type_name in ("F32", "F16") else torch.bfloat16
+        return Embedding(to_tensor(g.tensor("token_embd.weight"), dtype)), head
     if fmt == "auto" and gguf_native(info.type_name, tuple(info.shape)):
         embed_w = GGUFWeight.from_file(*g.tensor_raw("token_embd.weight"), info.shape)
         head = Linear(embed_w if tied else load_weight(g, [head_name], fmt)[0], None, fmt)
@@ -533,13 +557,15 @@ def load_embedding(g: GGUFFile, cfg: ArchConfig, fmt: str) -> tuple[Embedding, L
     return embed, lm_head
 
 
-def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, *, bias: bool = False) -> TransformerModel:
+def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None, *, bias: bool = False,
+                device=None) -> TransformerModel:
+    """``device`` (from ``load_model``): the Triton path on that device; None: the CPU formats."""
     from ..weights import load_format
 
     fmt = load_format(fmt)
-    blocks = load_blocks(g, cfg, fmt, bias=bias)
-    embed, lm_head = load_embedding(g, cfg, fmt)
+    blocks = load_blocks(g, cfg, fmt, bias=bias, device=device)
+    embed, lm_head = load_embedding(g, cfg, fmt, device)
     out_norm = to_tensor(g.tensor("output_norm.weight"), torch.float32)
-    model = TransformerModel(cfg, blocks, embed, out_norm, lm_head, n_ctx=n_ctx, path=g.path)
+    model = TransformerModel(cfg, blocks, embed, out_norm, lm_head, n_ctx=n_ctx, path=g.path, device=device)
     model.weight_format = fmt  # the load format as resolved ("auto", "bf16", ...): drafters bound to it follow
     return model

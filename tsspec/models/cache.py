@@ -68,11 +68,11 @@ class KVCache:
     """Preallocated K/V for ``n_layers`` attention layers, grown on demand up to ``max_positions``."""
 
     def __init__(self, n_layers: int, n_kv: int, head_dim: int, max_positions: int,
-                 capacity: int = INITIAL_CAPACITY):
+                 capacity: int = INITIAL_CAPACITY, device=None):
         self.max_positions = max_positions
         capacity = round_span(min(capacity, max_positions))
-        self.k = torch.zeros(n_layers, n_kv, capacity, head_dim)
-        self.v = torch.zeros(n_layers, n_kv, capacity, head_dim)
+        self.k = torch.zeros(n_layers, n_kv, capacity, head_dim, device=device)  # the model's device
+        self.v = torch.zeros(n_layers, n_kv, capacity, head_dim, device=device)
         self.length = 0
 
     @property

@@ -40,5 +40,5 @@ def config(g: GGUFFile) -> ArchConfig:
     )
 
 
-def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None):
-    return build_model(g, config(g), fmt, n_ctx)
+def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None, device=None):
+    return build_model(g, config(g), fmt, n_ctx, device=device)

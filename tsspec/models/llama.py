@@ -18,5 +18,5 @@ def config(g: GGUFFile) -> ArchConfig:
     return ArchConfig(**c, rope_neox=False, layers=[LayerSpec(base) for _ in range(c["n_layers"])])
 
 
-def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None):
-    return build_model(g, config(g), fmt, n_ctx)
+def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None, device=None):
+    return build_model(g, config(g), fmt, n_ctx, device=device)

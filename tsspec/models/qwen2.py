@@ -14,5 +14,5 @@ def config(g: GGUFFile) -> ArchConfig:
     return ArchConfig(**c, rope_neox=True, layers=[LayerSpec(base) for _ in range(c["n_layers"])])
 
 
-def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None):
-    return build_model(g, config(g), fmt, n_ctx, bias=True)
+def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None, device=None):
+    return build_model(g, config(g), fmt, n_ctx, bias=True, device=device)
