@@ -82,6 +82,8 @@ class Metrics:
     accepted: int = 0
     verify_calls: int = 0
     decode_ms: float = 0.0
+    steps: int = 0  # scheduler steps
+    shared_steps: int = 0  # of those, steps in which several sequences shared the forward
 
     def prometheus(self) -> str:
         rows = [
@@ -95,6 +97,9 @@ class Metrics:
             ("tsspec_spec_accepted_tokens_total", "counter", "draft tokens accepted", self.accepted),
             ("tsspec_spec_verify_calls_total", "counter", "verify forwards", self.verify_calls),
             ("tsspec_decode_seconds_total", "counter", "time spent decoding", self.decode_ms / 1000.0),
+            ("tsspec_steps_total", "counter", "decoding steps of the scheduler", self.steps),
+            ("tsspec_shared_steps_total", "counter", "steps in which several sequences shared one forward",
+             self.shared_steps),
         ]
         out = []
         for name, kind, help_, value in rows:
@@ -132,7 +137,6 @@ class Scheduler:
         self.cv = threading.Condition()
         self.waiting: deque[Job] = deque()
         self.active: list[Job] = []  # the scheduler thread's own
-        self.steps = 0  # shared steps taken (for tests and metrics)
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -178,7 +182,8 @@ class Scheduler:
             if live:
                 try:
                     step_together([j.gen.run for j in live])
-                    self.steps += 1
+                    self.server.metrics.steps += 1
+                    self.server.metrics.shared_steps += len(live) > 1
                 except BaseException as e:  # noqa: BLE001 - every sequence of the step is answered
                     for j in live:
                         self._fail(j, e)
