@@ -6,6 +6,8 @@ it holds weights only, and every sequence has its own cache (``make_cache()``, s
 
 * ``forward(tokens, cache, all_logits=, taps=)`` appends rows to ``cache`` and returns per-row
   logits and, on request, the residual entering each tapped layer;
+* ``forward_batch(items)`` does that for several sequences in one pass: the linear layers once over
+  all their rows, attention per sequence over its own cache (a lone forward is the one-item case);
 * the cache is a ``KVCache``; trimming a rejected draft is arithmetic (``cache.trim(n)``).
 
 Batch invariance is the contract that makes speculative output equal plain output: a row's

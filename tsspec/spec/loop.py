@@ -7,7 +7,10 @@ parked speculative run costs what plain decoding costs.
 
 A ``Sequence`` is one sequence's decoding state (its cache, speculator, governor and history); the
 model it runs on holds weights only, so several sequences can share one loaded model and advance
-in any interleaving. ``decode`` runs one sequence to the end.
+in any interleaving. ``decode`` runs one sequence to the end. A step is two halves around its
+forward (``prepare``, ``finish``), so ``step_together`` can give several sequences' rows one shared
+forward (``decode_batched``; a server's scheduler): batch invariance makes each sequence's tokens
+the ones it gets alone.
 
 Positions: the token drawn from the trunk row that processed position ``p`` sits at position
 ``p + 1``; the sampler keys its draw on that position, so a verify row and a plain step agree.
