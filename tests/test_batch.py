@@ -196,3 +196,7 @@ def test_hybrid_trunk_declines_and_runs_items_in_turn(tmp_path):
     want = [m.forward(t, c, all_logits=True).logits for t, c in zip(steps, a)]
     got = m.forward_batch([ForwardItem(t, c, True) for t, c in zip(steps, b)])
     assert all(torch.equal(x, y.logits) for x, y in zip(want, got))
+    lengths = [c.length for c in b]
+    with pytest.raises(BadInput):  # in turn, but still refused as a whole before anything runs
+        m.forward_batch([ForwardItem([1], b[0]), ForwardItem([10**6], b[1])])
+    assert [c.length for c in b] == lengths

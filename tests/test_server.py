@@ -325,6 +325,12 @@ def test_a_client_that_goes_away_frees_its_place(tiny):
     with pytest.raises(Exception, match="went away"):
         waiting.future.result(30)
     assert server.scheduler.load() == (0, 0) and len(server.prefix.entries) == 1
+    # a non-streaming request whose handler was cancelled (its client left): its future is
+    # cancelled, its run stops, and the scheduler goes on serving
+    left = server.submit(prompt, Sampler(), 200, [])
+    left.future.cancel()
+    result, _ = server.submit(prompt, Sampler(), 5, []).future.result(30)
+    assert len(result.token_ids) <= 5 and server.scheduler.load() == (0, 0)
 
 
 def test_speculation_needs_a_speculator_per_sequence(tiny):

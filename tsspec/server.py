@@ -32,7 +32,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -123,6 +123,23 @@ class Job:
     cache: Any = None
     reused: int = 0
 
+    def gone(self) -> bool:
+        """Its client left: a stream's consumer went away, or the awaiting handler was cancelled
+        (which cancels ``future``)."""
+        return self.future.cancelled() or (self.interrupted is not None and self.interrupted())
+
+    def settle(self, result: Any = None, error: BaseException | None = None) -> None:
+        """End ``future``, unless a departed client's cancel got there first."""
+        if self.future.done():
+            return
+        try:
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+        except InvalidStateError:  # cancelled between the check and the set
+            pass
+
 
 class Scheduler:
     """The one thread that runs the model: admits waiting jobs up to ``parallel``, steps every
@@ -195,14 +212,14 @@ class Scheduler:
     def _admit(self, job: Job) -> None:
         """Take a kept cache, build the job's sequence (its own speculator and governor), prefill it."""
         srv = self.server
-        if job.interrupted is not None and job.interrupted():  # its client left while it waited
-            job.future.set_exception(APIError(499, "the client went away", code="client_gone"))
+        if job.gone():  # its client left while it waited
+            job.settle(error=APIError(499, "the client went away", code="client_gone"))
             return
         job.cache, job.reused = srv.prefix.take(job.prompt)
         try:
             speculator, governor = srv.new_speculation()
             job.gen = srv.engine.begin(job.prompt, sampler=job.sampler, max_tokens=job.max_tokens, cache=job.cache,
-                                       stop=job.stop, on_text=job.on_text, interrupted=job.interrupted,
+                                       stop=job.stop, on_text=job.on_text, interrupted=job.gone,
                                        speculator=speculator, governor=governor)
             self.active.append(job)
             job.gen.run.start()
@@ -216,8 +233,7 @@ class Scheduler:
             job.cache.reset()
             self.server.prefix.give([], job.cache)
             job.cache = None
-        if not job.future.done():
-            job.future.set_exception(e)
+        job.settle(error=e)
 
     def _retire(self, job: Job) -> None:
         self.active.remove(job)
@@ -238,7 +254,7 @@ class Scheduler:
         m.accepted += s.accepted
         m.verify_calls += s.verify_calls
         m.decode_ms += s.decode_ms
-        job.future.set_result((result, job.reused))
+        job.settle((result, job.reused))
 
 
 class Server:

@@ -306,6 +306,9 @@ class TransformerModel:
             return []
         if len({id(it.cache) for it in items}) != len(items):
             raise ValueError("forward_batch: each item needs its own cache")
+        for it in items:  # every item's ids and room first, so a refused batch changes no cache
+            self._check_tokens(it.tokens)
+            it.cache.reserve(it.cache.length + len(it.tokens))
         if not self.batches_sequences:  # a subclass whose trunk cannot share rows (see the attribute)
             return [self.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps) for it in items]
         return self._forward(items)
@@ -358,12 +361,16 @@ class TransformerModel:
             want[self.n_layers] = h.clone()
         return h
 
-    def _token_rows(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Embedding rows [n, d] float32; the one place token ids are checked."""
+    def _check_tokens(self, tokens: Sequence[int]) -> None:
+        """The one place token ids are checked."""
         if len(tokens) == 0:
             raise ValueError("forward needs at least one token")
         if min(tokens) < 0 or max(tokens) >= self.cfg.vocab_size:
             raise BadInput(f"token id out of range for a vocabulary of {self.cfg.vocab_size}")
+
+    def _token_rows(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Embedding rows [n, d] float32, for checked token ids."""
+        self._check_tokens(tokens)
         h = self.embed[list(tokens)]
         return h * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else h
 
