@@ -277,6 +277,38 @@ def test_eight_concurrent_clients_are_decoded_together_and_each_gets_its_lone_te
     assert f"tsspec_requests_total {2 * len(reqs)}" in metrics
 
 
+def test_hundred_requests_from_eight_clients_none_lost_or_cut(tiny):
+    """The issue's load: 8 clients at once, 100 requests in all, each its own prompt and seed (varied
+    lengths and budgets, n-gram speculation, some with stop strings): every response is the text
+    Engine.generate gives alone, with its finish reason and token count."""
+    model, tok = tiny
+    reqs = []
+    for i in range(100):
+        body = {"max_tokens": 4 + (i * 7) % 29, "temperature": (i % 3) * 0.45, "seed": 1000 + i,
+                "stream": i % 4 == 1}
+        if i % 5 == 2:
+            body["stop"] = ["e"]
+        if i % 2:
+            body["prompt"] = f"{i} red green blue " * (1 + i % 5)
+            reqs.append(("/v1/completions", body))
+        else:
+            body["messages"] = [SYSTEM, {"role": "user", "content": f"fruit {i}? " * (1 + i % 4)}]
+            reqs.append(("/v1/chat/completions", body))
+    eng = Engine(model, tok)
+    alone = []
+    for route, body in reqs:
+        ids = chat_prompt_ids(tok, body["messages"]) if "messages" in body else tok.encode(body["prompt"])
+        sampler = Sampler(SamplingParams(temperature=body["temperature"], seed=body["seed"]))
+        alone.append(eng.generate(ids, sampler=sampler, max_tokens=body["max_tokens"], stop=body.get("stop", ())).text)
+    server, client = make(tiny, spec=ngram, parallel=8, slots=4)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        together = list(pool.map(lambda rb: text_of(client, *rb), reqs))
+    bad = [i for i, (a, b) in enumerate(zip(alone, together)) if a != b]
+    assert not bad, f"{len(bad)} responses differ from their lone text, first request {bad[0]}"
+    assert server.metrics.requests == 100 and server.metrics.shared_steps > 0
+    assert server.scheduler.load() == (0, 0)
+
+
 def test_full_queue_is_refused_at_once_with_503(tiny):
     import threading
 
