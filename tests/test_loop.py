@@ -18,7 +18,7 @@ from tsspec.models import load_model
 from tsspec.models.cache import KVCache
 from tsspec.sampling import Sampler, SamplingParams
 from tsspec.spec.governor import FIRST_DRAFT, GovernorConfig, SpeculationCostGovernor
-from tsspec.spec.loop import Sequence as Seq, decode, decode_batched, decode_interleaved
+from tsspec.spec.loop import PREFILL_CHUNK, Run, Sequence as Seq, decode, decode_batched, decode_interleaved, step_together
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.protocols import Draft, DraftContext, Speculator
 from tsspec.spec.stats import SpecStats
@@ -478,6 +478,7 @@ def test_sequences_batched_in_one_forward_equal_each_alone(models, tmp_path, arc
     # and the steps of the last sequence left)
     assert counting.shared and max(len(x) for x in counting.shared) == len(jobs)
     assert any(1 in x and max(x) > 1 for x in counting.shared)
+    assert counting.shared[0] == [len(job[0]) for job in jobs]  # every prompt's prefill in one forward
     for seq, out in zip(seqs, got):
         check_stats(seq.stats, out)
 
@@ -504,6 +505,34 @@ def test_batched_on_a_target_without_shared_forwards(models):
     fresh = batched_jobs(m)
     seqs = [Seq(Plain(m), sampler, speculator=spec, window=window) for _, sampler, spec, window, _ in fresh]
     assert decode_batched(seqs, [job[0] for job in fresh], [job[4] for job in fresh]) == alone
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_sequence_joining_mid_flight_prefills_beside_the_others_steps(models, arch):
+    """What a server does: runs that are decoding keep stepping while a newcomer's long prompt goes
+    through in chunks inside the same shared forwards; then all step together. Everyone's tokens
+    are their lone ones."""
+    m = models[arch]
+    rng = random.Random(12)
+    long_prompt = [rng.randrange(300) for _ in range(PREFILL_CHUNK + 60)]  # two chunks
+    jobs = [(PROMPTS["periodic"], GREEDY, NGramSpeculator(max_draft_tokens=4), 30),
+            (PROMPTS["random"], sampled(4), None, 30),
+            (long_prompt, sampled(8), NGramSpeculator(max_draft_tokens=6), 30)]
+    alone = [decode(m, sampler, prompt, n, speculator=spec, window=6) for prompt, sampler, spec, n in jobs]
+    counting = CountingForwards(m)
+    runs = [Run(Seq(counting, sampler, speculator=type(spec)(max_draft_tokens=spec.max_draft_tokens)
+                    if spec else None, window=6), prompt, n) for prompt, sampler, spec, n in jobs]
+    runs[0].begin()
+    runs[1].begin()
+    for _ in range(5):
+        step_together([r for r in runs[:2] if not r.done])
+    runs[2].begin()
+    while any(not r.done for r in runs):
+        step_together([r for r in runs if not r.done])
+    assert [r.finish() for r in runs] == alone
+    # the newcomer's two chunks rode in forwards with the others' steps
+    assert any(x[-1] == PREFILL_CHUNK and len(x) == 3 for x in counting.shared)
+    assert any(x[-1] == 60 and len(x) == 3 for x in counting.shared)
 
 
 @pytest.mark.real_model

@@ -9,7 +9,7 @@ accepted tokens.
 One loaded trunk (and drafter) serves every request. A scheduler thread (``Scheduler``) is the only
 thread that touches the model: it admits up to ``parallel`` requests in arrival order, each with its
 own cache, speculator and governor, and steps them together: each step, the rows of every admitted
-sequence (a plain row, or a verify's last token and draft) share one trunk forward
+sequence (a chunk of its prompt, a plain row, or a verify's last token and draft) share one trunk forward
 (``spec.loop.step_together``; attention stays per sequence), then each accepts, trims, commits and
 streams its text. A request that finds ``parallel`` running waits in a queue of at most ``queue``;
 beyond that it is answered 503 at once. A client that goes away mid-stream stops its sequence at
@@ -210,7 +210,8 @@ class Scheduler:
             self._fail(j, APIError(503, "the server is shutting down", type="server_error", code="server_busy"))
 
     def _admit(self, job: Job) -> None:
-        """Take a kept cache, build the job's sequence (its own speculator and governor), prefill it."""
+        """Take a kept cache and build the job's sequence (its own speculator and governor); its
+        prefill runs in the following steps, beside the other sequences' rows."""
         srv = self.server
         if job.gone():  # its client left while it waited
             job.settle(error=APIError(499, "the client went away", code="client_gone"))
@@ -222,7 +223,7 @@ class Scheduler:
                                        stop=job.stop, on_text=job.on_text, interrupted=job.gone,
                                        speculator=speculator, governor=governor)
             self.active.append(job)
-            job.gen.run.start()
+            job.gen.run.begin()  # its prompt's chunks share the next steps' forwards
         except BaseException as e:  # noqa: BLE001
             self._fail(job, e)
 

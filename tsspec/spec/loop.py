@@ -48,26 +48,15 @@ def forward_each(target: SpecTarget, items: Seq[ForwardItem]) -> list[ForwardOut
 
 @dataclass
 class Rows:
-    """What one sequence forwards in a step: its last token (a plain step) or its last token and a
-    draft (a verify). ``Sequence.prepare`` makes it, ``Sequence.finish`` takes the forward's output."""
+    """What one sequence forwards in a step: a chunk of its prompt (``prefill``), its last token (a
+    plain step), or its last token and a draft (a verify). ``Sequence.prepare`` makes it,
+    ``Sequence.finish`` takes the forward's output."""
 
-    pos: int  # the position the last token takes
+    pos: int  # the position the first row takes (for a step: the last token's)
     draft: Draft
     item: ForwardItem
     prepare_ms: float  # drafting and sizing, for the governor's step time
-
-
-def prefill(target: SpecTarget, cache: Cache, tokens: Seq[int], taps: Seq[int]
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward ``tokens`` in chunks after what ``cache`` holds; -> (last row's logits [vocab], tap rows
-    [len(tokens), F] or None)."""
-    hidden = []
-    out = None
-    for i in range(0, len(tokens), PREFILL_CHUNK):
-        out = target.forward(tokens[i : i + PREFILL_CHUNK], cache, all_logits=False, taps=taps or None)
-        if taps:
-            hidden.append(out.hidden)
-    return out.logits[-1], (torch.cat(hidden) if taps else None)
+    prefill: bool = False
 
 
 class Sequence:
@@ -94,10 +83,21 @@ class Sequence:
         self.last = -1
         self.hidden_last: torch.Tensor | None = None
         self.taps: tuple[int, ...] = ()
+        self._todo: list[int] = []  # prompt tokens ``begin`` took that are not forwarded yet
+        self._prefill_hidden: list[torch.Tensor] = []
 
     # -- prefill and the first token -------------------------------------------------------------
     def start(self, prompt: Seq[int]) -> int:
         """Forward what the cache does not hold of ``prompt`` and draw the first token."""
+        self.begin(prompt)
+        while self.prefilling:
+            self.step(1)
+        return self.last
+
+    def begin(self, prompt: Seq[int]) -> None:
+        """Take ``prompt``: the steps that follow forward what the cache does not hold of it, in
+        chunks of ``PREFILL_CHUNK`` (``prefilling`` until then), the last of them drawing the
+        first token. ``start`` runs them alone; ``step_together`` shares them with other sequences'."""
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
         reused = self.cache.length
@@ -115,20 +115,38 @@ class Sequence:
         st.prompt_tokens = len(prompt)
         if self.governor is not None:
             self.governor.begin_sequence()
-        t0 = time.perf_counter()
+        self._t_prefill = time.perf_counter()
         self.cache.reserve(len(prompt) + 1)
-        logits, hidden = prefill(self.target, self.cache, prompt[reused:], self.taps)
         self.history = list(prompt)
-        self.last = self.sampler.sample(logits, len(prompt), self.history)
-        self.history.append(self.last)
         self.prompt_len = len(prompt)
+        self._todo = list(prompt[reused:])  # prompt tokens not yet forwarded
+        self._prefill_hidden = []
+
+    @property
+    def prefilling(self) -> bool:
+        """Between ``begin`` and the first token."""
+        return bool(self._todo)
+
+    def _prefilled(self, rows: Rows, out: ForwardOutput) -> list[int]:
+        """A prompt chunk went through; after the last, draw the first token -> [it] (else [])."""
+        self._todo = self._todo[len(rows.item.tokens) :]
+        if self.taps:
+            self._prefill_hidden.append(out.hidden)
+        if self._todo:
+            return []
+        prompt = list(self.history)
+        # tap rows cover the forwarded suffix only when a prefix was reused
+        hidden = torch.cat(self._prefill_hidden) if self.taps else None
+        self._prefill_hidden = []
+        self.last = self.sampler.sample(out.logits[-1], self.prompt_len, self.history)
+        self.history.append(self.last)
         self.hidden_last = hidden[-1] if hidden is not None else None
-        if spec is not None:
-            # tap rows cover the forwarded suffix only when a prefix was reused
-            spec.begin(prompt, hidden)
-        st.prefill_ms = _ms(t0)
+        if self.speculator is not None:
+            self.speculator.begin(prompt, hidden)
+        st = self.stats
+        st.prefill_ms = _ms(self._t_prefill)
         st.generated = 1
-        return self.last
+        return [self.last]
 
     # -- one step ----------------------------------------------------------------------------------
     def step(self, budget: int) -> list[int]:
@@ -141,8 +159,12 @@ class Sequence:
         return self.finish(rows, out, _ms(t0))
 
     def prepare(self, budget: int) -> Rows:
-        """The first half of a step: draft (or not) and say which rows to forward. The forward may
-        be shared with other sequences' rows (``step_together``); ``finish`` completes the step."""
+        """The first half of a step: the next prompt chunk while ``prefilling``; else draft (or not)
+        and say which rows to forward. The forward may be shared with other sequences' rows
+        (``step_together``); ``finish`` completes the step."""
+        if self._todo:
+            item = ForwardItem(self._todo[:PREFILL_CHUNK], self.cache, False, self.taps or None)
+            return Rows(self.cache.length, NO_DRAFT, item, 0.0, prefill=True)
         t0 = time.perf_counter()
         pos = self.cache.length  # the last token takes this position
         draft = self._draft(pos, budget)
@@ -155,7 +177,10 @@ class Sequence:
 
     def finish(self, rows: Rows, out: ForwardOutput, forward_ms: float) -> list[int]:
         """The second half of a step, given the forward of ``rows``: accept, trim, commit; -> the
-        tokens emitted. ``forward_ms``: the forward's wall time (a shared one's whole time)."""
+        tokens emitted (none for a prompt chunk but the last). ``forward_ms``: the forward's wall
+        time (a shared one's whole time)."""
+        if rows.prefill:
+            return self._prefilled(rows, out)
         t0 = time.perf_counter()
         draft = rows.draft
         if draft.tokens:
@@ -252,22 +277,31 @@ class Run:
     def budget(self) -> int:
         return self.max_tokens - len(self.out)
 
+    def begin(self) -> None:
+        """Take the prompt: the next steps prefill it (shared with other runs' steps, or alone
+        through ``start``) and draw the first token. Nothing when ``max_tokens`` is 0."""
+        if not self.stopped:
+            self.seq.begin(self.prompt)
+
     def start(self) -> None:
-        """Prefill and the first token (nothing when ``max_tokens`` is 0)."""
-        if self.stopped:
-            return
-        first = self.seq.start(self.prompt)
-        self.out.append(first)
-        self.stopped = self.on_token(first) if self.on_token else False
-        self._t_decode = time.perf_counter()
+        """Prefill alone and the first token."""
+        self.begin()
+        while not self.stopped and self.seq.prefilling:
+            self.absorb(self.seq.step(self.budget))
 
     def absorb(self, emitted: list[int]) -> None:
-        """The tokens one step emitted."""
+        """The tokens one step emitted (none for a prompt chunk but the last)."""
+        if not emitted:
+            return
+        first = not self.out
         for tok in emitted:
             self.out.append(tok)
             if self.on_token is not None and self.on_token(tok):
                 self.stopped = True
                 break
+        if first:  # the first token ends the prefill; decoding is timed from here
+            self._t_decode = time.perf_counter()
+            return
         st = self.seq.stats
         st.decode_ms = _ms(self._t_decode)
         if self.on_step is not None:
@@ -356,7 +390,7 @@ def decode_batched(sequences: list[Sequence], prompts: list[Seq[int]], max_token
     budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(sequences)
     runs = [Run(seq, p, n) for seq, p, n in zip(sequences, prompts, budgets)]
     for r in runs:
-        r.start()
+        r.begin()  # their prompts' chunks share forwards too
     while True:
         live = [r for r in runs if not r.done]
         if not live:
