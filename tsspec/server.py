@@ -98,7 +98,8 @@ class Metrics:
             ("tsspec_spec_verify_calls_total", "counter", "verify forwards", self.verify_calls),
             ("tsspec_decode_seconds_total", "counter", "time spent decoding", self.decode_ms / 1000.0),
             ("tsspec_steps_total", "counter", "decoding steps of the scheduler", self.steps),
-            ("tsspec_shared_steps_total", "counter", "steps in which several sequences shared one forward",
+            ("tsspec_shared_steps_total", "counter", "steps that stepped several sequences together (their rows "
+             "in one forward where the trunk batches sequences)",
              self.shared_steps),
         ]
         out = []
@@ -154,14 +155,11 @@ class Scheduler:
         self.cv = threading.Condition()
         self.waiting: deque[Job] = deque()
         self.active: list[Job] = []  # the scheduler thread's own
-        self._thread: threading.Thread | None = None
-        self._closed = False
+        self._thread: threading.Thread | None = None  # started by the first request
 
     def submit(self, job: Job) -> None:
         """Queue ``job``, or refuse it (503) when the queue is full."""
         with self.cv:
-            if self._closed:
-                raise APIError(503, "the server is shutting down", type="server_error", code="server_busy")
             if len(self.waiting) >= self.queue_bound + max(0, self.parallel - len(self.active)):
                 raise APIError(503, f"the server is busy ({self.parallel} requests running, {len(self.waiting)} "
                                "waiting); retry later", type="server_error", code="server_busy")
@@ -169,11 +167,6 @@ class Scheduler:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="tsspec-scheduler", daemon=True)
                 self._thread.start()
-            self.cv.notify()
-
-    def close(self) -> None:
-        with self.cv:
-            self._closed = True
             self.cv.notify()
 
     def load(self) -> tuple[int, int]:
@@ -184,12 +177,8 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self.cv:
-                while not self.waiting and not self.active and not self._closed:
+                while not self.waiting and not self.active:
                     self.cv.wait()
-                if self._closed:
-                    gone = list(self.waiting) + self.active
-                    self.waiting.clear()
-                    break
                 admit = []
                 while self.waiting and len(self.active) + len(admit) < self.parallel:
                     admit.append(self.waiting.popleft())
@@ -206,8 +195,6 @@ class Scheduler:
                         self._fail(j, e)
             for j in [j for j in self.active if j.gen.run.done]:
                 self._retire(j)
-        for j in gone:
-            self._fail(j, APIError(503, "the server is shutting down", type="server_error", code="server_busy"))
 
     def _admit(self, job: Job) -> None:
         """Take a kept cache and build the job's sequence (its own speculator and governor); its

@@ -151,7 +151,8 @@ class Sequence:
     # -- one step ----------------------------------------------------------------------------------
     def step(self, budget: int) -> list[int]:
         """Emit at least one and at most ``budget`` tokens (more than one only by verifying a draft,
-        whose length ``_draft`` bounds by ``budget - 1``)."""
+        whose length ``_draft`` bounds by ``budget - 1``). While ``prefilling`` (after ``begin``): the
+        next prompt chunk, emitting nothing, or the first token after the last chunk."""
         rows = self.prepare(budget)
         t0 = time.perf_counter()
         it = rows.item
