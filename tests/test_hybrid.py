@@ -25,7 +25,7 @@ from tsspec.errors import ModelFileError
 from tsspec.models import load_model
 from tsspec.models.gated_delta import delta_rule_chunked, delta_rule_rows, delta_rule_step, l2norm
 from tsspec.sampling import Sampler, SamplingParams
-from tsspec.spec.loop import Sequence as Seq, decode, decode_interleaved
+from tsspec.spec.loop import Sequence as Seq, decode, decode_batched, decode_interleaved
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.protocols import Draft, DraftContext
 from tsspec.spec.stats import SpecStats
@@ -270,6 +270,10 @@ def test_sequences_interleaved_on_one_hybrid_equal_each_alone(files, fast):
         seqs.append(Seq(m, sampler, speculator=make(ref), window=window))
     assert decode_interleaved(seqs, [prompt for prompt, *_ in jobs], n) == alone
     assert all(seq.stats.verify_calls > 0 for seq in seqs)
+    # stepped together: the hybrid declines to share a forward (batches_sequences False), so the
+    # rows go through one forward per sequence, and the tokens are the same
+    seqs = [Seq(m, sampler, speculator=make(ref), window=window) for (_, sampler, make, window), ref in zip(jobs, alone)]
+    assert decode_batched(seqs, [prompt for prompt, *_ in jobs], n) == alone
 
 
 def test_extending_a_kept_hybrid_cache_equals_a_fresh_run(files):

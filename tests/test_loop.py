@@ -18,7 +18,7 @@ from tsspec.models import load_model
 from tsspec.models.cache import KVCache
 from tsspec.sampling import Sampler, SamplingParams
 from tsspec.spec.governor import FIRST_DRAFT, GovernorConfig, SpeculationCostGovernor
-from tsspec.spec.loop import Sequence as Seq, decode, decode_interleaved
+from tsspec.spec.loop import PREFILL_CHUNK, Run, Sequence as Seq, decode, decode_batched, decode_interleaved, step_together
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.protocols import Draft, DraftContext, Speculator
 from tsspec.spec.stats import SpecStats
@@ -425,3 +425,125 @@ def test_extending_a_kept_cache_equals_a_fresh_run(models, arch):
     assert stats.speculator is None and spec.drafts == []
     with pytest.raises(ValueError):  # a prompt that does not extend the cache
         decode(m, GREEDY, first[:3], 4, cache=cache)
+
+
+# ----------------------------------------------------------------------------- many sequences, one forward
+
+
+class CountingForwards:
+    """Wraps a model and counts its forwards and shared forwards (and the rows of each)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.lone, self.shared = 0, []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def forward(self, *a, **kw):
+        self.lone += 1
+        return self.model.forward(*a, **kw)
+
+    def forward_batch(self, items):
+        self.shared.append([len(it.tokens) for it in items])
+        return self.model.forward_batch(items)
+
+
+def batched_jobs(model):
+    """Six sequences: plain and n-gram, greedy and seeded, different windows, prompts and budgets."""
+    return [
+        (PROMPTS["periodic"], GREEDY, NGramSpeculator(max_draft_tokens=8), 8, N_NEW),
+        (PROMPTS["random"], sampled(3), None, 8, N_NEW),
+        (PROMPTS["phrase"], sampled(5), NGramSpeculator(max_draft_tokens=3), 3, 30),
+        (PROMPTS["long-random"], GREEDY, NGramSpeculator(max_draft_tokens=4), 4, N_NEW),
+        (PROMPTS["short"], GREEDY, None, 8, 7),
+        (PROMPTS["one-token-run"], sampled(9), NGramSpeculator(max_draft_tokens=5), 5, N_NEW),
+    ]
+
+
+@pytest.mark.parametrize("arch", MODEL_ARCHS)
+@pytest.mark.parametrize("fmt", ["auto", "f32"])
+def test_sequences_batched_in_one_forward_equal_each_alone(models, tmp_path, arch, fmt):
+    """decode_batched: each step's rows of every live sequence (plain rows and verifies) go through
+    one shared forward, and every sequence emits exactly what it emits decoded alone."""
+    m = models[arch] if fmt == "auto" else load_model(models[arch].path, fmt=fmt)
+    jobs = batched_jobs(m)
+    alone = [decode(m, sampler, prompt, n, speculator=spec, window=window) for prompt, sampler, spec, window, n in jobs]
+    counting = CountingForwards(m)
+    fresh = batched_jobs(m)  # new speculator instances: each sequence owns its own
+    seqs = [Seq(counting, sampler, speculator=spec, window=window) for _, sampler, spec, window, _ in fresh]
+    got = decode_batched(seqs, [job[0] for job in fresh], [job[4] for job in fresh])
+    assert got == alone
+    # the steps really were shared, mixing 1-row and multi-row items (lone forwards: the prefills,
+    # and the steps of the last sequence left)
+    assert counting.shared and max(len(x) for x in counting.shared) == len(jobs)
+    assert any(1 in x and max(x) > 1 for x in counting.shared)
+    assert counting.shared[0] == [len(job[0]) for job in jobs]  # every prompt's prefill in one forward
+    for seq, out in zip(seqs, got):
+        check_stats(seq.stats, out)
+
+
+def test_batched_on_a_target_without_shared_forwards(models):
+    """A target that has no forward_batch (or says batches_sequences False) is stepped one forward
+    per sequence, with the same tokens."""
+    m = models["qwen2"]
+
+    class Plain:  # only the SpecTarget surface
+        def __init__(self, inner):
+            self.inner = inner
+            self.vocab_size, self.n_layers, self.hidden_size = inner.vocab_size, inner.n_layers, inner.hidden_size
+            self.max_context = inner.max_context
+
+        def make_cache(self):
+            return self.inner.make_cache()
+
+        def forward(self, *a, **kw):
+            return self.inner.forward(*a, **kw)
+
+    jobs = batched_jobs(m)
+    alone = [decode(m, sampler, prompt, n, speculator=spec, window=window) for prompt, sampler, spec, window, n in jobs]
+    fresh = batched_jobs(m)
+    seqs = [Seq(Plain(m), sampler, speculator=spec, window=window) for _, sampler, spec, window, _ in fresh]
+    assert decode_batched(seqs, [job[0] for job in fresh], [job[4] for job in fresh]) == alone
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_sequence_joining_mid_flight_prefills_beside_the_others_steps(models, arch):
+    """What a server does: runs that are decoding keep stepping while a newcomer's long prompt goes
+    through in chunks inside the same shared forwards; then all step together. Everyone's tokens
+    are their lone ones."""
+    m = models[arch]
+    rng = random.Random(12)
+    long_prompt = [rng.randrange(300) for _ in range(PREFILL_CHUNK + 60)]  # two chunks
+    jobs = [(PROMPTS["periodic"], GREEDY, NGramSpeculator(max_draft_tokens=4), 30),
+            (PROMPTS["random"], sampled(4), None, 30),
+            (long_prompt, sampled(8), NGramSpeculator(max_draft_tokens=6), 30)]
+    alone = [decode(m, sampler, prompt, n, speculator=spec, window=6) for prompt, sampler, spec, n in jobs]
+    counting = CountingForwards(m)
+    runs = [Run(Seq(counting, sampler, speculator=type(spec)(max_draft_tokens=spec.max_draft_tokens)
+                    if spec else None, window=6), prompt, n) for prompt, sampler, spec, n in jobs]
+    runs[0].begin()
+    runs[1].begin()
+    for _ in range(5):
+        step_together([r for r in runs[:2] if not r.done])
+    runs[2].begin()
+    while any(not r.done for r in runs):
+        step_together([r for r in runs if not r.done])
+    assert [r.finish() for r in runs] == alone
+    # the newcomer's two chunks rode in forwards with the others' steps
+    assert any(x[-1] == PREFILL_CHUNK and len(x) == 3 for x in counting.shared)
+    assert any(x[-1] == 60 and len(x) == 3 for x in counting.shared)
+
+
+@pytest.mark.real_model
+def test_real_model_batched_equals_each_alone(real_model_path, real_model_threads):
+    """smollm2-135m on its own weights (native fused path): four sequences, n-gram and plain,
+    greedy and seeded, decoded with shared forwards, each equal to its lone run."""
+    m = load_model(real_model_path("smollm2-135m"), n_ctx=512)
+    base = [1, 504, 3458, 282, 4649, 314, 7042, 30, 378, 3458, 282, 4649, 314]
+    prompts = [base, base[:5] * 3, list(range(200, 240)), base[::-1]]
+    samplers = [GREEDY, sampled(1), GREEDY, sampled(2)]
+    specs = lambda: [NGramSpeculator(max_draft_tokens=6), None, NGramSpeculator(max_draft_tokens=4), None]  # noqa: E731
+    alone = [decode(m, s, p, 40, speculator=sp, window=6) for p, s, sp in zip(prompts, samplers, specs())]
+    seqs = [Seq(m, s, speculator=sp, window=6) for s, sp in zip(samplers, specs())]
+    assert decode_batched(seqs, prompts, 40) == alone

@@ -29,10 +29,17 @@ def tiny(tmp_path_factory):
     return load_model(path), Tokenizer.from_gguf(path)
 
 
-def make(tiny, spec=None, slots=4):
+def make(tiny, spec=None, slots=4, parallel=4, queue=64):
+    """``spec``: a speculator factory (each sequence served gets its own instance), or None."""
     model, tok = tiny
-    server = Server(Engine(model, tok, speculator=spec, window=4), model_id="m", slots=slots, default_max_tokens=8)
+    engine = Engine(model, tok, speculator=spec() if spec else None, window=4,
+                    new_speculation=(lambda: (spec(), None)) if spec else None)
+    server = Server(engine, model_id="m", slots=slots, default_max_tokens=8, parallel=parallel, queue=queue)
     return server, TestClient(create_app(server))
+
+
+def ngram():
+    return NGramSpeculator(max_draft_tokens=4)
 
 
 def ask(client, messages, **kw):
@@ -60,7 +67,7 @@ def test_chat_completion_is_the_plain_run_and_openai_shaped(tiny):
 
 def test_the_next_turn_reuses_the_prefix_and_equals_a_fresh_run(tiny):
     model, tok = tiny
-    server, client = make(tiny, spec=NGramSpeculator(max_draft_tokens=4))
+    server, client = make(tiny, spec=ngram)
     msgs = [SYSTEM, {"role": "user", "content": "apple?"}]
     first = ask(client, msgs, max_tokens=12)
     msgs += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
@@ -99,7 +106,7 @@ def test_streaming_gives_the_same_text(tiny):
 def test_same_request_same_text_alone_or_among_concurrent_others(tiny):
     """Batch invariance and exact prefix reuse: a request's text does not depend on what else is
     served, greedy or seeded."""
-    server, client = make(tiny, spec=NGramSpeculator(max_draft_tokens=4), slots=2)
+    server, client = make(tiny, spec=ngram, slots=2)
     reqs = [{"messages": [SYSTEM, {"role": "user", "content": f"fruit number {i}?"}], "max_tokens": 8,
              "temperature": 0.9 if i % 2 else 0, "seed": 100 + i} for i in range(8)]
     alone = []
@@ -183,3 +190,182 @@ def test_serve_refuses_an_address_in_use_with_one_line(tmp_path):
         r = run("serve", "-m", str(tmp_path / "never-loaded.gguf"), "--port", str(port))
     assert r.exit_code == 2 and "cannot listen on" in r.output and "Traceback" not in r.output
     assert len([x for x in r.output.splitlines() if x.strip()]) == 1
+
+
+# ----------------------------------------------------------------------------- decoded together
+
+
+class SharedForwards:
+    """Counts the shared forwards of a model (and the sequences in each) while installed."""
+
+    def __init__(self, model):
+        self.model, self.sizes = model, []
+
+    def __enter__(self):
+        inner = self.model.forward_batch
+
+        def counted(items):
+            self.sizes.append(len(items))
+            return inner(items)
+
+        self.model.forward_batch = counted
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.forward_batch
+
+
+def concurrent_requests(n=8, max_tokens=24):
+    """Chat and plain completions, streaming and not, greedy and seeded, each its own prompt and seed."""
+    reqs = []
+    for i in range(n):
+        body = {"max_tokens": max_tokens, "temperature": 0.9 if i % 2 else 0, "seed": 300 + i,
+                "stream": i % 3 == 0}
+        if i % 4 == 3:
+            body["prompt"] = f"red green blue {i} red green"
+            reqs.append(("/v1/completions", body))
+        else:
+            body["messages"] = [SYSTEM, {"role": "user", "content": f"fruit {i} and color {i}?"}]
+            reqs.append(("/v1/chat/completions", body))
+    return reqs
+
+
+def text_of(client, route, body) -> str:
+    if not body.get("stream"):
+        r = client.post(route, json=body)
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        return c["message"]["content"] if "message" in c else c["text"]
+    with client.stream("POST", route, json=body) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all("error" not in c for c in chunks), chunks
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    return "".join(c["choices"][0]["delta"].get("content", "") if "delta" in c["choices"][0]
+                   else c["choices"][0]["text"] for c in chunks)
+
+
+@pytest.mark.parametrize("spec", [None, ngram])
+def test_eight_concurrent_clients_are_decoded_together_and_each_gets_its_lone_text(tiny, spec):
+    """8 clients at once, chat and completions, streaming and not, greedy and seeded: the server
+    decodes them together (their rows share forwards) and every response equals what the same
+    request gets alone on a fresh server, and what Engine.generate (``tsspec generate``) gives."""
+    model, tok = tiny
+    reqs = concurrent_requests()
+    alone = []
+    for route, body in reqs:
+        _, fresh = make(tiny, spec=spec)
+        alone.append(text_of(fresh, route, body))
+    # the lone texts are the engine's own (as `tsspec generate` runs it)
+    eng = Engine(model, tok)
+    for (route, body), want in zip(reqs, alone):
+        ids = (chat_prompt_ids(tok, body["messages"]) if "messages" in body else tok.encode(body["prompt"]))
+        sampler = Sampler(SamplingParams(temperature=body["temperature"], seed=body["seed"]))
+        assert eng.generate(ids, sampler=sampler, max_tokens=body["max_tokens"]).text == want
+    server, client = make(tiny, spec=spec, parallel=8, slots=2)
+    with SharedForwards(model) as shared:
+        for _ in range(2):  # twice: the second round also meets kept caches from the first
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                together = list(pool.map(lambda rb: text_of(client, *rb), reqs))
+            assert together == alone
+    assert shared.sizes and max(shared.sizes) > 1, "the requests were never decoded together"
+    assert server.scheduler.load() == (0, 0)
+    metrics = client.get("/metrics").text
+    assert "tsspec_requests_running 0" in metrics and "tsspec_requests_waiting 0" in metrics
+    assert f"tsspec_requests_total {2 * len(reqs)}" in metrics
+
+
+def test_hundred_requests_from_eight_clients_none_lost_or_cut(tiny):
+    """The issue's load: 8 clients at once, 100 requests in all, each its own prompt and seed (varied
+    lengths and budgets, n-gram speculation, some with stop strings): every response is the text
+    Engine.generate gives alone, with its finish reason and token count."""
+    model, tok = tiny
+    reqs = []
+    for i in range(100):
+        body = {"max_tokens": 4 + (i * 7) % 29, "temperature": (i % 3) * 0.45, "seed": 1000 + i,
+                "stream": i % 4 == 1}
+        if i % 5 == 2:
+            body["stop"] = ["e"]
+        if i % 2:
+            body["prompt"] = f"{i} red green blue " * (1 + i % 5)
+            reqs.append(("/v1/completions", body))
+        else:
+            body["messages"] = [SYSTEM, {"role": "user", "content": f"fruit {i}? " * (1 + i % 4)}]
+            reqs.append(("/v1/chat/completions", body))
+    eng = Engine(model, tok)
+    alone = []
+    for route, body in reqs:
+        ids = chat_prompt_ids(tok, body["messages"]) if "messages" in body else tok.encode(body["prompt"])
+        sampler = Sampler(SamplingParams(temperature=body["temperature"], seed=body["seed"]))
+        alone.append(eng.generate(ids, sampler=sampler, max_tokens=body["max_tokens"], stop=body.get("stop", ())).text)
+    server, client = make(tiny, spec=ngram, parallel=8, slots=4)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        together = list(pool.map(lambda rb: text_of(client, *rb), reqs))
+    bad = [i for i, (a, b) in enumerate(zip(alone, together)) if a != b]
+    assert not bad, f"{len(bad)} responses differ from their lone text, first request {bad[0]}"
+    assert server.metrics.requests == 100 and server.metrics.shared_steps > 0
+    assert server.scheduler.load() == (0, 0)
+
+
+def test_full_queue_is_refused_at_once_with_503(tiny):
+    import threading
+
+    server, client = make(tiny, parallel=1, queue=0)
+    release, started = threading.Event(), threading.Event()
+
+    def hold(_text):  # the running request holds the scheduler until released
+        started.set()
+        release.wait(30)
+
+    job = server.submit(chat_prompt_ids(tiny[1], [{"role": "user", "content": "x"}]), Sampler(), 4, [],
+                        on_text=hold)
+    try:
+        assert started.wait(30)
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "y"}]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "server_busy"
+        r = client.post("/v1/completions", json={"prompt": "y", "stream": True})
+        assert r.status_code == 503  # refused before a stream starts
+    finally:
+        release.set()
+    result, _ = job.future.result(30)
+    assert result.token_ids
+    assert client.post("/v1/completions", json={"prompt": "y", "max_tokens": 3}).status_code == 200
+
+
+def test_a_client_that_goes_away_frees_its_place(tiny):
+    """A stream whose client left stops at the next token; its cache goes back to the prefix cache,
+    and a job whose client left while it waited is never started."""
+    import threading
+
+    server, _ = make(tiny, parallel=1, queue=4)
+    gone = threading.Event()
+    texts = []
+
+    def on_text(t):
+        texts.append(t)
+        gone.set()  # the client leaves after the first piece
+
+    prompt = chat_prompt_ids(tiny[1], [SYSTEM, {"role": "user", "content": "long story?"}])
+    job = server.submit(prompt, Sampler(), 200, [], on_text=on_text, interrupted=gone.is_set)
+    never = threading.Event()
+    never.set()
+    waiting = server.submit(prompt, Sampler(), 200, [], interrupted=never.is_set)
+    result, _ = job.future.result(30)
+    assert result.stop_reason == "interrupted" and len(result.token_ids) < 200
+    with pytest.raises(Exception, match="went away"):
+        waiting.future.result(30)
+    assert server.scheduler.load() == (0, 0) and len(server.prefix.entries) == 1
+    # a non-streaming request whose handler was cancelled (its client left): its future is
+    # cancelled, its run stops, and the scheduler goes on serving
+    left = server.submit(prompt, Sampler(), 200, [])
+    left.future.cancel()
+    result, _ = server.submit(prompt, Sampler(), 5, []).future.result(30)
+    assert len(result.token_ids) <= 5 and server.scheduler.load() == (0, 0)
+
+
+def test_speculation_needs_a_speculator_per_sequence(tiny):
+    model, tok = tiny
+    with pytest.raises(ValueError, match="new_speculation"):
+        Server(Engine(model, tok, speculator=ngram()), model_id="m")

@@ -349,6 +349,10 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     slots: int = typer.Option(4, "--slots", help="Kept caches in the prefix cache (memory: one context's KV each)."),
+    parallel: int = typer.Option(4, "--parallel", help="Requests decoded together, their rows sharing each forward "
+                                 "(memory: one context's KV each)."),
+    queue: int = typer.Option(64, "--queue", help="Requests that may wait for a place; beyond this a request is "
+                              "answered 503 at once."),
     max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="Default max_tokens of a request that gives none."),
     chat_template_kwargs: Optional[str] = TEMPLATE_KWARGS_OPTION,
     ctx_size: Optional[int] = CTX_OPTION,
@@ -373,6 +377,10 @@ def serve(
             raise BadInput("--port must be in 1..65535")
         if slots < 1:
             raise BadInput("--slots must be >= 1")
+        if parallel < 1:
+            raise BadInput("--parallel must be >= 1")
+        if queue < 0:
+            raise BadInput("--queue must be >= 0")
         _check_bind(host, port)  # before minutes of loading, not after
         if max_tokens < 1:
             raise BadInput("--max-tokens must be >= 1")
@@ -386,7 +394,7 @@ def serve(
         for n in speculation.notes:
             err.print(f"[dim]note: {n}[/]")
         server = Server(session.engine(speculation), model_id=session.path.stem, slots=slots,
-                        default_max_tokens=max_tokens, template_kwargs=kwargs)
+                        default_max_tokens=max_tokens, template_kwargs=kwargs, parallel=parallel, queue=queue)
         import uvicorn
 
         err.print(f"serving {session.path.name} on http://{host}:{port}/v1 "

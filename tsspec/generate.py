@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 from .errors import BadInput
 from .sampling import Sampler
-from .spec.loop import decode
+from .spec.loop import Run, Sequence as LoopSequence
 from .spec.stats import SpecStats
 
 
@@ -58,20 +58,120 @@ def check_fits(prompt_tokens: int, max_tokens: int, max_context: int, *, at_leas
         )
 
 
+class TextGeneration:
+    """One prompt's generation as text: a loop ``Run`` whose tokens are turned into text as they come
+    (end-of-sequence, stop strings held back until they cannot start one, streaming pieces), and the
+    ``GenerationResult`` it ends with. ``Engine.generate`` drives one alone; a server's scheduler
+    steps several together (``spec.loop.step_together``): the same tokens and text either way."""
+
+    def __init__(self, seq: LoopSequence, prompt_ids: Sequence[int], max_tokens: int, eos: frozenset, stream,
+                 stop: Sequence[str], on_text: Callable[[str], None] | None,
+                 on_step: Callable[[SpecStats], None] | None, interrupted: Callable[[], bool] | None):
+        self.prompt_len = len(prompt_ids)
+        self.eos, self.stream, self.stop = eos, stream, list(stop)
+        self.on_text, self.interrupted = on_text, interrupted
+        self.pieces: list[str] = []
+        self.reason = "length"
+        self.held = ""
+        self.max_stop = max((len(x) for x in stop), default=0)
+        self.run = Run(seq, list(prompt_ids), max_tokens, on_token=self._on_token, on_step=on_step)
+
+    @property
+    def stats(self) -> SpecStats:
+        return self.run.seq.stats
+
+    def _on_token(self, t: int) -> bool:
+        if t in self.eos:
+            self.reason = "eos"
+            return True
+        new = self.stream.push(t)
+        if not new:
+            return self._stopped()
+        if self.stop:
+            # hold back text that could be the start of a stop string
+            buf = self.held + new
+            for x in self.stop:
+                i = buf.find(x)
+                if i >= 0:
+                    self._emit(buf[:i])
+                    self.held = ""
+                    self.reason = "stop"
+                    return True
+            keep = self.max_stop - 1
+            cut = max(len(buf) - keep, 0)
+            self._emit(buf[:cut])
+            self.held = buf[cut:]
+        else:
+            self._emit(new)
+        return self._stopped()
+
+    def _stopped(self) -> bool:
+        if self.interrupted is not None and self.interrupted():
+            self.reason = "interrupted"
+            return True
+        return False
+
+    def _emit(self, text: str) -> None:
+        if text:
+            self.pieces.append(text)
+            if self.on_text is not None:
+                self.on_text(text)
+
+    def result(self) -> GenerationResult:
+        """After the run is done: the text, ids and why it ended."""
+        ids = self.run.finish()
+        eos_token = None
+        if self.reason == "eos" and ids and ids[-1] in self.eos:
+            ids, eos_token = ids[:-1], ids[-1]
+        if self.reason != "stop":
+            self._emit(self.held + self.stream.flush())
+        return GenerationResult("".join(self.pieces), ids, self.prompt_len, self.reason, self.stats, eos_token)
+
+
 class Engine:
-    """A loaded target + tokenizer, and optionally a speculator and governor, reused across prompts."""
+    """A loaded target + tokenizer, and optionally a speculator and governor, reused across prompts.
+
+    ``speculator``/``governor`` serve one prompt at a time (``generate``). Prompts decoded at the
+    same time (a server's) each need their own: ``new_speculation() -> (speculator, governor)``
+    makes a fresh pair over the same loaded weights (``Session.engine`` passes the registry's)."""
 
     def __init__(self, target, tokenizer, *, speculator=None, governor=None, window: int = 8,
-                 accept_rule: str | None = None):
+                 accept_rule: str | None = None, new_speculation: Callable[[], tuple] | None = None):
         self.target = target
         self.tokenizer = tokenizer
         self.speculator = speculator
         self.governor = governor
         self.window = window
         self.accept_rule = accept_rule
+        self.new_speculation = new_speculation
         # one cache for every prompt, reset between them: a freshly allocated one decodes about 5%
         # slower on smollm2-135m (measured, fresh vs reused, same process), and prompts run one at a time
         self._cache = None
+
+    def begin(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        sampler: Sampler,
+        max_tokens: int,
+        cache,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+        on_text: Callable[[str], None] | None = None,
+        on_step: Callable[[SpecStats], None] | None = None,
+        interrupted: Callable[[], bool] | None = None,
+        speculator=None,
+        governor=None,
+    ) -> TextGeneration:
+        """A generation on ``cache`` (holding a prefix of ``prompt_ids``, or empty), not started:
+        ``gen.run.start()``, then step it alone or with others until ``gen.run.done``, then
+        ``gen.result()``. ``speculator``/``governor``: this sequence's own (None: plain)."""
+        check_fits(len(prompt_ids), max_tokens, self.target.max_context)
+        tok = self.tokenizer
+        eos = frozenset() if ignore_eos else tok.eos_ids
+        seq = LoopSequence(self.target, sampler, cache=cache, speculator=speculator, governor=governor,
+                           window=self.window, accept_rule=self.accept_rule, stats=SpecStats())
+        return TextGeneration(seq, prompt_ids, max_tokens, eos, tok.stream(), stop, on_text, on_step, interrupted)
 
     def generate(
         self,
@@ -90,64 +190,16 @@ class Engine:
         extended in place; default: the engine's own, reset. ``interrupted() -> True`` stops the run
         at the next token (stop reason "interrupted"), leaving the cache consistent."""
         check_fits(len(prompt_ids), max_tokens, self.target.max_context)
-        tok = self.tokenizer
-        eos = frozenset() if ignore_eos else tok.eos_ids
-        stream = tok.stream()
-        pieces: list[str] = []
-        state = {"reason": "length", "held": ""}
-        max_stop = max((len(s) for s in stop), default=0)
-
-        def on_token(t: int) -> bool:
-            if t in eos:
-                state["reason"] = "eos"
-                return True
-            new = stream.push(t)
-            if not new:
-                return stopped()
-            if stop:
-                # hold back text that could be the start of a stop string
-                buf = state["held"] + new
-                for s in stop:
-                    i = buf.find(s)
-                    if i >= 0:
-                        emit(buf[:i])
-                        state["held"] = ""
-                        state["reason"] = "stop"
-                        return True
-                keep = max_stop - 1
-                cut = max(len(buf) - keep, 0)
-                emit(buf[:cut])
-                state["held"] = buf[cut:]
-            else:
-                emit(new)
-            return stopped()
-
-        def stopped() -> bool:
-            if interrupted is not None and interrupted():
-                state["reason"] = "interrupted"
-                return True
-            return False
-
-        def emit(s: str) -> None:
-            if s:
-                pieces.append(s)
-                if on_text is not None:
-                    on_text(s)
-
-        stats = SpecStats()
         if cache is None:
             if self._cache is None:
                 self._cache = self.target.make_cache()
             cache = self._cache
             cache.reset()
-        ids = decode(
-            self.target, sampler, list(prompt_ids), max_tokens, cache=cache,
-            speculator=self.speculator, governor=self.governor, window=self.window,
-            accept_rule=self.accept_rule, on_token=on_token, on_step=on_step, stats=stats,
-        )
-        eos_token = None
-        if state["reason"] == "eos" and ids and ids[-1] in eos:
-            ids, eos_token = ids[:-1], ids[-1]
-        if state["reason"] != "stop":
-            emit(state["held"] + stream.flush())
-        return GenerationResult("".join(pieces), ids, len(prompt_ids), state["reason"], stats, eos_token)
+        gen = self.begin(prompt_ids, sampler=sampler, max_tokens=max_tokens, cache=cache, stop=stop,
+                         ignore_eos=ignore_eos, on_text=on_text, on_step=on_step, interrupted=interrupted,
+                         speculator=self.speculator, governor=self.governor)
+        run = gen.run
+        run.start()
+        while not run.done:
+            run.absorb(run.seq.step(run.budget))
+        return gen.result()

@@ -6,25 +6,34 @@ events, or one JSON response), ``GET /v1/models``, ``GET /health``, and ``GET /m
 ``tsspec`` field: tokens reused from the prefix cache and prefilled, the speculator, drafted and
 accepted tokens.
 
-One loaded trunk (and drafter) serves every request, one generation at a time, in arrival order.
+One loaded trunk (and drafter) serves every request. A scheduler thread (``Scheduler``) is the only
+thread that touches the model: it admits up to ``parallel`` requests in arrival order, each with its
+own cache, speculator and governor, and steps them together: each step, the rows of every admitted
+sequence (a chunk of its prompt, a plain row, or a verify's last token and draft) share one trunk forward
+(``spec.loop.step_together``; attention stays per sequence), then each accepts, trims, commits and
+streams its text. A request that finds ``parallel`` running waits in a queue of at most ``queue``;
+beyond that it is answered 503 at once. A client that goes away mid-stream stops its sequence at
+the next token (or before it is admitted) and frees its place.
+
 A prefix cache keeps the caches of recent requests (``slots``, least recently used first out), keyed
 by the tokens each holds; a request takes the one sharing its longest prefix, so a conversation's
 next turn, or requests sharing a system prompt, forward only what is new. A request's tokens never
 depend on what else is served: the same request with the same seed returns the same text alone or
-among others, because prefix reuse and speculation change the cost of a run, never its tokens
-(the trunk's rows are batch invariant; see the README).
-
-Not yet: decoding several sequences' rows in one shared forward (requests queue instead).
+among others, because prefix reuse, speculation and the rows a forward shares change the cost of a
+run, never its tokens (the trunk's rows are batch invariant; see the README).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections import deque
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from starlette.applications import Starlette
@@ -34,11 +43,14 @@ from starlette.routing import Route
 
 from .chat import chat_prompt_ids
 from .errors import BadInput
-from .generate import Engine, GenerationResult
+from .generate import Engine, GenerationResult, TextGeneration
 from .models.cache import PrefixCache
 from .sampling import Sampler, SamplingParams
+from .spec.loop import step_together
 
 DEFAULT_SLOTS = 4
+DEFAULT_PARALLEL = 4
+DEFAULT_QUEUE = 64
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP_STRINGS = 4
 
@@ -70,6 +82,8 @@ class Metrics:
     accepted: int = 0
     verify_calls: int = 0
     decode_ms: float = 0.0
+    steps: int = 0  # scheduler steps
+    shared_steps: int = 0  # of those, steps in which several sequences shared the forward
 
     def prometheus(self) -> str:
         rows = [
@@ -83,6 +97,10 @@ class Metrics:
             ("tsspec_spec_accepted_tokens_total", "counter", "draft tokens accepted", self.accepted),
             ("tsspec_spec_verify_calls_total", "counter", "verify forwards", self.verify_calls),
             ("tsspec_decode_seconds_total", "counter", "time spent decoding", self.decode_ms / 1000.0),
+            ("tsspec_steps_total", "counter", "decoding steps of the scheduler", self.steps),
+            ("tsspec_shared_steps_total", "counter", "steps that stepped several sequences together (their rows "
+             "in one forward where the trunk batches sequences)",
+             self.shared_steps),
         ]
         out = []
         for name, kind, help_, value in rows:
@@ -90,45 +108,180 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
+@dataclass
+class Job:
+    """One request on its way through the scheduler; ``future`` ends with (result, prompt tokens
+    reused) or the error."""
+
+    prompt: list[int]
+    sampler: Sampler
+    max_tokens: int
+    stop: list[str]
+    on_text: Callable[[str], None] | None = None
+    interrupted: Callable[[], bool] | None = None
+    future: Future = field(default_factory=Future)
+    gen: TextGeneration | None = None
+    cache: Any = None
+    reused: int = 0
+
+    def gone(self) -> bool:
+        """Its client left: a stream's consumer went away, or the awaiting handler was cancelled
+        (which cancels ``future``)."""
+        return self.future.cancelled() or (self.interrupted is not None and self.interrupted())
+
+    def settle(self, result: Any = None, error: BaseException | None = None) -> None:
+        """End ``future``, unless a departed client's cancel got there first."""
+        if self.future.done():
+            return
+        try:
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+        except InvalidStateError:  # cancelled between the check and the set
+            pass
+
+
+class Scheduler:
+    """The one thread that runs the model: admits waiting jobs up to ``parallel``, steps every
+    admitted one together, and settles each job's future when its run ends."""
+
+    def __init__(self, server: "Server", parallel: int, queue_bound: int):
+        if parallel < 1 or queue_bound < 0:
+            raise ValueError("parallel must be >= 1 and the queue bound >= 0")
+        self.server = server
+        self.parallel = parallel
+        self.queue_bound = queue_bound
+        self.cv = threading.Condition()
+        self.waiting: deque[Job] = deque()
+        self.active: list[Job] = []  # the scheduler thread's own
+        self._thread: threading.Thread | None = None  # started by the first request
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``, or refuse it (503) when the queue is full."""
+        with self.cv:
+            if len(self.waiting) >= self.queue_bound + max(0, self.parallel - len(self.active)):
+                raise APIError(503, f"the server is busy ({self.parallel} requests running, {len(self.waiting)} "
+                               "waiting); retry later", type="server_error", code="server_busy")
+            self.waiting.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="tsspec-scheduler", daemon=True)
+                self._thread.start()
+            self.cv.notify()
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting)."""
+        with self.cv:
+            return len(self.active), len(self.waiting)
+
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self.waiting and not self.active:
+                    self.cv.wait()
+                admit = []
+                while self.waiting and len(self.active) + len(admit) < self.parallel:
+                    admit.append(self.waiting.popleft())
+            for job in admit:
+                self._admit(job)
+            live = [j for j in self.active if not j.gen.run.done]
+            if live:
+                try:
+                    step_together([j.gen.run for j in live])
+                    self.server.metrics.steps += 1
+                    self.server.metrics.shared_steps += len(live) > 1
+                except BaseException as e:  # noqa: BLE001 - every sequence of the step is answered
+                    for j in live:
+                        self._fail(j, e)
+            for j in [j for j in self.active if j.gen.run.done]:
+                self._retire(j)
+
+    def _admit(self, job: Job) -> None:
+        """Take a kept cache and build the job's sequence (its own speculator and governor); its
+        prefill runs in the following steps, beside the other sequences' rows."""
+        srv = self.server
+        if job.gone():  # its client left while it waited
+            job.settle(error=APIError(499, "the client went away", code="client_gone"))
+            return
+        job.cache, job.reused = srv.prefix.take(job.prompt)
+        try:
+            speculator, governor = srv.new_speculation()
+            job.gen = srv.engine.begin(job.prompt, sampler=job.sampler, max_tokens=job.max_tokens, cache=job.cache,
+                                       stop=job.stop, on_text=job.on_text, interrupted=job.gone,
+                                       speculator=speculator, governor=governor)
+            self.active.append(job)
+            job.gen.run.begin()  # its prompt's chunks share the next steps' forwards
+        except BaseException as e:  # noqa: BLE001
+            self._fail(job, e)
+
+    def _fail(self, job: Job, e: BaseException) -> None:
+        if job in self.active:
+            self.active.remove(job)
+        if job.cache is not None:  # the cache may be mid-forward: give its memory back empty
+            job.cache.reset()
+            self.server.prefix.give([], job.cache)
+            job.cache = None
+        job.settle(error=e)
+
+    def _retire(self, job: Job) -> None:
+        self.active.remove(job)
+        try:
+            result = job.gen.result()
+        except BaseException as e:  # noqa: BLE001
+            self._fail(job, e)
+            return
+        srv = self.server
+        srv.prefix.give(job.prompt + result.generated_ids, job.cache)
+        job.cache = None
+        m, s = srv.metrics, result.stats
+        m.requests += 1
+        m.prompt_tokens += len(job.prompt)
+        m.reused_tokens += job.reused
+        m.generated_tokens += len(result.token_ids)
+        m.drafted += s.drafted
+        m.accepted += s.accepted
+        m.verify_calls += s.verify_calls
+        m.decode_ms += s.decode_ms
+        job.settle((result, job.reused))
+
+
 class Server:
-    """One loaded model serving completions one at a time, with a prefix cache."""
+    """One loaded model serving completions, up to ``parallel`` decoded together, with a prefix cache."""
 
     def __init__(self, engine: Engine, *, model_id: str, slots: int = DEFAULT_SLOTS,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS, template_kwargs: dict | None = None):
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, template_kwargs: dict | None = None,
+                 parallel: int = DEFAULT_PARALLEL, queue: int = DEFAULT_QUEUE):
         self.engine = engine
         self.model_id = model_id
         self.prefix = PrefixCache(engine.target.make_cache, slots)
         self.default_max_tokens = default_max_tokens
         self.template_kwargs = dict(template_kwargs or {})
         self.metrics = Metrics()
-        self.lock = threading.Lock()
         self.created = int(time.time())
+        if engine.speculator is None:
+            self.new_speculation: Callable[[], tuple] = lambda: (None, None)
+        elif engine.new_speculation is not None:
+            self.new_speculation = engine.new_speculation
+        else:  # one speculator instance holds one sequence's state: concurrent sequences need their own
+            raise ValueError("serving with speculation needs an Engine built with new_speculation "
+                             "(a fresh speculator and governor per sequence)")
+        self.scheduler = Scheduler(self, parallel, queue)
+
+    def submit(self, prompt: list[int], sampler: Sampler, max_tokens: int, stop: list[str],
+               on_text: Callable[[str], None] | None = None,
+               interrupted: Callable[[], bool] | None = None) -> Job:
+        """Queue a generation after ``prompt`` (refused at once when it cannot fit the context or the
+        queue is full); its ``future`` ends with (result, prompt tokens reused)."""
+        self.check_context(prompt, max_tokens)
+        job = Job(list(prompt), sampler, max_tokens, list(stop), on_text, interrupted)
+        self.scheduler.submit(job)
+        return job
 
     def complete(self, prompt: list[int], sampler: Sampler, max_tokens: int, stop: list[str],
                  on_text: Callable[[str], None] | None = None,
                  interrupted: Callable[[], bool] | None = None) -> tuple[GenerationResult, int]:
-        """Generate after ``prompt`` on the best kept cache; -> (result, prompt tokens reused)."""
-        self.check_context(prompt, max_tokens)
-        with self.lock:
-            cache, reused = self.prefix.take(prompt)
-            try:
-                result = self.engine.generate(prompt, sampler=sampler, max_tokens=max_tokens, stop=stop,
-                                              on_text=on_text, cache=cache, interrupted=interrupted)
-            except BaseException:  # the cache may be mid-forward: give its memory back empty
-                cache.reset()
-                self.prefix.give([], cache)
-                raise
-            self.prefix.give(prompt + result.generated_ids, cache)
-            m, s = self.metrics, result.stats
-            m.requests += 1
-            m.prompt_tokens += len(prompt)
-            m.reused_tokens += reused
-            m.generated_tokens += len(result.token_ids)
-            m.drafted += s.drafted
-            m.accepted += s.accepted
-            m.verify_calls += s.verify_calls
-            m.decode_ms += s.decode_ms
-        return result, reused
+        """Generate after ``prompt`` on the best kept cache, waiting for it; -> (result, prompt tokens reused)."""
+        return self.submit(prompt, sampler, max_tokens, stop, on_text, interrupted).future.result()
 
     # -- request parsing ----------------------------------------------------------------------------
     def check_context(self, prompt: list[int], max_tokens: int) -> None:
@@ -270,12 +423,16 @@ def create_app(server: Server) -> Starlette:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         kind = "chat.completion" if chat else "text_completion"
         if body.get("stream"):
-            server.check_context(prompt, max_tokens)  # refused before the stream starts
-            return StreamingResponse(stream(server, rid, kind, chat, prompt, sampler, max_tokens, stop),
+            q: queue.Queue = queue.Queue()
+            gone = threading.Event()
+            # queued here, so a full queue or a context overflow is refused before the stream starts
+            job = server.submit(prompt, sampler, max_tokens, stop, on_text=lambda s: q.put(("text", s)),
+                                interrupted=gone.is_set)
+            job.future.add_done_callback(lambda f: q.put(("end", f)))
+            return StreamingResponse(stream(server, rid, kind, chat, prompt, q, gone),
                                      media_type="text/event-stream")
-        from starlette.concurrency import run_in_threadpool
-
-        result, reused = await run_in_threadpool(server.complete, prompt, sampler, max_tokens, stop)
+        job = server.submit(prompt, sampler, max_tokens, stop)
+        result, reused = await asyncio.wrap_future(job.future)
         choice: dict[str, Any] = {"index": 0, "finish_reason": _finish_reason(result), "logprobs": None}
         if chat:
             choice["message"] = {"role": "assistant", "content": result.text}
@@ -299,7 +456,11 @@ def create_app(server: Server) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(server.metrics.prometheus(), media_type="text/plain; version=0.0.4")
+        running, waiting = server.scheduler.load()
+        gauges = "".join(f"# HELP {name} {help_}\n# TYPE {name} gauge\n{name} {value}\n" for name, help_, value in (
+            ("tsspec_requests_running", "requests being decoded (together)", running),
+            ("tsspec_requests_waiting", "requests waiting for a place", waiting)))
+        return PlainTextResponse(server.metrics.prometheus() + gauges, media_type="text/plain; version=0.0.4")
 
     routes = [
         Route("/v1/chat/completions", failing(chat_completions), methods=["POST"]),
@@ -321,12 +482,10 @@ def create_app(server: Server) -> Starlette:
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: internal})
 
 
-def stream(server: Server, rid: str, kind: str, chat: bool, prompt: list[int], sampler: Sampler, max_tokens: int,
-           stop: list[str]) -> Iterator[str]:
-    """Server-sent events: the generation runs in its own thread and hands text over a queue; a
-    client that goes away stops it at the next token."""
-    q: queue.Queue = queue.Queue()
-    gone = threading.Event()
+def stream(server: Server, rid: str, kind: str, chat: bool, prompt: list[int], q: queue.Queue,
+           gone: threading.Event) -> Iterator[str]:
+    """Server-sent events: the scheduler hands text over ``q`` as the sequence decodes, then the
+    job's future; a client that goes away sets ``gone``, which stops its sequence at the next token."""
     created = int(time.time())
 
     def chunk(delta: dict | str | None, finish: str | None, extra: dict | None = None) -> str:
@@ -340,17 +499,6 @@ def stream(server: Server, rid: str, kind: str, chat: bool, prompt: list[int], s
                "model": server.model_id, "choices": [choice], **(extra or {})}
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
-    def work() -> None:
-        try:
-            out = server.complete(prompt, sampler, max_tokens, stop, on_text=lambda s: q.put(("text", s)),
-                                  interrupted=gone.is_set)
-            q.put(("done", out))
-        except APIError as e:
-            q.put(("error", e))
-        except Exception as e:  # noqa: BLE001 - reported to the client as a server error
-            q.put(("error", APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")))
-
-    threading.Thread(target=work, daemon=True).start()
     try:
         if chat:
             yield chunk({"role": "assistant", "content": ""}, None)
@@ -358,16 +506,19 @@ def stream(server: Server, rid: str, kind: str, chat: bool, prompt: list[int], s
             kind_, item = q.get()
             if kind_ == "text":
                 yield chunk({"content": item} if chat else item, None)
-            elif kind_ == "error":
+                continue
+            e = item.exception()
+            if e is not None:
+                if not isinstance(e, APIError):
+                    e = APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")
                 server.metrics.errors += 1
-                err = {"error": {"message": item.message, "type": item.type, "code": item.code}}
+                err = {"error": {"message": e.message, "type": e.type, "code": e.code}}
                 yield f"data: {json.dumps(err)}\n\n"
                 break
-            else:
-                result, reused = item
-                yield chunk({} if chat else "", _finish_reason(result),
-                            {"usage": _usage(prompt, result), "tsspec": _extension(result, prompt, reused)})
-                break
+            result, reused = item.result()
+            yield chunk({} if chat else "", _finish_reason(result),
+                        {"usage": _usage(prompt, result), "tsspec": _extension(result, prompt, reused)})
+            break
         yield "data: [DONE]\n\n"
     finally:
         gone.set()

@@ -32,6 +32,9 @@ class Speculation:
     window: int = 0
     accept_rule: str | None = None  # None: the speculator's own default
     notes: tuple[str, ...] = ()  # what the drafter's checks allowed or found, for the operator
+    # a fresh (speculator, governor) pair over the same loaded weights, for each sequence decoded at
+    # the same time as others (a speculator's state belongs to one sequence); None when off
+    new_speculation: Callable[[], tuple] | None = None
 
 
 class Session:
@@ -125,6 +128,12 @@ class Session:
                 if self._warn is not None:
                     self._warn(w)
         speculator = REGISTRY.create(opts.type, self.target, opts, drafter)
+        made_with = opts
+
+        def new_speculation() -> tuple:
+            return (REGISTRY.create(made_with.type, self.target, made_with, drafter),
+                    SpeculationCostGovernor(enabled=made_with.adaptive))
+
         # the drafter's preferred window (measured for it) first, else the trunk's; --spec-draft wins
         preferred = (drafter.preferred_window if drafter is not None else None) or getattr(
             self.target, "preferred_window", None)
@@ -136,6 +145,7 @@ class Session:
             window=window,
             accept_rule=None if opts.accept == "auto" else opts.accept,
             notes=tuple(notes),
+            new_speculation=new_speculation,
         )
 
     def engine(self, speculation: Speculation | None = None):
@@ -144,7 +154,7 @@ class Session:
 
         s = speculation or Speculation()
         return Engine(self.target, self.tokenizer, speculator=s.speculator, governor=s.governor,
-                      window=s.window, accept_rule=s.accept_rule)
+                      window=s.window, accept_rule=s.accept_rule, new_speculation=s.new_speculation)
 
     def explain(self, drafter=None) -> list[tuple[str, bool, str]]:
         """For ``tsspec info``: (speculator, would serve, why) for this trunk and ``drafter``."""

@@ -113,6 +113,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_repack.argtypes = [c_int, vp, c_long, c_long, c_long, vp]
     lib.tsq_forward.restype = c_int
     lib.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
+    lib.tsq_forward_batch.restype = c_int
+    lib.tsq_forward_batch.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, vp, vp, vp, vp, vp, c_int]
 
 
 def _enabled() -> bool:
@@ -302,3 +304,31 @@ class FusedBlocks:
                                torch.get_num_threads())
         if rc != 0:
             raise RuntimeError(f"native block forward failed ({rc})")
+
+    def run_batch(self, h: torch.Tensor, l0: int, l1: int, row0: list[int], starts: list[int],
+                  k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos: list[torch.Tensor],
+                  sin: list[torch.Tensor]) -> None:
+        """Blocks [l0, l1) on the rows of several sequences, ``h`` [m, d] updated in place: rows
+        ``row0[s]:row0[s + 1]`` are sequence s's, at positions ``starts[s]..`` of its own cache
+        (``k_caches[s]``/``v_caches[s]`` [layers, n_kv, capacity, head_dim], float32, contiguous).
+        The products run once over all rows; each row attends over its own sequence only, and gets
+        the bits a lone ``run`` gives it."""
+        ns = len(starts)
+        if not (len(row0) == ns + 1 and len(k_caches) == len(v_caches) == ns and row0[0] == 0
+                and row0[-1] == h.shape[0]):
+            raise ValueError("run_batch: row offsets, starts and caches disagree")
+        for k, v in zip(k_caches, v_caches):
+            if not (k.is_contiguous() and v.is_contiguous() and k.dtype == v.dtype == torch.float32
+                    and k.shape == v.shape):
+                raise ValueError("run_batch: caches must be contiguous float32 K/V of one shape")
+        h_lib = lib()
+        longs = ctypes.c_long * ns
+        ptrs = ctypes.c_void_p * ns
+        cos_p = (ctypes.c_void_p * len(cos))(*[t.data_ptr() for t in cos])
+        sin_p = (ctypes.c_void_p * len(sin))(*[t.data_ptr() for t in sin])
+        rc = h_lib.tsq_forward_batch(ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], ns,
+                                     (ctypes.c_long * (ns + 1))(*row0), longs(*starts),
+                                     ptrs(*[k.data_ptr() for k in k_caches]), ptrs(*[v.data_ptr() for v in v_caches]),
+                                     longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p, torch.get_num_threads())
+        if rc != 0:
+            raise RuntimeError(f"native batched block forward failed ({rc})")

@@ -996,12 +996,18 @@ static void act_row(int gelu, const float *g, const float *u, float *a, long n) 
 }
 #endif
 
-int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long start,
-                float *kc, float *vc, long cap, const float *const *cos_t, const float *const *sin_t,
-                int nt) {
+/* Blocks [l0, l1) over m rows that belong to ns sequences: rows [row0[s], row0[s+1]) are sequence
+ * s's, at positions start[s].. of its own cache (kc[s], vc[s], cap[s] positions per layer and head).
+ * Every product runs once over all m rows (batch invariant: a row's result never depends on the
+ * others); each row's rope, cache write and attention read only its own sequence's positions. A
+ * lone forward is the case ns = 1, so both run exactly this code. */
+static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
+                        const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
+                        const float *const *cos_t, const float *const *sin_t, int nt) {
     const long d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv, f = c->ffn_dim;
     const long qd = nh * hd, kvd = nkv * hd, rep = nh / nkv;
     if (nt < 1) nt = 1;
+    if (ns < 1 || row0[0] != 0 || row0[ns] != m) return -3;
     long kmax = d > qd ? d : qd;
     if (f > kmax) kmax = f;
     float *x = malloc(sizeof(float) * m * kmax);
@@ -1010,11 +1016,20 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
     float *gu = malloc(sizeof(float) * m * 2 * f);
     float *y = malloc(sizeof(float) * m * d);
     xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
+    long *rseq = malloc(sizeof(long) * m), *rpos = malloc(sizeof(long) * m);
     int rc = 0;
-    if (!x || !qkv || !att || !gu || !y || !xq) { rc = -2; goto done; }
+    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos) { rc = -2; goto done; }
+    long maxpos = 0;
+    for (long s = 0; s < ns; s++) {
+        if (row0[s + 1] < row0[s] || start[s] < 0 || start[s] + row0[s + 1] - row0[s] > cap[s]) { rc = -3; goto done; }
+        for (long r = row0[s]; r < row0[s + 1]; r++) {
+            rseq[r] = s;
+            rpos[r] = start[s] + r - row0[s];
+            if (rpos[r] > maxpos) maxpos = rpos[r];
+        }
+    }
     for (int li = l0; li < l1 && !rc; li++) {
         const tsq_layer *L = layers + li;
-        float *kl = kc + (long)li * nkv * cap * hd, *vl = vc + (long)li * nkv * cap * hd;
         const float *ct = cos_t[L->rope], *st = sin_t[L->rope];
         #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
         for (long r = 0; r < m; r++) rms_norm_row(h + r * d, L->attn_norm, d, c->eps, x + r * d);
@@ -1023,7 +1038,8 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
         for (long r = 0; r < m; r++) {
             float *q = qkv + r * w3, *k = q + qd, *v = k + kvd;
-            long pos = start + r;
+            const long s = rseq[r], pos = rpos[r], cp = cap[s];
+            float *kl = kc[s] + (long)li * nkv * cp * hd, *vl = vc[s] + (long)li * nkv * cp * hd;
             for (long hh = 0; hh < nh; hh++) {
                 if (L->q_norm) rms_norm_row(q + hh * hd, L->q_norm, hd, c->eps, q + hh * hd);
                 rope_row(q + hh * hd, ct + pos * c->rope_half, st + pos * c->rope_half, c->rope_half, c->rope_neox);
@@ -1032,19 +1048,20 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
             for (long hh = 0; hh < nkv; hh++) {
                 if (L->k_norm) rms_norm_row(k + hh * hd, L->k_norm, hd, c->eps, k + hh * hd);
                 rope_row(k + hh * hd, ct + pos * c->rope_half, st + pos * c->rope_half, c->rope_half, c->rope_neox);
-                memcpy(kl + (hh * cap + pos) * hd, k + hh * hd, sizeof(float) * hd);
-                memcpy(vl + (hh * cap + pos) * hd, v + hh * hd, sizeof(float) * hd);
+                memcpy(kl + (hh * cp + pos) * hd, k + hh * hd, sizeof(float) * hd);
+                memcpy(vl + (hh * cp + pos) * hd, v + hh * hd, sizeof(float) * hd);
             }
         }
 #pragma omp parallel num_threads(nt) if (nt > 1 && m * nh > 1)
         {
-            float *sc = malloc(sizeof(float) * (start + m));
+            float *sc = malloc(sizeof(float) * (maxpos + 1));
 #pragma omp for schedule(static)
             for (long t = 0; t < m * nh; t++) {
-                long r = t / nh, hh = t % nh, g = hh / rep, pos = start + r;
+                long r = t / nh, hh = t % nh, g = hh / rep, pos = rpos[r];
+                const long s = rseq[r], cp = cap[s];
                 long lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
                 const float *q = qkv + r * w3 + hh * hd;
-                const float *kb = kl + g * cap * hd, *vb = vl + g * cap * hd;
+                const float *kb = kc[s] + ((long)li * nkv + g) * cp * hd, *vb = vc[s] + ((long)li * nkv + g) * cp * hd;
                 float mx = -INFINITY;
                 for (long j = lo; j <= pos; j++) {
                     sc[j] = dot8(q, kb + j * hd, hd);
@@ -1079,6 +1096,22 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
         }
     }
 done:
-    free(x); free(qkv); free(att); free(gu); free(y); free(xq);
+    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos);
     return rc;
+}
+
+/* One sequence: blocks [l0, l1) on m rows at positions start.. of the cache kc/vc. */
+int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long start,
+                float *kc, float *vc, long cap, const float *const *cos_t, const float *const *sin_t,
+                int nt) {
+    const long row0[2] = {0, m};
+    float *const k1[1] = {kc}, *const v1[1] = {vc};
+    return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt);
+}
+
+/* Several sequences' rows in one pass (see forward_rows): row0[ns + 1], start/kc/vc/cap[ns]. */
+int tsq_forward_batch(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
+                      const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
+                      const float *const *cos_t, const float *const *sin_t, int nt) {
+    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt);
 }

@@ -6,6 +6,8 @@ it holds weights only, and every sequence has its own cache (``make_cache()``, s
 
 * ``forward(tokens, cache, all_logits=, taps=)`` appends rows to ``cache`` and returns per-row
   logits and, on request, the residual entering each tapped layer;
+* ``forward_batch(items)`` does that for several sequences in one pass: the linear layers once over
+  all their rows, attention per sequence over its own cache (a lone forward is the one-item case);
 * the cache is a ``KVCache``; trimming a rejected draft is arithmetic (``cache.trim(n)``).
 
 Batch invariance is the contract that makes speculative output equal plain output: a row's
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 
 from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
-from .protocols import ForwardOutput
+from .protocols import ForwardItem, ForwardOutput
 from ..weights import Embedding, Linear, pad_rows, to_tensor
 from .cache import SPAN_BLOCK, KVCache, round_span
 
@@ -205,6 +207,17 @@ def attend(
     return out
 
 
+@dataclass
+class _Segment:
+    """One sequence's rows [i, j) of a forward, its cache, the position of row i, its span groups."""
+
+    i: int
+    j: int
+    cache: KVCache
+    start: int
+    groups: list[SpanGroup]
+
+
 # ----------------------------------------------------------------------------- weights
 
 
@@ -226,6 +239,9 @@ class TransformerModel:
     """A llama-family trunk; architectures differ only by config and tensor names."""
 
     FUSABLE = True  # its blocks are ``Block``s the native fused forward runs (not a hybrid's)
+    # ``forward_batch`` shares one forward among several sequences' rows (``SpecTarget``'s
+    # protocol attribute; a trunk that cannot, such as a hybrid, says False and runs them in turn)
+    batches_sequences = True
 
     def __init__(self, cfg: ArchConfig, blocks: list[Block], embed: torch.Tensor, out_norm: torch.Tensor,
                  lm_head: Linear, n_ctx: int | None = None, path=None, device=None):
@@ -280,27 +296,59 @@ class TransformerModel:
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], cache: KVCache, *, all_logits: bool = False,
                 taps: Sequence[int] | None = None) -> ForwardOutput:
+        return self._forward([ForwardItem(tokens, cache, all_logits, taps)])[0]
+
+    @torch.inference_mode()
+    def forward_batch(self, items: Sequence[ForwardItem]) -> list[ForwardOutput]:
+        """Several sequences' rows in one forward: ``items`` are ``ForwardItem``s (or tuples of
+        ``(tokens, cache, all_logits, taps)``), each on its own cache. Every linear layer (QKV, O,
+        FFN, LM head) runs once over all rows; rope, the cache writes and attention stay per
+        sequence at its own positions. Each item's output is bitwise what ``forward`` gives it
+        alone (batch invariance). Nothing is written to any cache unless every item's tokens and
+        context fit."""
+        items = [it if isinstance(it, ForwardItem) else ForwardItem(*it) for it in items]
+        if not items:
+            return []
+        if len({id(it.cache) for it in items}) != len(items):
+            raise ValueError("forward_batch: each item needs its own cache")
+        for it in items:  # every item's ids and room first, so a refused batch changes no cache
+            self._check_tokens(it.tokens)
+            it.cache.reserve(it.cache.length + len(it.tokens))
+        if not self.batches_sequences:  # a subclass whose trunk cannot share rows (see the attribute)
+            return [self.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps) for it in items]
+        return self._forward(items)
+
+    def _forward(self, items: list[ForwardItem]) -> list[ForwardOutput]:
         cfg = self.cfg
-        n = len(tokens)
-        start = cache.length
-        h = self._token_rows(tokens).to(self.device)  # [n, d]
-        cache.reserve(start + n)
-        want = {t: None for t in (taps or ())}
+        hs = [self._token_rows(it.tokens) for it in items]  # every id checked before any cache changes
+        starts = [it.cache.length for it in items]
+        for it, start in zip(items, starts):
+            it.cache.reserve(start + len(it.tokens))
+        row0 = [0]
+        for it in items:
+            row0.append(row0[-1] + len(it.tokens))
+        h = (hs[0] if len(hs) == 1 else torch.cat(hs)).to(self.device)  # [rows, d]
+        want = {t: None for it in items for t in (it.taps or ())}
         if self.fused is not None:
-            h = self._fused_forward(h, cache, start, want)
+            h = self._fused_forward(h, items, row0, starts, want)
         else:
-            groups = None if self.triton else plan_attention(start, n, cache.capacity, cfg.n_heads // cfg.n_kv_heads,
-                                                             self._windows)
+            rep = cfg.n_heads // cfg.n_kv_heads
+            segs = [_Segment(row0[s], row0[s + 1], it.cache, starts[s],
+                             None if self.triton else
+                             plan_attention(starts[s], len(it.tokens), it.cache.capacity, rep, self._windows))
+                    for s, it in enumerate(items)]
             for li, blk in enumerate(self.blocks):
                 if li in want:
                     want[li] = h
-                h = self._block(li, blk, h, cache, start, groups)
+                h = self._block(li, blk, h, segs)
             if cfg.n_layers in want:
                 want[cfg.n_layers] = h
-        cache.length = start + n
-        return self._output(h, want, taps, all_logits)
+        for it, start in zip(items, starts):
+            it.cache.length = start + len(it.tokens)
+        return self._output(h, want, items, row0)
 
-    def _fused_forward(self, h: torch.Tensor, cache: KVCache, start: int, want: dict) -> torch.Tensor:
+    def _fused_forward(self, h: torch.Tensor, items: list[ForwardItem], row0: list[int], starts: list[int],
+                       want: dict) -> torch.Tensor:
         """All blocks natively; tapped residuals are copied between runs of blocks."""
         h = h.contiguous()
         cos = [self._rope[b][0] for b in self._rope_bases]
@@ -309,35 +357,57 @@ class TransformerModel:
         for a, b in zip(cuts[:-1], cuts[1:]):
             if a in want:
                 want[a] = h.clone()
-            self.fused.run(h, a, b, start, cache.k, cache.v, cos, sin)
+            if len(items) == 1:
+                c = items[0].cache
+                self.fused.run(h, a, b, starts[0], c.k, c.v, cos, sin)
+            else:
+                self.fused.run_batch(h, a, b, row0, starts, [it.cache.k for it in items],
+                                     [it.cache.v for it in items], cos, sin)
         if self.n_layers in want:
             want[self.n_layers] = h.clone()
         return h
 
-    def _token_rows(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Embedding rows [n, d] float32; the one place token ids are checked."""
+    def _check_tokens(self, tokens: Sequence[int]) -> None:
+        """The one place token ids are checked."""
         if len(tokens) == 0:
             raise ValueError("forward needs at least one token")
         if min(tokens) < 0 or max(tokens) >= self.cfg.vocab_size:
             raise BadInput(f"token id out of range for a vocabulary of {self.cfg.vocab_size}")
+
+    def _token_rows(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Embedding rows [n, d] float32, for checked token ids."""
+        self._check_tokens(tokens)
         h = self.embed[list(tokens)]
         return h * self.cfg.embed_scale if self.cfg.embed_scale != 1.0 else h
 
-    def _output(self, h: torch.Tensor, want: dict, taps, all_logits: bool) -> ForwardOutput:
-        """Tap rows, final norm and LM head (soft-capped where the file says so)."""
+    def _output(self, h: torch.Tensor, want: dict, items: list[ForwardItem], row0: list[int]) -> list[ForwardOutput]:
+        """Each item's tap rows; the final norm and LM head (soft-capped where the file says so)
+        once over the rows whose logits are asked for (all of an item's, or its last)."""
         cfg = self.cfg
-        hidden = torch.cat([want[t] for t in taps], dim=-1) if taps else None
-        x = rms_norm(h if all_logits else h[-1:], self.out_norm, cfg.rms_eps)
-        logits = self.lm_head(x)
+        if len(items) == 1:
+            x = h if items[0].all_logits else h[-1:]
+        else:
+            idx = [r for s, it in enumerate(items)
+                   for r in (range(row0[s], row0[s + 1]) if it.all_logits else (row0[s + 1] - 1,))]
+            x = h[torch.tensor(idx, device=h.device)]
+        logits = self.lm_head(rms_norm(x, self.out_norm, cfg.rms_eps))
         if cfg.final_softcap:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         if self.triton:  # the loop, the samplers and the drafters take host tensors
             logits = logits.cpu()
-            hidden = None if hidden is None else hidden.cpu()
-        return ForwardOutput(logits=logits, hidden=hidden)
+        outs, at = [], 0
+        for s, it in enumerate(items):
+            n = row0[s + 1] - row0[s] if it.all_logits else 1
+            hidden = (torch.cat([want[t][row0[s] : row0[s + 1]] for t in it.taps], dim=-1) if it.taps else None)
+            if hidden is not None and self.triton:
+                hidden = hidden.cpu()
+            outs.append(ForwardOutput(logits=logits if len(items) == 1 else logits[at : at + n], hidden=hidden))
+            at += n
+        return outs
 
-    def _block(self, li: int, blk: Block, h: torch.Tensor, cache: KVCache, start: int,
-               groups: list[SpanGroup]) -> torch.Tensor:
+    def _block(self, li: int, blk: Block, h: torch.Tensor, segs: list["_Segment"]) -> torch.Tensor:
+        """One block over the rows of one or more sequences: the products once over all rows, rope,
+        cache writes and attention per sequence (``segs``: each one's rows, cache and position)."""
         cfg = self.cfg
         spec = cfg.layers[li]
         n = h.shape[0]
@@ -350,17 +420,25 @@ class TransformerModel:
             q = rms_norm(q, blk.q_norm, cfg.rms_eps)
             k = rms_norm(k, blk.k_norm, cfg.rms_eps)
         cos, sin = self._rope[spec.rope_base]
-        cos, sin = cos[start : start + n], sin[start : start + n]
+        if len(segs) == 1:
+            cos, sin = cos[segs[0].start : segs[0].start + n], sin[segs[0].start : segs[0].start + n]
+        else:  # each row at its own sequence's position
+            pos = torch.cat([torch.arange(g.start, g.start + g.j - g.i) for g in segs]).to(cos.device)
+            cos, sin = cos[pos], sin[pos]
         q = apply_rope(q, cos, sin, cfg.rope_neox) * self.q_scale
         k = apply_rope(k, cos, sin, cfg.rope_neox)
-        cache.k[li, :, start : start + n] = k.transpose(0, 1)
-        cache.v[li, :, start : start + n] = v.transpose(0, 1)
-        if self.triton:
-            from ..kernels import triton_attention
+        parts = []
+        for g in segs:
+            cache, start, m = g.cache, g.start, g.j - g.i
+            cache.k[li, :, start : start + m] = k[g.i : g.j].transpose(0, 1)
+            cache.v[li, :, start : start + m] = v[g.i : g.j].transpose(0, 1)
+            if self.triton:
+                from ..kernels import triton_attention
 
-            a = triton_attention.attend(q, cache.k[li], cache.v[li], start, spec.window)
-        else:
-            a = attend(q, cache.k[li], cache.v[li], groups, spec.window)
+                parts.append(triton_attention.attend(q[g.i : g.j], cache.k[li], cache.v[li], start, spec.window))
+            else:
+                parts.append(attend(q[g.i : g.j], cache.k[li], cache.v[li], g.groups, spec.window))
+        a = parts[0] if len(parts) == 1 else torch.cat(parts)
         a = blk.o(a.reshape(n, self.q_dim))
         if blk.post_attn_norm is not None:
             a = rms_norm(a, blk.post_attn_norm, cfg.rms_eps)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
-from .protocols import ForwardOutput
+from .protocols import ForwardItem, ForwardOutput
 from ..weights import Linear, load_format
 from .base import ArchConfig, LayerSpec, TransformerModel, _shares_storage, common_config, load_embedding, \
     plan_attention, rms_norm
@@ -143,6 +143,9 @@ class HybridModel(TransformerModel):
     """A SpecTarget over interleaved GatedDeltaNet and gated attention layers."""
 
     FUSABLE = False  # GatedDeltaNet layers: the torch path (with the native products) only
+    # a recurrent state per sequence, advanced in place and undone through the cache's slots: its
+    # forward takes one sequence, and ``forward_batch`` runs the items one after another
+    batches_sequences = False
 
     def __init__(self, cfg: ArchConfig, layers: list, embed: torch.Tensor, out_norm: torch.Tensor,
                  lm_head: Linear, n_ctx: int | None = None, path=None, *, verify_snapshots: bool = True):
@@ -219,7 +222,7 @@ class HybridModel(TransformerModel):
         if skip:  # the replayed rows' outputs belong to an earlier forward
             h = h[skip:]
             want = {t: r[skip:] for t, r in want.items()}
-        return self._output(h, want, taps, all_logits)
+        return self._output(h, want, [ForwardItem(tokens, cache, all_logits, taps)], [0, h.shape[0]])[0]
 
     def _gdn(self, blk: GDNLayer, j: int, x: torch.Tensor, cache: HybridCache, mode: str) -> torch.Tensor:
         hy = self.hy

@@ -7,7 +7,7 @@ Defined here, below the models that implement it, so imports point one way (spec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import NamedTuple, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -21,6 +21,15 @@ class ForwardOutput:
 
     logits: torch.Tensor  # [rows, vocab] float32; rows = all new tokens, or only the last
     hidden: torch.Tensor | None = None  # [rows, feature_size] float32 when taps were asked for
+
+
+class ForwardItem(NamedTuple):
+    """One sequence's part of a forward shared by several (``BatchedTarget.forward_batch``)."""
+
+    tokens: Sequence[int]
+    cache: "Cache"
+    all_logits: bool = False
+    taps: Sequence[int] | None = None
 
 
 @runtime_checkable
@@ -71,3 +80,20 @@ class SpecTarget(Protocol):
     def forward(
         self, tokens: Sequence[int], cache: Cache, *, all_logits: bool = False, taps: Sequence[int] | None = None
     ) -> ForwardOutput: ...
+
+
+@runtime_checkable
+class BatchedTarget(SpecTarget, Protocol):
+    """A ``SpecTarget`` that can give several sequences' rows one forward.
+
+    ``batches_sequences``: True when ``forward_batch`` really shares the forward (the products run
+    once over every item's rows, attention stays per sequence); False when it runs the items one
+    after another (a trunk whose per-sequence state cannot share a pass, such as a hybrid's). Either
+    way item i's output is bitwise ``forward(*items[i])``'s, so the choice changes cost, never
+    tokens. A target without the attribute is driven one ``forward`` per sequence (``spec.loop.forward_each``).
+    """
+
+    batches_sequences: bool
+
+    def forward_batch(self, items: Sequence[ForwardItem]) -> list[ForwardOutput]: ...
+

@@ -7,7 +7,10 @@ parked speculative run costs what plain decoding costs.
 
 A ``Sequence`` is one sequence's decoding state (its cache, speculator, governor and history); the
 model it runs on holds weights only, so several sequences can share one loaded model and advance
-in any interleaving. ``decode`` runs one sequence to the end.
+in any interleaving. ``decode`` runs one sequence to the end. A step is two halves around its
+forward (``prepare``, ``finish``), so ``step_together`` can give several sequences' rows one shared
+forward (``decode_batched``; a server's scheduler): batch invariance makes each sequence's tokens
+the ones it gets alone.
 
 Positions: the token drawn from the trunk row that processed position ``p`` sits at position
 ``p + 1``; the sampler keys its draw on that position, so a verify row and a plain step agree.
@@ -16,12 +19,13 @@ Positions: the token drawn from the trunk row that processed position ``p`` sits
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
 
 import torch
 
 from ..sampling import Sampler
-from .protocols import Cache, Draft, DraftContext, SpecTarget, Speculator
+from .protocols import Cache, Draft, DraftContext, ForwardItem, ForwardOutput, SpecTarget, Speculator
 from .stats import SpecStats
 from .verify import verify
 
@@ -33,17 +37,26 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-def prefill(target: SpecTarget, cache: Cache, tokens: Seq[int], taps: Seq[int]
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward ``tokens`` in chunks after what ``cache`` holds; -> (last row's logits [vocab], tap rows
-    [len(tokens), F] or None)."""
-    hidden = []
-    out = None
-    for i in range(0, len(tokens), PREFILL_CHUNK):
-        out = target.forward(tokens[i : i + PREFILL_CHUNK], cache, all_logits=False, taps=taps or None)
-        if taps:
-            hidden.append(out.hidden)
-    return out.logits[-1], (torch.cat(hidden) if taps else None)
+def forward_each(target: SpecTarget, items: Seq[ForwardItem]) -> list[ForwardOutput]:
+    """The items' outputs (each on its own cache): one shared forward when the target batches
+    sequences (``BatchedTarget.batches_sequences``), else one ``forward`` per item, the reference
+    the shared one is tested against. Item i's output is the same bits either way."""
+    if len(items) > 1 and getattr(target, "batches_sequences", False):
+        return target.forward_batch(items)
+    return [target.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps) for it in items]
+
+
+@dataclass
+class Rows:
+    """What one sequence forwards in a step: a chunk of its prompt (``prefill``), its last token (a
+    plain step), or its last token and a draft (a verify). ``Sequence.prepare`` makes it,
+    ``Sequence.finish`` takes the forward's output."""
+
+    pos: int  # the position the first row takes (for a step: the last token's)
+    draft: Draft
+    item: ForwardItem
+    prepare_ms: float  # drafting and sizing, for the governor's step time
+    prefill: bool = False
 
 
 class Sequence:
@@ -70,10 +83,21 @@ class Sequence:
         self.last = -1
         self.hidden_last: torch.Tensor | None = None
         self.taps: tuple[int, ...] = ()
+        self._todo: list[int] = []  # prompt tokens ``begin`` took that are not forwarded yet
+        self._prefill_hidden: list[torch.Tensor] = []
 
     # -- prefill and the first token -------------------------------------------------------------
     def start(self, prompt: Seq[int]) -> int:
         """Forward what the cache does not hold of ``prompt`` and draw the first token."""
+        self.begin(prompt)
+        while self.prefilling:
+            self.step(1)
+        return self.last
+
+    def begin(self, prompt: Seq[int]) -> None:
+        """Take ``prompt``: the steps that follow forward what the cache does not hold of it, in
+        chunks of ``PREFILL_CHUNK`` (``prefilling`` until then), the last of them drawing the
+        first token. ``start`` runs them alone; ``step_together`` shares them with other sequences'."""
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
         reused = self.cache.length
@@ -91,38 +115,87 @@ class Sequence:
         st.prompt_tokens = len(prompt)
         if self.governor is not None:
             self.governor.begin_sequence()
-        t0 = time.perf_counter()
+        self._t_prefill = time.perf_counter()
         self.cache.reserve(len(prompt) + 1)
-        logits, hidden = prefill(self.target, self.cache, prompt[reused:], self.taps)
         self.history = list(prompt)
-        self.last = self.sampler.sample(logits, len(prompt), self.history)
-        self.history.append(self.last)
         self.prompt_len = len(prompt)
+        self._todo = list(prompt[reused:])  # prompt tokens not yet forwarded
+        self._prefill_hidden = []
+
+    @property
+    def prefilling(self) -> bool:
+        """Between ``begin`` and the first token."""
+        return bool(self._todo)
+
+    def _prefilled(self, rows: Rows, out: ForwardOutput) -> list[int]:
+        """A prompt chunk went through; after the last, draw the first token -> [it] (else [])."""
+        self._todo = self._todo[len(rows.item.tokens) :]
+        if self.taps:
+            self._prefill_hidden.append(out.hidden)
+        if self._todo:
+            return []
+        prompt = list(self.history)
+        # tap rows cover the forwarded suffix only when a prefix was reused
+        hidden = torch.cat(self._prefill_hidden) if self.taps else None
+        self._prefill_hidden = []
+        self.last = self.sampler.sample(out.logits[-1], self.prompt_len, self.history)
+        self.history.append(self.last)
         self.hidden_last = hidden[-1] if hidden is not None else None
-        if spec is not None:
-            # tap rows cover the forwarded suffix only when a prefix was reused
-            spec.begin(prompt, hidden)
-        st.prefill_ms = _ms(t0)
+        if self.speculator is not None:
+            self.speculator.begin(prompt, hidden)
+        st = self.stats
+        st.prefill_ms = _ms(self._t_prefill)
         st.generated = 1
-        return self.last
+        return [self.last]
 
     # -- one step ----------------------------------------------------------------------------------
     def step(self, budget: int) -> list[int]:
         """Emit at least one and at most ``budget`` tokens (more than one only by verifying a draft,
-        whose length ``_draft`` bounds by ``budget - 1``)."""
+        whose length ``_draft`` bounds by ``budget - 1``). While ``prefilling`` (after ``begin``): the
+        next prompt chunk, emitting nothing, or the first token after the last chunk."""
+        rows = self.prepare(budget)
+        t0 = time.perf_counter()
+        it = rows.item
+        out = self.target.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps)
+        return self.finish(rows, out, _ms(t0))
+
+    def prepare(self, budget: int) -> Rows:
+        """The first half of a step: the next prompt chunk while ``prefilling``; else draft (or not)
+        and say which rows to forward. The forward may be shared with other sequences' rows
+        (``step_together``); ``finish`` completes the step."""
+        if self._todo:
+            item = ForwardItem(self._todo[:PREFILL_CHUNK], self.cache, False, self.taps or None)
+            return Rows(self.cache.length, NO_DRAFT, item, 0.0, prefill=True)
         t0 = time.perf_counter()
         pos = self.cache.length  # the last token takes this position
         draft = self._draft(pos, budget)
+        taps = self.taps or None
         if draft.tokens:
-            emitted = self._verify(pos, draft)
+            item = ForwardItem([self.last, *draft.tokens], self.cache, True, taps)
         else:
-            emitted = self._plain(pos)
+            item = ForwardItem([self.last], self.cache, False, taps)
+        return Rows(pos, draft, item, _ms(t0))
+
+    def finish(self, rows: Rows, out: ForwardOutput, forward_ms: float) -> list[int]:
+        """The second half of a step, given the forward of ``rows``: accept, trim, commit; -> the
+        tokens emitted (none for a prompt chunk but the last). ``forward_ms``: the forward's wall
+        time (a shared one's whole time)."""
+        if rows.prefill:
+            return self._prefilled(rows, out)
+        t0 = time.perf_counter()
+        draft = rows.draft
+        if draft.tokens:
+            self.stats.add_phase("verify", forward_ms)
+            emitted = self._verify(rows.pos, draft, out)
+        else:
+            emitted = self._plain(rows.pos, out, forward_ms)
         self.history.extend(emitted)
         self.last = emitted[-1]
         st = self.stats
         st.generated = len(self.history) - self.prompt_len
         if self.governor is not None:
-            self.governor.record(bool(draft.tokens), _ms(t0), len(emitted), len(draft.tokens) or None)
+            step_ms = rows.prepare_ms + forward_ms + _ms(t0)
+            self.governor.record(bool(draft.tokens), step_ms, len(emitted), len(draft.tokens) or None)
             st.governor_state = self.governor.state
             st.governor_parks = self.governor.parks
         return emitted
@@ -143,23 +216,20 @@ class Sequence:
             draft = Draft(draft.tokens[:k_max], None if draft.probs is None else draft.probs[:k_max])
         return draft
 
-    def _plain(self, pos: int) -> list[int]:
+    def _plain(self, pos: int, out: ForwardOutput, forward_ms: float) -> list[int]:
         """One row, exactly as plain decoding."""
         st = self.stats
-        with st.phase("plain"):
-            out = self.target.forward([self.last], self.cache, taps=self.taps or None)
-            tok = self.sampler.sample(out.logits[-1], pos + 1, self.history)
+        t0 = time.perf_counter()
+        tok = self.sampler.sample(out.logits[-1], pos + 1, self.history)
+        st.add_phase("plain", forward_ms + _ms(t0))
         st.plain_steps += 1
         self._commit([self.last], out.hidden, pos)
         return [tok]
 
-    def _verify(self, pos: int, draft: Draft) -> list[int]:
-        """One forward over [last, d1..dK]; keep the accepted prefix, trim the rest from the cache."""
+    def _verify(self, pos: int, draft: Draft, out: ForwardOutput) -> list[int]:
+        """Given the forward over [last, d1..dK]: keep the accepted prefix, trim the rest from the cache."""
         st = self.stats
         k = len(draft.tokens)
-        with st.phase("verify"):
-            out = self.target.forward([self.last, *draft.tokens], self.cache, all_logits=True,
-                                      taps=self.taps or None)
         with st.phase("accept"):
             verdict = verify(self.accept_rule, out.logits, draft.tokens, draft.probs, self.sampler, pos + 1,
                              self.history)
@@ -177,6 +247,94 @@ class Sequence:
         if self.speculator is not None:
             with self.stats.phase("commit"):
                 self.speculator.commit(kept, hid, pos)
+
+
+class Run:
+    """One sequence decoded to ``max_tokens`` tokens or until ``on_token`` says stop: the budget and
+    stop handling ``decode`` (one sequence) and ``decode_batched`` / a server's scheduler (several,
+    stepped together) share. ``start`` it, then while not ``done``: ``absorb(seq.step(budget))``
+    (or a step shared through ``step_together``); ``finish`` returns the tokens.
+
+    ``on_token(tok) -> stop`` is called for every emitted token in order; returning True ends the
+    run after that token (later tokens of the same step are dropped, as they would be alone).
+    ``on_step(stats)`` is called after every step (for a live display).
+    """
+
+    def __init__(self, seq: Sequence, prompt: Seq[int], max_tokens: int, *,
+                 on_token: Callable[[int], bool] | None = None, on_step: Callable[[SpecStats], None] | None = None):
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        self.seq, self.prompt, self.max_tokens = seq, prompt, max_tokens
+        self.on_token, self.on_step = on_token, on_step
+        self.out: list[int] = []
+        self.stopped = max_tokens <= 0
+        self._t_decode = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.stopped or len(self.out) >= self.max_tokens
+
+    @property
+    def budget(self) -> int:
+        return self.max_tokens - len(self.out)
+
+    def begin(self) -> None:
+        """Take the prompt: the next steps prefill it (shared with other runs' steps, or alone
+        through ``start``) and draw the first token. Nothing when ``max_tokens`` is 0."""
+        if not self.stopped:
+            self.seq.begin(self.prompt)
+
+    def start(self) -> None:
+        """Prefill alone and the first token."""
+        self.begin()
+        while not self.stopped and self.seq.prefilling:
+            self.absorb(self.seq.step(self.budget))
+
+    def absorb(self, emitted: list[int]) -> None:
+        """The tokens one step emitted (none for a prompt chunk but the last)."""
+        if not emitted:
+            return
+        first = not self.out
+        for tok in emitted:
+            self.out.append(tok)
+            if self.on_token is not None and self.on_token(tok):
+                self.stopped = True
+                break
+        if first:  # the first token ends the prefill; decoding is timed from here
+            self._t_decode = time.perf_counter()
+            return
+        st = self.seq.stats
+        st.decode_ms = _ms(self._t_decode)
+        if self.on_step is not None:
+            self.on_step(st)
+
+    def finish(self) -> list[int]:
+        if self.out:
+            st = self.seq.stats
+            st.decode_ms = _ms(self._t_decode)
+            st.generated = len(self.out)
+        return self.out
+
+
+def step_together(runs: list[Run]) -> None:
+    """One step of each run (none of them done): every run drafts, the rows of all runs on one
+    target share one forward (``forward_each``), then each accepts, trims and commits. Each run
+    gets exactly the tokens its own ``step`` would give it: the forward is batch invariant and
+    everything else is per sequence."""
+    rows = [r.seq.prepare(r.budget) for r in runs]
+    by_target: dict[int, list[int]] = {}
+    for i, r in enumerate(runs):
+        by_target.setdefault(id(r.seq.target), []).append(i)
+    outs: list = [None] * len(runs)
+    ms = [0.0] * len(runs)
+    for idx in by_target.values():
+        t0 = time.perf_counter()
+        got = forward_each(runs[idx[0]].seq.target, [rows[i].item for i in idx])
+        t = _ms(t0)
+        for i, o in zip(idx, got):
+            outs[i], ms[i] = o, t
+    for r, row, out, t in zip(runs, rows, outs, ms):
+        r.absorb(r.seq.finish(row, out, t))
 
 
 def decode(
@@ -206,31 +364,36 @@ def decode(
         return []
     seq = Sequence(target, sampler, cache=cache, speculator=speculator, governor=governor, window=window,
                    accept_rule=accept_rule, stats=stats)
-    first = seq.start(prompt)
-    out = [first]
-    stop = on_token(first) if on_token else False
-    st = seq.stats
-    t_decode = time.perf_counter()
-    while not stop and len(out) < max_tokens:
-        for tok in seq.step(max_tokens - len(out)):
-            out.append(tok)
-            if on_token is not None and on_token(tok):
-                stop = True
-                break
-        st.decode_ms = _ms(t_decode)
-        if on_step is not None:
-            on_step(st)
-    st.decode_ms = _ms(t_decode)
-    st.generated = len(out)
-    return out
+    run = Run(seq, prompt, max_tokens, on_token=on_token, on_step=on_step)
+    run.start()
+    while not run.done:
+        run.absorb(seq.step(run.budget))
+    return run.finish()
 
 
 def decode_interleaved(sequences: list[Sequence], prompts: list[Seq[int]], max_tokens: int) -> list[list[int]]:
     """Run several sequences (each on its own cache, possibly one shared model) one step each in
-    turn until each has ``max_tokens`` tokens; -> their tokens. Each gets exactly what it gets alone."""
+    turn, each with its own forward, until each has ``max_tokens`` tokens; -> their tokens. Each
+    gets exactly what it gets alone."""
     outs = [[seq.start(p)] for seq, p in zip(sequences, prompts)]
     while any(len(o) < max_tokens for o in outs):
         for seq, out in zip(sequences, outs):
             if len(out) < max_tokens:
                 out.extend(seq.step(max_tokens - len(out)))
     return outs
+
+
+def decode_batched(sequences: list[Sequence], prompts: list[Seq[int]], max_tokens: int | list[int]
+                   ) -> list[list[int]]:
+    """Run several sequences to ``max_tokens`` tokens each (one number, or one per sequence), every
+    step shared: the rows of all their plain steps and verifies go through one forward per target
+    (``step_together``); -> their tokens. Each gets exactly what it gets alone."""
+    budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(sequences)
+    runs = [Run(seq, p, n) for seq, p, n in zip(sequences, prompts, budgets)]
+    for r in runs:
+        r.begin()  # their prompts' chunks share forwards too
+    while True:
+        live = [r for r in runs if not r.done]
+        if not live:
+            return [r.finish() for r in runs]
+        step_together(live)

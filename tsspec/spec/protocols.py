@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 # the target's and the draft weights' protocols live beside their implementations (imports point
 # one way: spec -> models, drafters); the loop and the speculators read them from here
 from ..drafters.protocols import DraftHead, DraftHeadKind  # noqa: E402,F401
-from ..models.protocols import Cache, ForwardOutput, SpecTarget  # noqa: E402,F401
+from ..models.protocols import BatchedTarget, Cache, ForwardItem, ForwardOutput, SpecTarget  # noqa: E402,F401
 
-__all__ = ["Cache", "Draft", "DraftContext", "DraftHead", "DraftHeadKind", "ForwardOutput", "MinDraftProb",
+__all__ = ["BatchedTarget", "Cache", "ForwardItem", "Draft", "DraftContext", "DraftHead", "DraftHeadKind", "ForwardOutput", "MinDraftProb",
            "SpecTarget", "Speculator"]
 
 
