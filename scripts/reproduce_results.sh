@@ -8,7 +8,8 @@
 #                                                #   spec (speculation beside llama.cpp's, per model),
 #                                                #   governor (the draft model after issue 11's governor
 #                                                #   change), chat (multi-turn: kept cache, n-gram),
-#                                                #   distill (a draft head trained for smollm2, benched)
+#                                                #   distill (a draft head trained for smollm2, benched),
+#                                                #   serve (aggregate tok/s, 1 vs 4 concurrent clients)
 #
 # Models are pulled into the cache on first use; the peer (llama.cpp b11434) is built by
 # ../shared/tools/build_llamacpp.sh if it is missing (about 10 minutes).
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 export COLUMNS=160
 mkdir -p docs/results
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(plain spec governor chat distill)
+[ ${#sections[@]} -eq 0 ] && sections=(plain spec governor chat distill serve)
 want() { local s; for s in "${sections[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 LLAMA_BIN=$(bash ../shared/tools/build_llamacpp.sh | tail -1)
@@ -70,4 +71,12 @@ if want distill; then
   tsspec distill -m smollm2-135m -o "$head" 2>&1 | tee docs/results/distill-smollm2-135m.txt
   tsspec bench -m smollm2-135m --chat -w code -w prose --config "draft-head:path=$head" --config ngram \
     -n 64 --reps 2 --json docs/results/distill-bench-smollm2-135m.json | tee docs/results/distill-bench-smollm2-135m.txt
+fi
+
+if want serve; then
+  # one tsspec serve process, 1 vs 4 concurrent clients, paired and interleaved rounds
+  for m in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
+    python scripts/bench_serve_concurrency.py -m "$m" --clients 4 --rounds 3 \
+      --json "docs/results/serve-concurrency-$m.json" | tee "docs/results/serve-concurrency-$m.txt"
+  done
 fi
