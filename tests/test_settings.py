@@ -35,12 +35,18 @@ def test_only_the_settings_module_reads_the_environment():
 
 def test_defaults_from_an_empty_environment():
     c = resolve_run(env={})
-    assert c == RunConfig()
+    # "auto" resolves to CUDA where torch sees a usable GPU (the lent GPU machine), else the CPU
+    assert c.device in ("cpu", "cuda") and c == dataclasses.replace(RunConfig(), device=c.device)
     assert (c.weights, c.draft_weights, c.dflash_conv, c.dflash_selector, c.verify_snapshots) == (
         "auto", "auto", True, True, True)
     assert c.spec == SpecOptions() and not c.spec.enabled and c.warnings == ()
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.weights = "f32"  # type: ignore[misc]
+
+
+def c0() -> RunConfig:
+    """The defaults, on whatever device "auto" resolves to here."""
+    return dataclasses.replace(RunConfig(), device=resolve_run(env={}).device)
 
 
 def test_each_variable_and_flag_resolves():
@@ -57,7 +63,7 @@ def test_each_variable_and_flag_resolves():
     assert not resolve_run(env={"TS_SPEC_SPEC": "1", "TS_MTP_DRAFT": "lots"}).spec.enabled
     assert resolve_run(env={"TS_DFLASH_CONV": " On "}).dflash_conv
     # the empty string is unset; anything else must be valid
-    assert resolve_run(env={"TS_DFLASH_CONV": "", "TSSPEC_WEIGHTS": "", "TSSPEC_DRAFT_WEIGHTS": ""}) == RunConfig()
+    assert resolve_run(env={"TS_DFLASH_CONV": "", "TSSPEC_WEIGHTS": "", "TSSPEC_DRAFT_WEIGHTS": ""}) == c0()
     assert set(c.provenance()) == {f.name for f in dataclasses.fields(RunConfig)} - {"warnings"}
 
 
