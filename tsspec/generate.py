@@ -189,7 +189,6 @@ class Engine:
         """``cache``: a kept cache holding a prefix of ``prompt_ids`` (a conversation's earlier turns),
         extended in place; default: the engine's own, reset. ``interrupted() -> True`` stops the run
         at the next token (stop reason "interrupted"), leaving the cache consistent."""
-        check_fits(len(prompt_ids), max_tokens, self.target.max_context)
         if cache is None:
             if self._cache is None:
                 self._cache = self.target.make_cache()
@@ -198,8 +197,5 @@ class Engine:
         gen = self.begin(prompt_ids, sampler=sampler, max_tokens=max_tokens, cache=cache, stop=stop,
                          ignore_eos=ignore_eos, on_text=on_text, on_step=on_step, interrupted=interrupted,
                          speculator=self.speculator, governor=self.governor)
-        run = gen.run
-        run.start()
-        while not run.done:
-            run.absorb(run.seq.step(run.budget))
+        gen.run.drive()
         return gen.result()

@@ -290,6 +290,12 @@ class Run:
         while not self.stopped and self.seq.prefilling:
             self.absorb(self.seq.step(self.budget))
 
+    def drive(self) -> None:
+        """Run alone to the end: ``start``, then one step after another until ``done``."""
+        self.start()
+        while not self.done:
+            self.absorb(self.seq.step(self.budget))
+
     def absorb(self, emitted: list[int]) -> None:
         """The tokens one step emitted (none for a prompt chunk but the last)."""
         if not emitted:
@@ -358,16 +364,10 @@ def decode(
     stop`` is called for every emitted token in order; returning True ends the run after that token.
     ``on_step(stats)`` is called after every step (for a live display).
     """
-    if not prompt:
-        raise ValueError("the prompt must hold at least one token")
-    if max_tokens <= 0:
-        return []
     seq = Sequence(target, sampler, cache=cache, speculator=speculator, governor=governor, window=window,
                    accept_rule=accept_rule, stats=stats)
-    run = Run(seq, prompt, max_tokens, on_token=on_token, on_step=on_step)
-    run.start()
-    while not run.done:
-        run.absorb(seq.step(run.budget))
+    run = Run(seq, prompt, max_tokens, on_token=on_token, on_step=on_step)  # checks the prompt
+    run.drive()  # nothing when max_tokens <= 0
     return run.finish()
 
 
