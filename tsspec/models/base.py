@@ -311,12 +311,14 @@ class TransformerModel:
             return []
         if len({id(it.cache) for it in items}) != len(items):
             raise ValueError("forward_batch: each item needs its own cache")
-        for it in items:  # every item's ids and room first, so a refused batch changes no cache
+        if self.batches_sequences:
+            return self._forward(items)  # checks every item's ids and room before any cache changes
+        # a subclass whose trunk cannot share rows (see the attribute) runs them in turn: the
+        # same promise, so every item is checked before the first forward
+        for it in items:
             self._check_tokens(it.tokens)
             it.cache.reserve(it.cache.length + len(it.tokens))
-        if not self.batches_sequences:  # a subclass whose trunk cannot share rows (see the attribute)
-            return [self.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps) for it in items]
-        return self._forward(items)
+        return [self.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps) for it in items]
 
     def _forward(self, items: list[ForwardItem]) -> list[ForwardOutput]:
         cfg = self.cfg
