@@ -174,3 +174,16 @@ def test_separate_head_file_attaches(mtp_file, tmp_path, arch):
     a = head.forward_rows([5, 6], torch.ones(2, full.hidden_size), 1, head.new_state())[0]
     b = drafter.draft_head.forward_rows([5, 6], torch.ones(2, trunk.hidden_size), 1, drafter.draft_head.new_state())[0]
     assert torch.equal(a, b)
+
+
+def test_pick_top_is_argmax_and_the_gate_in_one_pass():
+    from tsspec.spec.draft_head import pick_top
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        x = torch.randn(300, generator=g)
+        tok, p = pick_top(x)
+        assert tok == int(torch.argmax(x)) and p == gate_confidence(x)
+    tied = torch.zeros(40)
+    tied[[7, 3, 20]] = 2.0  # ties: the lowest index, as argmax
+    assert pick_top(tied)[0] == 3 == int(torch.argmax(tied))

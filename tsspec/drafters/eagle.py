@@ -136,10 +136,11 @@ class EagleHead:
         self.lm_head = lm_head
         self.eps = float(target.cfg.rms_eps)
 
-    @staticmethod
-    def confidence(logits: torch.Tensor) -> float:
-        """The head's probability of its own top draft (softmax over the draft vocabulary)."""
-        return float(torch.softmax(logits.float(), dim=-1).max())
+    def pick(self, logits: torch.Tensor) -> tuple[int, float]:
+        """Draft-vocabulary logits [V] -> (the trunk id of the head's top draft, its probability)."""
+        p = torch.softmax(logits.float(), dim=-1)
+        i = int(torch.argmax(p))
+        return int(self.d2t[i]), float(p[i])
 
     def new_state(self) -> _NoState:
         return _NoState()
@@ -150,13 +151,11 @@ class EagleHead:
 
     @torch.inference_mode()
     def step_rows(self, tokens: Sequence[int], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(full-vocabulary logits [n, vocab] with -inf outside the draft vocabulary, h' [n, d])."""
+        """(logits over the draft vocabulary [n, V] (column i is trunk token ``d2t[i]``; ``pick``
+        maps them), h' [n, d])."""
         e = self.target.embed[list(tokens)].float()
         h = head_step(self.w, e, hidden.float().reshape(len(tokens), -1), self.eps)
-        sub = self.lm_head(h)
-        full = torch.full((len(tokens), self.target.vocab_size), float("-inf"))
-        full[:, self.d2t] = sub
-        return full, h
+        return self.lm_head(h), h
 
     def draft_step(self, token: int, hidden: torch.Tensor, position: int, state) -> tuple[torch.Tensor, torch.Tensor]:
         logits, h = self.step_rows([token], hidden.reshape(1, -1))

@@ -35,7 +35,9 @@ class DraftHead(Protocol):
     def draft_step(
         self, token: int, hidden: torch.Tensor, position: int, state
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token: (logits [vocab], hidden_out [feature]) for the next position."""
+        """One token: (logits, hidden_out [feature]) for the next position. The logits are over the
+        trunk's vocabulary, or over the head's own reduced one when the head has ``pick(logits) ->
+        (token, confidence)`` to read them."""
         ...
 
     def draft_block(

@@ -6,9 +6,10 @@ Contract:
   row that produced it), d2 from (d1, the head's own output), and so on.
 * Confidence gate: a draft token is proposed only while the head's top-1 probability, computed over
   its top-10 logits (as llama.cpp's MTP draft sampler does), is at least ``min_draft_prob``
-  (``--spec-pmin``, default 0.75). A head may bring its own gate instead: ``confidence(logits)``
-  (its calibrated top-1 probability), compared cumulatively when ``cumulative_gate`` (draft while
-  the chance that every draft so far lands stays at least ``min_draft_prob``), with its own
+  (``--spec-pmin``, default 0.75). A head may bring its own choice instead: ``pick(logits) ->
+  (token, confidence)`` (a head scoring a reduced vocabulary maps its argmax to a trunk id and
+  reads its calibrated softmax), compared cumulatively when ``cumulative_gate`` (draft while the
+  chance that every draft so far lands stays at least ``min_draft_prob``), with its own
   ``default_min_draft_prob``. Drafting is greedy (the head's argmax); the ``match`` rule keeps the
   output identical to plain decoding.
 * Catch-up is folded: the head's cache rows for the tokens that landed since the last proposal are
@@ -34,8 +35,16 @@ DEFAULT_PMIN = 0.75
 
 def gate_confidence(logits: torch.Tensor) -> float:
     """Top-1 probability over the top-10 logits [vocab]."""
-    top = torch.topk(logits.float(), min(TOP_K_GATE, logits.numel())).values
-    return float(torch.softmax(top, dim=-1)[0])
+    return pick_top(logits)[1]
+
+
+def pick_top(logits: torch.Tensor) -> tuple[int, float]:
+    """(argmax, top-1 probability over the top-10 logits) from one top-k pass over [vocab]; the
+    argmax is the lowest index among tied maxima, as ``torch.argmax`` gives it."""
+    top = torch.topk(logits.float(), min(TOP_K_GATE, logits.numel()))
+    v = top.values
+    tok = int(top.indices[0]) if v.numel() == 1 or v[0] > v[1] else int(torch.argmax(logits))
+    return tok, float(torch.softmax(v, dim=-1)[0])
 
 
 class DraftHeadSpeculator:
@@ -56,7 +65,7 @@ class DraftHeadSpeculator:
         if min_draft_prob is None:  # the head's own default, else the algorithm's
             min_draft_prob = getattr(head, "default_min_draft_prob", None)
         self.min_draft_prob = min_draft_prob  # validated; None: the default
-        self._confidence = getattr(head, "confidence", gate_confidence)
+        self._pick = getattr(head, "pick", pick_top)
         self._cumulative = bool(getattr(head, "cumulative_gate", False))
         self._from_trunk = getattr(head, "from_trunk", lambda rows: rows)
         # counters one report line can print
@@ -119,12 +128,11 @@ class DraftHeadSpeculator:
         out: list[int] = []
         chance = 1.0
         while True:
-            p = self._confidence(logits)
+            tok, p = self._pick(logits)
             chance = chance * p if self._cumulative else p
             if chance < self.min_draft_prob:
                 self.gated += 1
                 break
-            tok = int(torch.argmax(logits))
             out.append(tok)
             if len(out) >= k:
                 break
