@@ -87,25 +87,25 @@ def head_tensor_name(g: GGUFFile) -> str:
     return "output.weight" if g.has_tensor("output.weight") else "token_embd.weight"
 
 
+def _stored_rows(trunk: GGUFFile, d2t: np.ndarray) -> GGUFWeight:
+    """The trunk's output-head rows ``d2t`` in their stored blocks (only those rows are copied)."""
+    name = head_tensor_name(trunk)
+    info = trunk.tensor_info(name)
+    kind, flat = trunk.tensor_raw(name)
+    rows = flat.reshape(info.shape[0], -1)[np.asarray(d2t, dtype=np.int64)]
+    return GGUFWeight(kind, np.ascontiguousarray(rows), (len(d2t), info.shape[1]))
+
+
 def draft_head_rows(trunk: GGUFFile, d2t: np.ndarray, fmt: str) -> Linear:
     """The trunk's output head restricted to the draft vocabulary, in the trunk's own format:
     quantized rows are copied block for block (the same values the trunk multiplies)."""
-    name = head_tensor_name(trunk)
-    info = trunk.tensor_info(name)
-    ids = np.asarray(d2t, dtype=np.int64)
-    if fmt == "auto":
-        full = GGUFWeight.from_file(*trunk.tensor_raw(name), info.shape)
-        return Linear(GGUFWeight(full.type_name, np.ascontiguousarray(full.raw[ids]), (len(ids), info.shape[1])), None, fmt)
-    return Linear(trunk.tensor(name)[ids], None, fmt)
+    rows = _stored_rows(trunk, d2t)
+    return Linear(rows if fmt == "auto" else rows.dense(), None, fmt)
 
 
 def dense_head_rows(trunk: GGUFFile, d2t: np.ndarray) -> torch.Tensor:
     """The same rows as exact float32 values [V, d] (for training)."""
-    name = head_tensor_name(trunk)
-    info = trunk.tensor_info(name)
-    full = GGUFWeight.from_file(*trunk.tensor_raw(name), info.shape)
-    sub = GGUFWeight(full.type_name, np.ascontiguousarray(full.raw[np.asarray(d2t, np.int64)]), (len(d2t), info.shape[1]))
-    return torch.from_numpy(np.ascontiguousarray(sub.dense(), dtype=np.float32))
+    return torch.from_numpy(np.ascontiguousarray(_stored_rows(trunk, d2t).dense(), dtype=np.float32))
 
 
 # ----------------------------------------------------------------------------- the adapter
