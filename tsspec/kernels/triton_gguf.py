@@ -121,17 +121,21 @@ def _group(w_ptr, rows, row_ok, rb, g, QTYPE: tl.constexpr, GS: tl.constexpr):
 
 
 @triton.jit
+def _tile(M, N, rb, BM: tl.constexpr, BN: tl.constexpr):
+    """This program's output tile: its rows of x and y (``rm``), its weight rows (``rn``), their
+    masks, and each weight row's byte offset (masked columns read row 0 and are never stored)."""
+    rm = tl.program_id(1) * BM + tl.arange(0, BM)
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    n_ok = rn < N
+    return rm, rn, rm < M, n_ok, tl.where(n_ok, rn, 0).to(tl.int64) * rb
+
+
+@triton.jit
 def _qmatmul_kernel(x_ptr, s_ptr, w_ptr, y_ptr, M, N, K, rb, ldy,
                     QTYPE: tl.constexpr, GS: tl.constexpr, HAS_MIN: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr):
     """y[m, n] = s[m] * sum_g (dot(x16[m, g], codes[n, g]) * scale[n, g] + sum(x16[m, g]) * min[n, g])."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    m_ok = rm < M
-    n_ok = rn < N
-    rows = tl.where(n_ok, rn, 0).to(tl.int64) * rb  # masked columns read row 0 (never stored)
+    rm, rn, m_ok, n_ok, rows = _tile(M, N, rb, BM, BN)
     e = tl.arange(0, GS)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for g in range(0, K // GS):
@@ -150,13 +154,7 @@ def _qmatmul_kernel(x_ptr, s_ptr, w_ptr, y_ptr, M, N, K, rb, ldy,
 def _fmatmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, rb, ldy,
                     QTYPE: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """Float weights (F32 0, F16 1, BF16 2) times float32 x, in float32 (no TF32)."""
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
-    m_ok = rm < M
-    n_ok = rn < N
-    rows = tl.where(n_ok, rn, 0).to(tl.int64) * rb
+    rm, rn, m_ok, n_ok, rows = _tile(M, N, rb, BM, BN)
     e = tl.arange(0, GS)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for g in range(0, K // GS):
