@@ -315,3 +315,12 @@ def test_cli_trains_and_reports(world, tmp_path, capsys, monkeypatch):
     # and generate takes it
     rc = run(["generate", "-m", str(world["trunk"]), "--spec", "--spec-draft-model", str(out), "-p", "def f", "-n", "8"])
     assert rc == 0, capsys.readouterr().err
+
+
+def test_info_on_a_head_file_says_what_it_is(trained, capsys):
+    from tsspec.cli import run
+
+    result, _ = trained
+    assert run(["info", str(result.out), "--no-load"]) != 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "a tsspec-eagle drafter, not a language model; attach it with --draft-model" in err

@@ -439,7 +439,7 @@ def info(
     with user_errors():
         path = resolve_model(model, console=err)
         g = GGUFFile(path)
-        mod = arch_module(g.arch)
+        mod = arch_module(g.arch, path.name)
         validate_model(g)  # a file whose metadata and tensors disagree is refused here, by name
         cfg = mod.config(g)
         tok = Tokenizer.from_metadata(g.metadata)

@@ -72,7 +72,7 @@ def load_drafter(path: str | Path, target, options: DrafterOptions | None = None
     else:
         raise ModelFileError(
             f"{g.path.name}: architecture {arch!r} is not a drafter this tool can use "
-            "(a language model, a dflash drafter, or a NextN/MTP head)"
+            "(a language model, a dflash drafter, a NextN/MTP head, or a head tsspec distill wrote)"
         )
     if getattr(target, "triton", False) and module != LANGUAGE_MODEL_ADAPTER:
         # heads and block drafters borrow the trunk's embedding and head and read its activations

@@ -27,11 +27,16 @@ TRITON_ARCHITECTURES = {"llama", "qwen2", "qwen3", "gemma3"}
 DRAFTER_ARCHITECTURES = {"dflash", "tsspec-eagle"}
 
 
-def arch_module(arch: str):
+def arch_module(arch: str, name: str | None = None):
+    """The module of a language-model architecture; a drafter's file or an unknown architecture is
+    one ``ModelFileError`` (naming the file ``name`` when given)."""
     mod = ARCHITECTURES.get(arch)
     if mod is None:
+        who = f"{name}: " if name else ""
+        if arch in DRAFTER_ARCHITECTURES:
+            raise ModelFileError(f"{who}a {arch} drafter, not a language model; attach it with --draft-model")
         known = ", ".join(sorted(ARCHITECTURES))
-        raise ModelFileError(f"unknown architecture {arch!r} (supported: {known})")
+        raise ModelFileError(f"{who}unknown architecture {arch!r} (supported: {known})")
     return importlib.import_module(f"{__name__}.{mod}")
 
 
@@ -47,9 +52,7 @@ def load_model(path: str | Path | GGUFFile, *, fmt: str | None = None, n_ctx: in
     import torch
 
     g = path if isinstance(path, GGUFFile) else GGUFFile(path)
-    if g.arch in DRAFTER_ARCHITECTURES:
-        raise ModelFileError(f"{g.path.name} is a {g.arch} drafter, not a language model; attach it with --draft-model")
-    mod = arch_module(g.arch)
+    mod = arch_module(g.arch, g.path.name)
     dev = torch.device(device or "cpu")
     use_triton = dev.type == "cuda" if triton is None else triton
     if use_triton and g.arch not in TRITON_ARCHITECTURES:
