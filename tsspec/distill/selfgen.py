@@ -74,6 +74,7 @@ def answer(model, tok, prompts: Sequence[str], max_new: int, budget: int, cache_
         if progress:
             progress(min(made, budget))
     eos = set(tok.eos_ids)
+    cache = model.make_cache()  # one for every reply (a new one per reply costs its allocation each time)
     for prompt in prompts[len(done):]:
         if made >= budget:
             break
@@ -88,7 +89,8 @@ def answer(model, tok, prompts: Sequence[str], max_new: int, budget: int, cache_
                 progress(1)
             return t in eos
 
-        decode(model, Sampler(), ids, min(max_new, budget - made), on_token=on_token)
+        cache.reset()
+        decode(model, Sampler(), ids, min(max_new, budget - made), cache=cache, on_token=on_token)
         done.append(ids + reply)
         made += len(reply)
         if len(done) % 8 == 0:

@@ -212,8 +212,8 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
         tmp.replace(ckpt)
 
     pool = anchors(train, cfg.unroll)
-    held_eval = lambda: evaluate(head, embed, lm_rows, d2t_t, _to(held, dev), steps=4, seed=cfg.seed)
-    train_dev = _to(train, dev)
+    held_dev, train_dev = _to(held, dev), _to(train, dev)  # moved once, not per measurement
+    held_eval = lambda: evaluate(head, embed, lm_rows, d2t_t, held_dev, steps=4, seed=cfg.seed)
     if step == 0:  # the untrained head: where the curve starts
         m = held_eval()
         curve.append((0, 0, m["first"], m["tokens_per_verify"]))
