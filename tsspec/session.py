@@ -127,12 +127,10 @@ class Session:
             for w in drafter.warnings:
                 if self._warn is not None:
                     self._warn(w)
-        speculator = REGISTRY.create(opts.type, self.target, opts, drafter)
-        made_with = opts
+        def new_speculation(o: SpecOptions = opts) -> tuple:
+            return REGISTRY.create(o.type, self.target, o, drafter), SpeculationCostGovernor(enabled=o.adaptive)
 
-        def new_speculation() -> tuple:
-            return (REGISTRY.create(made_with.type, self.target, made_with, drafter),
-                    SpeculationCostGovernor(enabled=made_with.adaptive))
+        speculator, governor = new_speculation()  # this sequence's; a server makes one pair per request
 
         # the drafter's preferred window (measured for it) first, else the trunk's; --spec-draft wins
         preferred = (drafter.preferred_window if drafter is not None else None) or getattr(
@@ -141,7 +139,7 @@ class Session:
         window = min(opts.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else opts.draft
         return Speculation(
             speculator=speculator,
-            governor=SpeculationCostGovernor(enabled=opts.adaptive),
+            governor=governor,
             window=window,
             accept_rule=None if opts.accept == "auto" else opts.accept,
             notes=tuple(notes),
