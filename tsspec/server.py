@@ -306,6 +306,9 @@ class Server:
             seed = 0
         if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
             raise APIError(400, "seed must be a non-negative integer", param="seed")
+        if body.get("tools") or body.get("functions"):
+            raise APIError(400, "tool and function calling is not supported by tsspec serve: send the request "
+                           "without 'tools'", param="tools")
         n = body.get("n", 1)
         if n != 1:
             raise APIError(400, "only n = 1 is supported", param="n")
