@@ -74,9 +74,12 @@ if want distill; then
 fi
 
 if want serve; then
-  # one tsspec serve process, 1 vs 4 concurrent clients, paired and interleaved rounds
+  # one tsspec serve process, 1 vs 4 concurrent clients, paired and interleaved rounds; short
+  # (64-token) and longer (192-token) replies, since prefill does not gain from concurrency
   for m in qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
-    python scripts/bench_serve_concurrency.py -m "$m" --clients 4 --rounds 3 \
-      --json "docs/results/serve-concurrency-$m.json" | tee "docs/results/serve-concurrency-$m.txt"
+    for n in 64 192; do
+      python scripts/bench_serve_concurrency.py -m "$m" --clients 4 --rounds 4 --tokens $n \
+        --json "docs/results/serve-concurrency-$m-t$n.json" | tee "docs/results/serve-concurrency-$m-t$n.txt"
+    done
   done
 fi

@@ -130,3 +130,47 @@ def test_real_serve_process_eight_clients_equal_generate(model, tmp_path, spec):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def test_ctrl_c_answers_what_is_running_and_ends_the_server(tmp_path):
+    """Ctrl-C (SIGINT) while a request streams: the running request gets the server's 503 error
+    event (not a dropped connection), the process exits 0 within seconds, and says nothing more."""
+    import signal
+
+    path = write_tiny_model(tmp_path / "slow.gguf", "qwen2", seed=5, vocab_size=400, ctx=4096, d_model=256,
+                            n_layers=8, ffn_dim=1024)  # ~2 ms a token: 4000 tokens outlast the test's signal
+    port = _free_port()
+    p = subprocess.Popen([sys.executable, "-m", "tsspec", "serve", "-m", str(path), "--port", str(port), "-t", "1"],
+                         cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert p.poll() is None, p.stderr.read().decode()[-2000:]
+            try:
+                if _get(port, "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.time() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "red green", "max_tokens": 4000,
+                                                              "temperature": 0, "stream": True}),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200
+        first = r.readline()
+        assert first.startswith(b"data: ")
+        t0 = time.time()
+        p.send_signal(signal.SIGINT)
+        rest = r.read().decode()
+        c.close()
+        assert '"shutting_down"' in rest and rest.rstrip().endswith("data: [DONE]")
+        assert p.wait(30) == 0
+        assert time.time() - t0 < 20
+        err = p.stderr.read().decode()
+        assert "Traceback" not in err, err
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -395,15 +395,49 @@ def serve(
             err.print(f"[dim]note: {n}[/]")
         server = Server(session.engine(speculation), model_id=session.path.stem, slots=slots,
                         default_max_tokens=max_tokens, template_kwargs=kwargs, parallel=parallel, queue=queue)
-        import uvicorn
-
         err.print(f"serving {session.path.name} on http://{host}:{port}/v1 "
                   f"({speculation.speculator.name if speculation.speculator else 'plain'}; Ctrl-C stops)")
-        startup_done()  # uvicorn owns Ctrl-C from here and shuts the server down cleanly
+        if not _serve_until_stopped(server, create_app(server), host, port):
+            raise BadInput(f"cannot listen on {host}:{port} (in use, or not an address of this machine)")
+
+
+def _serve_until_stopped(server, app, host: str, port: int) -> bool:
+    """HTTP (uvicorn) in a thread of its own; the scheduler, which runs the model, here on the main
+    thread that loaded it (``Scheduler.run`` says why). Ctrl-C or SIGTERM stops both: requests still
+    running or waiting are answered 503, then the HTTP side closes. -> False when uvicorn could not
+    start (it could not bind)."""
+    import signal
+    import threading
+
+    import uvicorn
+
+    http = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+
+    def serve_http() -> None:
         try:
-            uvicorn.run(create_app(server), host=host, port=port, log_level="warning")
-        except SystemExit as e:  # uvicorn exits when it cannot bind
-            raise BadInput(f"cannot listen on {host}:{port} (in use, or not an address of this machine)") from e
+            http.run()
+        except SystemExit:  # uvicorn exits when it cannot bind
+            pass
+        finally:
+            server.scheduler.stop()
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    t = threading.Thread(target=serve_http, name="tsspec-http", daemon=True)
+    t.start()
+    signal.signal(signal.SIGTERM, on_term)
+    startup_done()  # Ctrl-C is a KeyboardInterrupt here from now on
+    interrupted = False
+    try:
+        server.scheduler.run()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        server.scheduler.stop()
+        http.should_exit = True
+        t.join(30)
+    return http.started or interrupted
 
 
 def _check_bind(host: str, port: int) -> None:

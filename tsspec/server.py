@@ -6,8 +6,12 @@ events, or one JSON response), ``GET /v1/models``, ``GET /health``, and ``GET /m
 ``tsspec`` field: tokens reused from the prefix cache and prefilled, the speculator, drafted and
 accepted tokens.
 
-One loaded trunk (and drafter) serves every request. A scheduler thread (``Scheduler``) is the only
-thread that touches the model: it admits up to ``parallel`` requests in arrival order, each with its
+One loaded trunk (and drafter) serves every request. One thread (``Scheduler``) is the only
+thread that touches the model: ``tsspec serve`` runs it on the main thread, the one that loaded the
+model, with the HTTP side in a thread of its own, because the native kernels' OpenMP runtime keeps a
+team of worker threads per thread that calls it, and two teams on a 2-core machine make it stop
+spinning between parallel regions (a decode step then ran at 0.65x its speed; see
+``Scheduler.run``). In process (tests, embedding) the scheduler starts its own thread. It admits up to ``parallel`` requests in arrival order, each with its
 own cache, speculator and governor, and steps them together: each step, the rows of every admitted
 sequence (a chunk of its prompt, a plain row, or a verify's last token and draft) share one trunk forward
 (``spec.loop.step_together``; attention stays per sequence), then each accepts, trims, commits and
@@ -155,11 +159,14 @@ class Scheduler:
         self.cv = threading.Condition()
         self.waiting: deque[Job] = deque()
         self.active: list[Job] = []  # the scheduler thread's own
-        self._thread: threading.Thread | None = None  # started by the first request
+        self._thread: threading.Thread | None = None  # ``run``'s caller, or started by the first request
+        self._stop = threading.Event()
 
     def submit(self, job: Job) -> None:
         """Queue ``job``, or refuse it (503) when the queue is full."""
         with self.cv:
+            if self._stop.is_set():
+                raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
             if len(self.waiting) >= self.queue_bound + max(0, self.parallel - len(self.active)):
                 raise APIError(503, f"the server is busy ({self.parallel} requests running, {len(self.waiting)} "
                                "waiting); retry later", type="server_error", code="server_busy")
@@ -174,22 +181,65 @@ class Scheduler:
         with self.cv:
             return len(self.active), len(self.waiting)
 
+    def run(self) -> None:
+        """Be the scheduler on the calling thread until ``stop`` (from any thread), then answer every
+        request still running or waiting with 503.
+
+        ``tsspec serve`` calls this on its main thread, the one that loaded the model. The kernels'
+        OpenMP runtime (libgomp) gives every thread that starts a parallel region its own team of
+        workers, and once it manages more threads than there are CPUs it stops letting idle workers
+        spin between regions, so each of a forward's hundreds of regions waits for workers to wake:
+        a qwen2.5-coder-0.5b decode step stepped from a second thread ran at about 0.65x the speed
+        of the same step on the thread that loaded the model (45 vs 66-70 tok/s)."""
+        with self.cv:
+            if self._thread is not None:
+                raise RuntimeError("the scheduler is already running")
+            self._thread = threading.current_thread()
+        try:
+            self._loop()
+        finally:
+            self._drain(APIError(503, "the server is shutting down", type="server_error", code="shutting_down"))
+
+    def stop(self) -> None:
+        """Make ``run`` return (its loop checks between steps)."""
+        with self.cv:
+            self._stop.set()
+            self.cv.notify_all()
+
+    def _drain(self, error: APIError) -> None:
+        with self.cv:
+            jobs = self.active + list(self.waiting)
+            self.active, self.waiting = [], deque()
+        for job in jobs:
+            if job.cache is not None:
+                job.cache = None
+            job.settle(error=error)
+
     def _loop(self) -> None:
-        while True:
+        while not self._stop.is_set():
             with self.cv:
                 while not self.waiting and not self.active:
+                    if self._stop.is_set():
+                        return
                     self.cv.wait()
                 admit = []
                 while self.waiting and len(self.active) + len(admit) < self.parallel:
                     admit.append(self.waiting.popleft())
-            for job in admit:
-                self._admit(job)
+            for i, job in enumerate(admit):
+                try:
+                    self._admit(job)
+                except KeyboardInterrupt:  # the rest are answered by ``run``'s drain, with those waiting
+                    with self.cv:
+                        self.waiting.extendleft(reversed([j for j in admit[i:] if j not in self.active]))
+                    raise
             live = [j for j in self.active if not j.gen.run.done]
             if live:
                 try:
                     step_together([j.gen.run for j in live])
                     self.server.metrics.steps += 1
                     self.server.metrics.shared_steps += len(live) > 1
+                except KeyboardInterrupt:  # the server is stopping: ``run`` answers them all with 503
+                    raise
                 except BaseException as e:  # noqa: BLE001 - every sequence of the step is answered
                     for j in live:
                         self._fail(j, e)
@@ -211,6 +261,8 @@ class Scheduler:
                                        speculator=speculator, governor=governor)
             self.active.append(job)
             job.gen.run.begin()  # its prompt's chunks share the next steps' forwards
+        except KeyboardInterrupt:
+            raise
         except BaseException as e:  # noqa: BLE001
             self._fail(job, e)
 
