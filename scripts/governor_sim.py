@@ -5,7 +5,7 @@
 The governor reads no clock (``tsspec/spec/governor.py``), so its policy can be judged apart from
 any machine: each case below is a cost model measured on this project's CPU (a verify row costs
 ``row`` of a plain step, a drafter's token ``drafter``; a parked drafter's catch-up ``catchup`` per
-token it missed) and an acceptance pattern (``geometric``: each draft token taken with probability
+token it missed, reported to the governor as one-off setup) and an acceptance pattern (``geometric``: each draft token taken with probability
 a until the first miss, as a drafter's fade; ``whole``: a draft taken entirely with probability q,
 else not at all, as n-gram copies behave). ``match`` is the chance the speculator proposes anything
 on a step (an n-gram finds no earlier occurrence most of the time on prose). Prints, per case, the
@@ -58,9 +58,10 @@ def simulate(config: GovernorConfig, case, *, n: int, window: int, seeds: int) -
         while out < n:
             k = min(gov.draft_length(window), n - out - 1)
             if k > 0 and gov.should_draft() and rng.random() < match:
-                ms = 1.0 + (row + drafter) * k + catchup * missed
+                setup = catchup * min(missed, 256)  # the drafter's catch-up, over its 256-token window
+                ms = 1.0 + (row + drafter) * k + setup
                 missed, emitted = 0, accept(rng, k) + 1
-                gov.record(True, ms, emitted, k)
+                gov.record(True, ms, emitted, k, setup_ms=setup)
             else:
                 ms, emitted = 1.0, 1
                 missed += 1

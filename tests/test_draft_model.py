@@ -136,7 +136,7 @@ class EveryThird:
         self.step += 1
         return self.step % 3 == 0
 
-    def record(self, speculative, ms, emitted, drafted=None):
+    def record(self, speculative, ms, emitted, drafted=None, setup_ms=0.0):
         pass
 
 
@@ -186,6 +186,7 @@ def test_commit_rewinds_to_what_the_trunk_kept(files, trunk):
                        sampler=sampler)
     draft = spec.propose(ctx)
     assert len(draft) == 4 and draft.probs is None  # greedy: no distribution needed
+    assert draft.setup_ms > 0.0  # the prompt and last token (6 rows > 4 drafts + 1): one-off setup
     # the drafter forwarded last + the first three drafts; the fourth is never forwarded
     assert spec.cache.length == len(prompt) + 4
     # the trunk keeps last + one draft, then recovers a different token
@@ -194,6 +195,7 @@ def test_commit_rewinds_to_what_the_trunk_kept(files, trunk):
     # a full acceptance leaves only the last draft token pending
     hist = prompt + [7, draft.tokens[0], 9]
     draft = spec.propose(DraftContext(9, len(prompt) + 2, 3, hist, sampler=sampler))
+    assert draft.setup_ms == 0.0  # what a verify leaves behind is the step's own work
     spec.commit([9, *draft.tokens], None, len(prompt) + 2)
     assert spec.pending == [draft.tokens[-1]]
     # a recurrent-style re-commit of the same tokens is a no-op

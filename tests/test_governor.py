@@ -413,3 +413,65 @@ def test_a_losing_drafter_starts_the_next_sequence_parked():
     off = SpeculationCostGovernor(c, enabled=False)
     off.begin_sequence()
     assert off.should_draft()
+
+
+# ----------------------------------------------------------------------------- one-off setup (a drafter's catch-up)
+
+
+def _run_with_setup(gov, spec_ms_per_token, setup_ms, n_tokens, *, report_setup=True, catch_up_every_probe=True):
+    """A drafter emitting one token per speculative step at ``spec_ms_per_token``, whose first
+    speculative step after any plain step carries ``setup_ms`` of catch-up. -> total ms."""
+    total, tokens, after_plain, first = 0.0, 0, True, True
+    gov.begin_sequence()
+    while tokens < n_tokens:
+        if gov.should_draft():
+            setup = setup_ms if first or (after_plain and catch_up_every_probe) else 0.0
+            first = False
+            ms = spec_ms_per_token + setup
+            gov.record(True, ms, 1, 1, setup_ms=setup if report_setup else 0.0)
+            after_plain = False
+        else:
+            ms = PLAIN_MS
+            gov.record(False, ms, 1)
+            after_plain = True
+        total += ms
+        tokens += 1
+    return total
+
+
+def test_setup_park_length_bounds_the_setup_by_the_budget():
+    from tsspec.spec.governor import setup_park_length
+
+    assert setup_park_length(0.0, 10.0, 0.03, 8192) == 0
+    assert setup_park_length(300.0, None, 0.03, 8192) == 0
+    assert setup_park_length(300.0, 10.0, 0.03, 8192) == 1000  # 300 ms is 3 % of 1000 steps of 10 ms
+    assert setup_park_length(300.0, 10.0, 0.03, 256) == 256
+    with pytest.raises(ValueError):
+        GovernorConfig(probe_budget=0.0)
+    with pytest.raises(ValueError):
+        GovernorConfig(setup_park_cap=100)  # below park_cap
+
+
+def test_an_expensive_catch_up_is_paid_at_most_the_budget_while_parked():
+    """A losing drafter (1.3x plain per token) whose every probe first catches up for 40 plain steps'
+    time: reported as setup, the parks after it are long enough that the catch-ups cost at most
+    ~3 % of plain over 20,000 tokens; folded into the step time (as before) they cost far more."""
+    n = 20_000
+    plain_total = n * PLAIN_MS
+    apart = _run_with_setup(SpeculationCostGovernor(), 13.0, 400.0, n) / plain_total
+    folded = _run_with_setup(SpeculationCostGovernor(), 13.0, 400.0, n, report_setup=False) / plain_total
+    assert apart < 1.04, apart
+    assert folded > apart + 0.05, (folded, apart)
+
+
+def test_setup_is_not_held_against_a_drafter_that_wins_once_caught_up():
+    """A drafter at 0.5x plain per token whose first proposal catches up for 50 plain steps' time:
+    it holds (the catch-up is not read as a loss) and ends well below plain."""
+    gov = SpeculationCostGovernor()
+    total = _run_with_setup(gov, 5.0, 500.0, 2000, catch_up_every_probe=False)
+    assert gov.parks == 0 and gov.state == HOLDING
+    assert total < 0.7 * 2000 * PLAIN_MS
+    # the same catch-up folded into the step time parks it at once
+    folded = SpeculationCostGovernor()
+    _run_with_setup(folded, 5.0, 500.0, 40, report_setup=False, catch_up_every_probe=False)
+    assert folded.parks >= 1

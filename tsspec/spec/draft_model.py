@@ -165,10 +165,14 @@ class DraftModelSpeculator:
             return Draft()
         # catch-up folded into the first step: pending committed tokens + last token, one forward
         catch_up = self.pending + [int(ctx.last_token)]
+        t_catch = time.perf_counter()
+        long_catch_up = len(catch_up) > self.max_draft_tokens + 1  # more than a verify leaves behind
         while len(catch_up) > PREFILL_CHUNK:  # a long catch-up (after a parked stretch) in chunks
             self._forward(catch_up[:PREFILL_CHUNK])
             catch_up = catch_up[PREFILL_CHUNK:]
         logits = self._forward(catch_up)  # [vocab] the row that predicts position + 1
+        # after a parked stretch or a restart: one-off work, which the governor budgets apart
+        setup_ms = (time.perf_counter() - t_catch) * 1000.0 if long_catch_up else 0.0
 
         sampler = ctx.sampler
         sampling = sampler is not None and not sampler.greedy
@@ -196,7 +200,7 @@ class DraftModelSpeculator:
                 logits = self._forward([tok])
         self.drafted += len(tokens)
         self.draft_ms += (time.perf_counter() - t0) * 1000.0
-        return Draft(tokens, torch.stack(probs) if probs else None)
+        return Draft(tokens, torch.stack(probs) if probs else None, setup_ms=setup_ms)
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         """``tokens`` landed in the trunk at ``start_pos``..: the drafter's cache keeps only those."""

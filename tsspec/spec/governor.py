@@ -68,6 +68,16 @@ States:
 An always-losing drafter thus costs one losing step per park, and parks grow geometrically:
 over 500 tokens at 2x the plain cost per token that is ~1.5 % above all-plain.
 
+Setup cost. Some proposals carry one-off work that is not what a draft costs step after step: a
+draft model catching up on the tokens it missed while parked (up to its 256-token window: on this
+CPU over a second for the 0.5B drafter, 30-45 trunk steps). The loop reports it apart
+(``record(..., setup_ms=)``, from ``Draft.setup_ms``). It is left out of the samples the verdict
+reads, so a drafter that wins once caught up is not parked for the price of catching up; and a
+probe that paid it and still lost parks for at least ``setup / (probe_budget * plain ms per
+token)`` steps (``setup_park_length``; cap ``setup_park_cap``), so re-probing a losing drafter with
+an expensive catch-up costs at most ``probe_budget`` (3 %) of the plain time it is parked for.
+Without this a 45-step catch-up every 256-step park cost the draft model ~15 % while parked.
+
 ``enabled=False`` (``TS_SPEC_ADAPTIVE=0``, mapped by the caller) drafts every step; the windows
 are still kept so the display can show the ratio. ``begin_sequence()`` (what the loop calls) starts
 a new sequence of the same engine: fresh windows, but a drafter parked at the end of the last one
@@ -93,6 +103,7 @@ __all__ = [
     "cost_ratio",
     "is_losing",
     "park_length",
+    "setup_park_length",
     "draft_length",
     "continuation",
     "expected_emitted",
@@ -215,6 +226,14 @@ def park_length(streak: int, base: int, cap: int) -> int:
     return min(base << min(streak, 30), cap)
 
 
+def setup_park_length(setup_ms: float, plain_ms_per_token: float | None, budget: float, cap: int) -> int:
+    """The shortest park that makes a probe's one-off ``setup_ms`` at most ``budget`` of the plain
+    time parked after it (0 without setup or a plain measurement), capped."""
+    if setup_ms <= 0.0 or not plain_ms_per_token or plain_ms_per_token == float("inf"):
+        return 0
+    return min(math.ceil(setup_ms / (budget * plain_ms_per_token)), cap)
+
+
 # ----------------------------------------------------------------------------- the state machine
 
 
@@ -235,6 +254,9 @@ class GovernorConfig:
     hold_steps: int = 128  # drafting steps between plain-baseline refreshes while winning
     park_base: int = 8  # first park; doubled per consecutive park
     park_cap: int = 256
+    # a probe's one-off setup (a drafter's catch-up) may cost at most this share of the park after it
+    probe_budget: float = 0.03
+    setup_park_cap: int = 8192
 
     def __post_init__(self) -> None:
         if self.window < 1 or not 1 <= self.recent <= self.window:
@@ -243,6 +265,8 @@ class GovernorConfig:
             raise ValueError("need probe_spec >= 1, probe_plain >= 1, warmup >= 0")
         if self.margin < 0 or self.recent_margin < 0 or self.hold_steps < 1 or not 1 <= self.park_base <= self.park_cap:
             raise ValueError("need margin >= 0, hold_steps >= 1, 1 <= park_base <= park_cap")
+        if not 0.0 < self.probe_budget <= 1.0 or self.setup_park_cap < self.park_cap:
+            raise ValueError("need 0 < probe_budget <= 1 and setup_park_cap >= park_cap")
 
 
 class SpeculationCostGovernor:
@@ -285,6 +309,7 @@ class SpeculationCostGovernor:
         self._spec_rows: deque[tuple[float, int]] = deque(maxlen=c.window)  # measured (ms, drafted)
         self.steps = 0
         self.drafted_steps = 0
+        self.setup_ms = 0.0  # one-off setup reported since the current probe began
         # first probe: warmup steps do not count as evidence, so ask for that many more
         self._probe(c.probe_spec + c.warmup, c.probe_plain + c.warmup)
 
@@ -309,13 +334,19 @@ class SpeculationCostGovernor:
         # probing: interleave, speculative first on ties, until both needs are met
         return self._need_spec > 0 and self._need_spec >= self._need_plain
 
-    def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None) -> None:
-        """One step: what kind it was, its wall time, the tokens it emitted and (speculative) how many
-        tokens it drafted (None: unknown, and the draft length falls back to the accepted-run rule)."""
-        if ms < 0 or tokens < 0 or (drafted is not None and drafted < 0):
-            raise ValueError(f"need ms, tokens, drafted >= 0, got {ms}, {tokens}, {drafted}")
+    def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None,
+               setup_ms: float = 0.0) -> None:
+        """One step: what kind it was, its wall time, the tokens it emitted, (speculative) how many
+        tokens it drafted (None: unknown, and the draft length falls back to the accepted-run rule)
+        and how much of ``ms`` was one-off setup (module docstring: left out of the samples, and
+        budgeted through the park that follows a losing probe)."""
+        if ms < 0 or tokens < 0 or (drafted is not None and drafted < 0) or not 0 <= setup_ms:
+            raise ValueError(f"need ms, tokens, drafted, setup_ms >= 0, got {ms}, {tokens}, {drafted}, {setup_ms}")
         c = self.config
         self.steps += 1
+        setup_ms = min(float(setup_ms), float(ms))
+        self.setup_ms += setup_ms
+        ms = float(ms) - setup_ms
         if speculative:
             self.drafted_steps += 1
             accepted = max(int(tokens) - 1, 0)  # a verify emits its accepted drafts + 1
@@ -391,6 +422,7 @@ class SpeculationCostGovernor:
         self._need_spec = need_spec
         self._need_plain = need_plain
         self._steps_left = 0
+        self.setup_ms = 0.0
 
     def _conclude_probe(self) -> None:
         if not self._spec or not self._plain:
@@ -411,8 +443,10 @@ class SpeculationCostGovernor:
 
     def _park(self) -> None:
         c = self.config
+        setup = self.setup_ms if self._state == PROBING else 0.0  # what this probe paid to set up
         self._state = PARKED
-        self._steps_left = park_length(self._streak, c.park_base, c.park_cap)
+        self._steps_left = max(park_length(self._streak, c.park_base, c.park_cap),
+                               setup_park_length(setup, ms_per_token(self._plain), c.probe_budget, c.setup_park_cap))
         self._streak += 1
         self.parks += 1
 

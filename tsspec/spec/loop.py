@@ -195,7 +195,8 @@ class Sequence:
         st.generated = len(self.history) - self.prompt_len
         if self.governor is not None:
             step_ms = rows.prepare_ms + forward_ms + _ms(t0)
-            self.governor.record(bool(draft.tokens), step_ms, len(emitted), len(draft.tokens) or None)
+            self.governor.record(bool(draft.tokens), step_ms, len(emitted), len(draft.tokens) or None,
+                                 setup_ms=draft.setup_ms)
             st.governor_state = self.governor.state
             st.governor_parks = self.governor.parks
         return emitted
@@ -213,7 +214,8 @@ class Sequence:
             ctx = DraftContext(self.last, pos, k_max, self.history, self.hidden_last, self.sampler)
             draft = spec.propose(ctx)
         if len(draft.tokens) > k_max:
-            draft = Draft(draft.tokens[:k_max], None if draft.probs is None else draft.probs[:k_max])
+            draft = Draft(draft.tokens[:k_max], None if draft.probs is None else draft.probs[:k_max],
+                          setup_ms=draft.setup_ms)
         return draft
 
     def _plain(self, pos: int, out: ForwardOutput, forward_ms: float) -> list[int]:

@@ -54,6 +54,10 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     # [len(tokens), vocab] probabilities after the sampler's transforms, for the residual rule
     probs: torch.Tensor | None = None
+    # ms of one-off work inside this proposal, not part of what a draft costs step after step: a
+    # drafter catching up on the tokens it missed while parked, or restarting its cache. The
+    # governor judges a draft's cost without it and bounds how often such work is paid for.
+    setup_ms: float = 0.0
 
     def __len__(self) -> int:
         return len(self.tokens)
