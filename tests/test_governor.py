@@ -475,3 +475,34 @@ def test_setup_is_not_held_against_a_drafter_that_wins_once_caught_up():
     folded = SpeculationCostGovernor()
     _run_with_setup(folded, 5.0, 500.0, 40, report_setup=False, catch_up_every_probe=False)
     assert folded.parks >= 1
+
+
+def test_lucky_probe_steps_do_not_hold_a_drafter_the_cost_model_says_cannot_pay():
+    """Measured on qwen2.5-coder-1.5b with the 0.5b drafter: a probe of two fully accepted drafts
+    (3 tokens in 90 ms, then 1 in 60 ms, plain 28 ms a token) measures 0.89x plain, a win; but each
+    drafted token costs about a whole step, so no draft length pays unless nearly every draft is
+    taken, and the 16-step hold that followed ran at 1.07x. The verdict parks it instead. The same
+    steps from a cheap drafter (n-gram rows) still hold."""
+    from tsspec.spec.governor import best_rate, expected_emitted
+
+    assert best_rate(expected_emitted([(3, 3)] * 8, 4), 0.2) > 1.0
+    assert best_rate(expected_emitted([(3, 1)] * 8, 4), 1.1) < 1.0
+
+    def probe(spec_ms):
+        gov = SpeculationCostGovernor()
+        gov.begin_sequence()
+        steps = iter([(True, spec_ms[0], 4, 3), (False, 28.0, 1, None), (True, spec_ms[1], 2, 1),
+                      (False, 28.0, 1, None)])
+        while gov.state == PROBING:
+            speculative, ms, tok, drafted = next(steps)
+            assert gov.should_draft() == speculative
+            gov.draft_length(4)
+            gov.record(speculative, ms, tok, drafted)
+        return gov
+
+    gov = probe((90.0, 60.0))
+    assert gov.ratio < 1.0 and gov.predicted_rate() < 1.0
+    assert gov.state == PARKED
+    cheap = probe((45.0, 33.0))  # each drafted token about 0.2 of a step
+    assert cheap.ratio < 1.0 and cheap.predicted_rate() >= 1.0
+    assert cheap.state == HOLDING

@@ -46,7 +46,11 @@ States:
 * ``probing`` -- gathering evidence. The first probe of a sequence interleaves speculative and
   plain steps (S P S P ...) until both kinds have ``probe_spec`` / ``probe_plain`` measured
   samples; plain samples are needed because the baseline is measured in the same run, on the
-  same context, not assumed. A probe ends with a verdict: ``ratio <= 1`` holds, else parks.
+  same context, not assumed. A probe ends with a verdict: ``ratio <= 1`` holds, else parks. A
+  hold also needs the cost model behind the draft length (acceptance so far, measured row cost)
+  to expect that some draft length pays (``predicted_rate() >= 1``): two lucky steps of a drafter
+  whose every drafted token costs about a whole step (qwen2.5-coder-0.5b for 1.5b on this CPU)
+  measure as a win.
   The verdict is asymmetric on purpose: a clear loss (``ratio > 1 + margin``) parks at once,
   on the first step that shows it, while a win needs the whole probe. Being wrongly parked
   costs only a forgone win for a few steps; being wrongly held costs real time.
@@ -109,6 +113,7 @@ __all__ = [
     "expected_emitted",
     "row_cost",
     "best_draft_length",
+    "best_rate",
     "RECENT_ACCEPTED",
     "RECENT_VERIFIES",
     "FIRST_DRAFT",
@@ -221,6 +226,13 @@ def best_draft_length(expected: Sequence[float], row: float) -> int:
     return max(range(1, len(expected)), key=lambda k: (expected[k] / (1.0 + row * k), -k))
 
 
+def best_rate(expected: Sequence[float], row: float) -> float:
+    """Expected tokens per plain step's worth of time at the best draft length,
+    ``expected[k] / (1 + row * k)`` at ``best_draft_length``: below 1, no draft length pays."""
+    k = best_draft_length(expected, row)
+    return expected[k] / (1.0 + row * k)
+
+
 def park_length(streak: int, base: int, cap: int) -> int:
     """Steps to park after ``streak`` earlier parks without a win in between: base * 2**streak, capped."""
     return min(base << min(streak, 30), cap)
@@ -310,6 +322,7 @@ class SpeculationCostGovernor:
         self.steps = 0
         self.drafted_steps = 0
         self.setup_ms = 0.0  # one-off setup reported since the current probe began
+        self._window = FIRST_DRAFT  # the longest draft the loop last allowed (draft_length's window)
         # first probe: warmup steps do not count as evidence, so ask for that many more
         self._probe(c.probe_spec + c.warmup, c.probe_plain + c.warmup)
 
@@ -318,6 +331,7 @@ class SpeculationCostGovernor:
         whole window when disabled."""
         if not self.enabled:
             return window
+        self._window = window
         if not self._accepted:
             return min(window, FIRST_DRAFT)
         plain = ms_per_token(self._plain)
@@ -407,6 +421,16 @@ class SpeculationCostGovernor:
         """Speculative / plain ms per emitted token over the rolling windows (None: not measured)."""
         return cost_ratio(self._spec, self._plain)
 
+    def predicted_rate(self) -> float | None:
+        """What the cost model behind ``draft_length`` expects of the best draft length: tokens per
+        plain step's worth of time, from the recent verifies' acceptance and the measured row cost
+        (below 1: no length pays); None before a verify of known length and a plain step."""
+        plain = ms_per_token(self._plain)
+        if plain is None or not self._verifies or not self._spec_rows:
+            return None
+        row = row_cost(self._spec_rows, plain)
+        return None if row is None else best_rate(expected_emitted(self._verifies, self._window), row)
+
     def describe(self) -> str:
         r = self.ratio
         left = self.steps_left
@@ -431,7 +455,9 @@ class SpeculationCostGovernor:
             self._need_plain = 0 if self._plain else 1
             return
         r = self.ratio
-        if r is not None and r <= 1.0:
+        rate = self.predicted_rate()
+        # a probe's two or so steps can all be lucky: a win must also be what the cost model expects
+        if r is not None and r <= 1.0 and (rate is None or rate >= 1.0):
             self._hold()
         else:
             self._park()
