@@ -324,3 +324,50 @@ def test_info_on_a_head_file_says_what_it_is(trained, capsys):
     assert run(["info", str(result.out), "--no-load"]) != 0
     err = " ".join(capsys.readouterr().err.split())
     assert "a tsspec-eagle drafter, not a language model; attach it with --draft-model" in err
+
+
+def test_residual_keeps_the_trunk_distribution_with_the_trained_heads_q(world, trained, monkeypatch):
+    """Under sampling the trained head draws its drafts from its own distribution q (over the trunk's
+    vocabulary, zero outside the draft vocabulary) and hands q to the verifier: the ``residual`` rule
+    then reproduces the trunk's distribution exactly (chi-square over the first three tokens, as
+    tests/test_residual.py does with a draft model), and a wrong rule is caught with this q."""
+    import collections
+
+    import tsspec.spec.verify as verify_mod
+    from tests.test_residual import PROMPT, TOP_K, chi_square, exact_distribution, resample_from_p
+    from tsspec.spec.protocols import DraftContext
+
+    result, _ = trained
+    target = load_model(world["trunk"])
+    head = load_drafter(result.out, target).draft_head
+    spec = DraftHeadSpeculator(head, target.n_layers, max_draft_tokens=2, min_draft_prob=0.0)
+    # q is the head's real distribution: spread over several tokens, none outside the draft vocabulary
+    sampler = Sampler(SamplingParams(temperature=1.0, top_k=TOP_K, seed=1))
+    decode(target, sampler, PROMPT, 1, speculator=spec, window=2)  # gives the head its trunk rows
+    draft = spec.propose(DraftContext(PROMPT[-1], len(PROMPT) - 1, 2, PROMPT, sampler=sampler))
+    assert draft.probs is not None and len(draft.tokens) == 2
+    q = draft.probs[0]
+    assert float(q.sum()) == pytest.approx(1.0, abs=1e-5) and 1 < int((q > 0).sum()) <= TOP_K
+    assert float(q.max()) < 0.99
+    outside = torch.ones(target.vocab_size, dtype=torch.bool)
+    outside[head.d2t] = False
+    assert float(q[outside].sum()) == 0.0
+
+    n = 2000
+    exact = exact_distribution(target, Sampler(SamplingParams(temperature=1.0, top_k=TOP_K)))
+
+    def empirical(stats):
+        counts = collections.Counter()
+        for seed in range(n):
+            s = Sampler(SamplingParams(temperature=1.0, top_k=TOP_K, seed=seed))
+            counts[tuple(decode(target, s, PROMPT, 3, speculator=spec, window=2, accept_rule="residual",
+                                stats=stats))] += 1
+        return counts
+
+    stats = SpecStats()
+    stat, crit = chi_square(empirical(stats), exact, n)
+    assert stat < crit, f"residual with the head's q: chi2 {stat:.1f} >= {crit:.1f}"
+    assert stats.drafted > 0 and stats.accepted > 0.2 * stats.drafted, (stats.drafted, stats.accepted)
+    monkeypatch.setattr(verify_mod, "verify_residual", resample_from_p)
+    bad, _ = chi_square(empirical(SpecStats()), exact, n)
+    assert bad > crit, f"a wrong rule passed with the head's q: chi2 {bad:.1f} < {crit:.1f}"

@@ -142,6 +142,13 @@ class EagleHead:
         i = int(torch.argmax(p))
         return int(self.d2t[i]), float(p[i])
 
+    def trunk_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [V] -> logits over the trunk's vocabulary (-inf outside the draft
+        vocabulary): what a sampled draft is drawn from, and its q for the residual rule."""
+        full = torch.full((self.target.vocab_size,), float("-inf"), dtype=torch.float32)
+        full[self.d2t] = logits.float()
+        return full
+
     def new_state(self) -> _NoState:
         return _NoState()
 

@@ -10,8 +10,11 @@ Contract:
   (token, confidence)`` (a head scoring a reduced vocabulary maps its argmax to a trunk id and
   reads its calibrated softmax), compared cumulatively when ``cumulative_gate`` (draft while the
   chance that every draft so far lands stays at least ``min_draft_prob``), with its own
-  ``default_min_draft_prob``. Drafting is greedy (the head's argmax); the ``match`` rule keeps the
-  output identical to plain decoding.
+  ``default_min_draft_prob``. Under greedy decoding a draft is the head's argmax. Under sampling it
+  is drawn from the head's distribution after the sampler's transforms (over the trunk's vocabulary:
+  ``trunk_logits`` maps a reduced one), on the position's stream ``DRAFT_STREAM``, and the draft
+  carries that q, so the ``residual`` rule can use it; the default ``match`` rule keeps the output
+  identical to plain decoding either way.
 * Catch-up is folded: the head's cache rows for the tokens that landed since the last proposal are
   rewritten from the trunk's exact hidden rows in the SAME forward as the first draft step (one
   head forward over n_accepted + 1 rows, as llama.cpp runs its MTP block), so no separate catch-up
@@ -27,6 +30,7 @@ from typing import Sequence
 
 import torch
 
+from .draft_model import DRAFT_STREAM
 from .protocols import Draft, DraftContext, DraftHeadKind, MinDraftProb
 
 TOP_K_GATE = 10
@@ -68,6 +72,7 @@ class DraftHeadSpeculator:
         self._pick = getattr(head, "pick", pick_top)
         self._cumulative = bool(getattr(head, "cumulative_gate", False))
         self._from_trunk = getattr(head, "from_trunk", lambda rows: rows)
+        self._trunk_logits = getattr(head, "trunk_logits", lambda logits: logits)
         # counters one report line can print
         self.proposals = 0
         self.head_calls = 0
@@ -125,7 +130,11 @@ class DraftHeadSpeculator:
         self._rows = self._rows[P - self._base :]
         self._base = P
         k = min(ctx.max_tokens, self.max_draft_tokens)
+        sampler = ctx.sampler
+        sampling = sampler is not None and not sampler.greedy
+        hist = list(ctx.history) if sampling else None
         out: list[int] = []
+        probs: list[torch.Tensor] = []
         chance = 1.0
         while True:
             tok, p = self._pick(logits)
@@ -133,10 +142,15 @@ class DraftHeadSpeculator:
             if chance < self.min_draft_prob:
                 self.gated += 1
                 break
+            if sampling:  # drawn from q, the distribution the residual rule corrects for
+                q = sampler.probs(self._trunk_logits(logits), hist)
+                tok = sampler.draw(q, P + 1 + len(out), DRAFT_STREAM)
+                probs.append(q)
+                hist.append(tok)
             out.append(tok)
             if len(out) >= k:
                 break
             logits, h = self.head.draft_step(tok, h, P + len(out), self.state)
             self.head_calls += 1
         self.drafted += len(out)
-        return Draft(out)
+        return Draft(out, torch.stack(probs) if probs else None)
