@@ -446,6 +446,7 @@ def test_setup_park_length_bounds_the_setup_by_the_budget():
     assert setup_park_length(300.0, None, 0.03, 8192) == 0
     assert setup_park_length(300.0, 10.0, 0.03, 8192) == 1000  # 300 ms is 3 % of 1000 steps of 10 ms
     assert setup_park_length(300.0, 10.0, 0.03, 256) == 256
+    assert setup_park_length(300.0, 10.0, 0.03, 8192, streak=2) == 4000  # doubled per park since a win
     with pytest.raises(ValueError):
         GovernorConfig(probe_budget=0.0)
     with pytest.raises(ValueError):

@@ -78,8 +78,9 @@ CPU over a second for the 0.5B drafter, 30-45 trunk steps). The loop reports it 
 (``record(..., setup_ms=)``, from ``Draft.setup_ms``). It is left out of the samples the verdict
 reads, so a drafter that wins once caught up is not parked for the price of catching up; and a
 probe that paid it and still lost parks for at least ``setup / (probe_budget * plain ms per
-token)`` steps (``setup_park_length``; cap ``setup_park_cap``), so re-probing a losing drafter with
-an expensive catch-up costs at most ``probe_budget`` (3 %) of the plain time it is parked for.
+token)`` steps, doubled per consecutive park as the backoff is (``setup_park_length``; cap
+``setup_park_cap``), so re-probing a losing drafter with an expensive catch-up costs at most
+``probe_budget`` (3 %) of the plain time it is parked for, and less the longer it keeps losing.
 Without this a 45-step catch-up every 256-step park cost the draft model ~15 % while parked.
 
 ``enabled=False`` (``TS_SPEC_ADAPTIVE=0``, mapped by the caller) drafts every step; the windows
@@ -238,12 +239,14 @@ def park_length(streak: int, base: int, cap: int) -> int:
     return min(base << min(streak, 30), cap)
 
 
-def setup_park_length(setup_ms: float, plain_ms_per_token: float | None, budget: float, cap: int) -> int:
+def setup_park_length(setup_ms: float, plain_ms_per_token: float | None, budget: float, cap: int,
+                      streak: int = 0) -> int:
     """The shortest park that makes a probe's one-off ``setup_ms`` at most ``budget`` of the plain
-    time parked after it (0 without setup or a plain measurement), capped."""
+    time parked after it, doubled for each of ``streak`` earlier parks without a win in between (as
+    ``park_length`` doubles), capped; 0 without setup or a plain measurement."""
     if setup_ms <= 0.0 or not plain_ms_per_token or plain_ms_per_token == float("inf"):
         return 0
-    return min(math.ceil(setup_ms / (budget * plain_ms_per_token)), cap)
+    return min(math.ceil(setup_ms / (budget * plain_ms_per_token)) << min(streak, 30), cap)
 
 
 # ----------------------------------------------------------------------------- the state machine
@@ -472,7 +475,8 @@ class SpeculationCostGovernor:
         setup = self.setup_ms if self._state == PROBING else 0.0  # what this probe paid to set up
         self._state = PARKED
         self._steps_left = max(park_length(self._streak, c.park_base, c.park_cap),
-                               setup_park_length(setup, ms_per_token(self._plain), c.probe_budget, c.setup_park_cap))
+                               setup_park_length(setup, ms_per_token(self._plain), c.probe_budget, c.setup_park_cap,
+                                                 self._streak))
         self._streak += 1
         self.parks += 1
 
