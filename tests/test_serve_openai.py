@@ -7,17 +7,11 @@ reasons, the ``tsspec`` extension field) and its error classes carry the server'
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extra: pip install -e '.[test]'")
 
+from serve_proc import serve  # noqa: E402
 from tiny import write_tiny_model  # noqa: E402
 from tsspec.chat import chat_prompt_ids  # noqa: E402
 from tsspec.generate import Engine  # noqa: E402
@@ -25,20 +19,7 @@ from tsspec.models import load_model  # noqa: E402
 from tsspec.sampling import Sampler, SamplingParams  # noqa: E402
 from tsspec.tokenizer import Tokenizer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 SYSTEM = {"role": "system", "content": "You answer in one short sentence about fruit and colors."}
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TS_SPEC_", "TS_MTP_", "OPENAI_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -46,31 +27,8 @@ def served(tmp_path_factory):
     """(client, model path): one real server process for the module, n-gram speculation on."""
     path = write_tiny_model(tmp_path_factory.mktemp("serve_openai") / "tiny.gguf", "qwen2", seed=5,
                             vocab_size=400, ctx=1024)
-    port = _free_port()
-    cmd = [sys.executable, "-m", "tsspec", "serve", "-m", str(path), "--port", str(port), "--parallel", "4",
-           "-t", "1", "--spec", "--spec-type", "ngram"]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
-    try:
-        deadline = time.time() + 120
-        while True:
-            assert p.poll() is None, p.stderr.read().decode()[-2000:]
-            try:
-                client.models.list()
-                break
-            except openai.APIConnectionError:
-                pass
-            assert time.time() < deadline, "the server did not come up"
-            time.sleep(0.2)
-        yield client, path
-    finally:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    with serve(path, "--parallel", "4", "-t", "1", "--spec", "--spec-type", "ngram") as (_, port):
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120), path
 
 
 @pytest.fixture(scope="module")

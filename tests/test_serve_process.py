@@ -9,35 +9,20 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
+from serve_proc import ROOT, clean_env, serve
 from tiny import write_tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
 N_TOKENS = 24
 PROMPTS = [f"red green blue {i} the cat sat on the mat {i} red green" for i in range(8)]
 # (temperature, seed) per prompt: greedy and seeded
 SAMPLING = [(0.0, 0), (0.9, 11), (0.0, 0), (0.9, 11), (0.0, 0), (0.9, 11), (0.0, 0), (0.9, 11)]
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TS_SPEC_", "TS_MTP_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(port: int, route: str, body: bytes | dict, timeout: float = 120) -> tuple[int, dict]:
@@ -76,7 +61,7 @@ def generate_texts(model, tmp_path) -> list[str]:
         f.write_text("".join(json.dumps({"id": i, "text": PROMPTS[i]}) + "\n" for i in idx))
         r = subprocess.run([sys.executable, "-m", "tsspec", "generate", "-m", str(model), "--prompts", str(f),
                             "--json", "-n", str(N_TOKENS), "--temp", str(temp), "--seed", str(seed), "-t", "1"],
-                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+                           cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         for line in r.stdout.splitlines():
             obj = json.loads(line)
@@ -87,23 +72,7 @@ def generate_texts(model, tmp_path) -> list[str]:
 @pytest.mark.parametrize("spec", [[], ["--spec", "--spec-type", "ngram"]], ids=["plain", "ngram"])
 def test_real_serve_process_eight_clients_equal_generate(model, tmp_path, spec):
     want = generate_texts(model, tmp_path)
-    port = _free_port()
-    cmd = [sys.executable, "-m", "tsspec", "serve", "-m", str(model), "--port", str(port), "--parallel", "8",
-           "-t", "1", *spec]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 120
-        while True:
-            assert p.poll() is None, p.stderr.read().decode()[-2000:]
-            try:
-                if _get(port, "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.time() < deadline, "the server did not come up"
-            time.sleep(0.2)
-
+    with serve(model, "--parallel", "8", "-t", "1", *spec) as (p, port):
         def ask(i: int) -> str:
             temp, seed = SAMPLING[i]
             status, body = _post(port, "/v1/completions", {"prompt": PROMPTS[i], "max_tokens": N_TOKENS,
@@ -123,13 +92,6 @@ def test_real_serve_process_eight_clients_equal_generate(model, tmp_path, spec):
         shared = [line for line in metrics.splitlines() if line.startswith("tsspec_shared_steps_total")]
         assert float(shared[0].split()[1]) > 0, "the requests were never decoded together"
         assert ask(5) == want[5]
-    finally:
-        p.terminate()
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def test_ctrl_c_answers_what_is_running_and_ends_the_server(tmp_path):
@@ -139,20 +101,7 @@ def test_ctrl_c_answers_what_is_running_and_ends_the_server(tmp_path):
 
     path = write_tiny_model(tmp_path / "slow.gguf", "qwen2", seed=5, vocab_size=400, ctx=4096, d_model=256,
                             n_layers=8, ffn_dim=1024)  # ~2 ms a token: 4000 tokens outlast the test's signal
-    port = _free_port()
-    p = subprocess.Popen([sys.executable, "-m", "tsspec", "serve", "-m", str(path), "--port", str(port), "-t", "1"],
-                         cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 120
-        while True:
-            assert p.poll() is None, p.stderr.read().decode()[-2000:]
-            try:
-                if _get(port, "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.time() < deadline, "the server did not come up"
-            time.sleep(0.2)
+    with serve(path, "-t", "1", stdout=subprocess.PIPE) as (p, port):
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         c.request("POST", "/v1/completions", body=json.dumps({"prompt": "red green", "max_tokens": 4000,
                                                               "temperature": 0, "stream": True}),
@@ -170,7 +119,3 @@ def test_ctrl_c_answers_what_is_running_and_ends_the_server(tmp_path):
         assert time.time() - t0 < 20
         err = p.stderr.read().decode()
         assert "Traceback" not in err, err
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
