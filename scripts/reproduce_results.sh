@@ -54,6 +54,10 @@ if want governor; then
   tsspec bench -m qwen2.5-coder-1.5b --chat -w grounded -w code -w prose --config ngram \
     --config draft-model:path=qwen2.5-coder-0.5b --draft-model qwen2.5-coder-0.5b -n 48 --reps 1 \
     --json docs/results/governor-qwen2.5-coder-1.5b.json | tee docs/results/governor-qwen2.5-coder-1.5b.txt
+  # the draft model alone on code and prose, two repetitions per prompt: a narrower interval
+  tsspec bench -m qwen2.5-coder-1.5b --chat -w code -w prose \
+    --config draft-model:path=qwen2.5-coder-0.5b --draft-model qwen2.5-coder-0.5b -n 48 --reps 2 \
+    --json docs/results/governor-reps2-qwen2.5-coder-1.5b.json | tee docs/results/governor-reps2-qwen2.5-coder-1.5b.txt
 fi
 
 if want chat; then
