@@ -6,8 +6,10 @@ The default corpus needs no download:
 * prose: Python's built-in help topics (``pydoc_data/topics.py``), the long descriptions of the
   installed packages (``*.dist-info/METADATA``) and the text documentation under ``/usr/share/doc``.
 
-Files are split into training and held-out sets by a hash of their path, so the split does not
-move when files are added, and read in a seeded order up to a character budget per kind.
+Files are split into training and held-out sets by a hash of their path relative to where they were
+found (the standard library, site-packages, /usr/share/doc, a --corpus directory), so the split does
+not move when files are added or the corpus sits somewhere else, and read in a seeded order up to a
+character budget per kind.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ MAX_FILE_CHARS = 200_000  # one huge file must not be the whole corpus
 class Source:
     path: Path
     kind: str  # "code" or "prose" (or "user")
+    # the path relative to where it was found: what the held-out split hashes (empty: the path)
+    key: str = ""
+
+
+def _found(path: Path, root: Path, kind: str) -> Source:
+    try:
+        key = path.relative_to(root).as_posix()
+    except ValueError:
+        key = path.name
+    return Source(path, kind, key)
 
 
 def default_sources() -> list[Source]:
@@ -36,15 +48,16 @@ def default_sources() -> list[Source]:
     std = Path(sysconfig.get_paths()["stdlib"])
     code = sorted(p for p in std.rglob("*.py")
                   if "site-packages" not in p.parts and not any(part in ("test", "tests", "idle_test") for part in p.parts))
-    prose = [std / "pydoc_data" / "topics.py"]
+    prose = [_found(std / "pydoc_data" / "topics.py", std, "prose")]
     pure = Path(sysconfig.get_paths()["purelib"])
-    prose += sorted(pure.glob("*.dist-info/METADATA"))
+    prose += [_found(p, pure, "prose") for p in sorted(pure.glob("*.dist-info/METADATA"))]
     doc = Path("/usr/share/doc")
     if doc.is_dir():
-        prose += sorted(p for p in doc.rglob("*") if p.is_file() and not p.is_symlink()
-                        and (p.suffix.lower() in TEXT_SUFFIXES or p.name.upper().startswith("README"))
-                        and p.name != "copyright" and p.stat().st_size > 500)
-    out = [Source(p, "code") for p in code] + [Source(p, "prose") for p in prose if p.is_file()]
+        prose += [_found(p, doc, "prose") for p in sorted(
+            p for p in doc.rglob("*") if p.is_file() and not p.is_symlink()
+            and (p.suffix.lower() in TEXT_SUFFIXES or p.name.upper().startswith("README"))
+            and p.name != "copyright" and p.stat().st_size > 500)]
+    out = [_found(p, std, "code") for p in code] + [s for s in prose if s.path.is_file()]
     if not out:
         raise BadInput("no default corpus found on this machine; give one with --corpus PATH")
     return out
@@ -56,9 +69,9 @@ def user_sources(paths: Sequence[str | Path]) -> list[Source]:
     for raw in paths:
         p = Path(raw).expanduser()
         if p.is_dir():
-            out += [Source(f, "user") for f in sorted(p.rglob("*")) if f.is_file() and _looks_textual(f)]
+            out += [_found(f, p, "user") for f in sorted(p.rglob("*")) if f.is_file() and _looks_textual(f)]
         elif p.is_file():
-            out.append(Source(p, "user"))
+            out.append(Source(p, "user", p.name))
         else:
             raise BadInput(f"--corpus {raw}: no such file or directory")
     if not out:
@@ -74,9 +87,10 @@ def _looks_textual(p: Path) -> bool:
     return b"\0" not in head
 
 
-def is_heldout(path: Path, fraction: float) -> bool:
-    """Whether ``path`` belongs to the held-out set: a stable hash, independent of the seed."""
-    h = int.from_bytes(hashlib.sha256(str(path).encode()).digest()[:8], "big")
+def is_heldout(key: str | Path, fraction: float) -> bool:
+    """Whether the file ``key`` names (its path relative to where it was found) belongs to the
+    held-out set: a stable hash, independent of the seed and of where the corpus sits."""
+    h = int.from_bytes(hashlib.sha256(str(key).encode()).digest()[:8], "big")
     return (h % 10_000) < fraction * 10_000
 
 
@@ -112,8 +126,8 @@ def sample_texts(sources: Iterable[Source], chars: int, seed: int) -> list[tuple
 
 
 def split_sources(sources: Sequence[Source], heldout: float) -> tuple[list[Source], list[Source]]:
-    train = [s for s in sources if not is_heldout(s.path, heldout)]
-    held = [s for s in sources if is_heldout(s.path, heldout)]
+    train = [s for s in sources if not is_heldout(s.key or s.path, heldout)]
+    held = [s for s in sources if is_heldout(s.key or s.path, heldout)]
     if not held and len(train) > 1:  # a tiny user corpus: hold out its last file
         held, train = train[-1:], train[:-1]
     return train, held
