@@ -56,3 +56,24 @@ def test_penalties_change_recent_tokens_only():
 def test_bad_parameters_are_one_line(kw):
     with pytest.raises(BadInput):
         Sampler(SamplingParams(**kw))
+
+
+def test_draft_history_is_all_the_transforms_read():
+    """A drafter extends ``draft_history`` with its drafts instead of copying the whole sequence:
+    the distribution it then draws from is the one the full history gives, with and without
+    penalties."""
+    import torch
+
+    from tsspec.sampling import Sampler, SamplingParams
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, generator=g)
+    history = torch.randint(0, 50, (300,), generator=g).tolist()
+    drafts = [3, 3, 7]
+    for params in (SamplingParams(temperature=0.8, seed=1),
+                   SamplingParams(temperature=0.8, seed=1, repeat_penalty=1.3, repeat_last_n=16,
+                                  frequency_penalty=0.2, presence_penalty=0.1)):
+        s = Sampler(params)
+        short = s.draft_history(history)
+        assert len(short) <= 16
+        assert torch.equal(s.probs(logits, short + drafts), s.probs(logits, history + drafts))

@@ -95,6 +95,15 @@ class Sampler:
         out[ids] = sel
         return out
 
+    def draft_history(self, history: Sequence[int]) -> list[int]:
+        """What a drafter's own draws must see as history, to extend with each draft token: the
+        last ``repeat_last_n`` tokens when penalties are in force, else nothing (no transform reads
+        it), instead of a copy of the whole sequence per proposal."""
+        p = self.params
+        if not p.has_penalties or p.repeat_last_n == 0:
+            return []
+        return list(history[-p.repeat_last_n :])
+
     def probs(self, logits: torch.Tensor, history: Sequence[int]) -> torch.Tensor:
         """The distribution a draw uses: [vocab] probabilities after every transform.
 

@@ -211,8 +211,7 @@ class Scheduler:
             jobs = self.active + list(self.waiting)
             self.active, self.waiting = [], deque()
         for job in jobs:
-            if job.cache is not None:
-                job.cache = None
+            job.cache = None  # the process is ending: no kept cache to give back
             job.settle(error=error)
 
     def _loop(self) -> None:

@@ -89,8 +89,8 @@ class BlockSpeculator:
         rows: list[torch.Tensor] = []
         pick = None  # None: the head's own argmax walk
         if self.sample_drafts and ctx.sampler is not None:
-            hist = list(ctx.history)
             sampler = ctx.sampler
+            hist = sampler.draft_history(ctx.history)
 
             def pick(e: int, row: torch.Tensor) -> int:
                 # q: the drafter's distribution at position + 1 + e, after the caller's transforms

@@ -132,7 +132,7 @@ class DraftHeadSpeculator:
         k = min(ctx.max_tokens, self.max_draft_tokens)
         sampler = ctx.sampler
         sampling = sampler is not None and not sampler.greedy
-        hist = list(ctx.history) if sampling else None
+        hist = sampler.draft_history(ctx.history) if sampling else None
         out: list[int] = []
         probs: list[torch.Tensor] = []
         chance = 1.0

@@ -177,8 +177,8 @@ class DraftModelSpeculator:
         sampler = ctx.sampler
         sampling = sampler is not None and not sampler.greedy
         penalized = sampler is not None and sampler.params.has_penalties
-        # the history only matters to the sampler's transforms: copy it only when they run
-        hist = list(ctx.history) if (sampling or penalized) else None
+        # the history only matters to the penalties: their window, only when they run
+        hist = sampler.draft_history(ctx.history) if penalized else None
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
