@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+from scripted import ScriptedSpeculator, keep_first
 from tiny_hybrid import VOCAB, write_hybrid
 from tsspec.errors import ModelFileError
 from tsspec.models import load_model
@@ -27,7 +28,6 @@ from tsspec.models.gated_delta import delta_rule_chunked, delta_rule_rows, delta
 from tsspec.sampling import Sampler, SamplingParams
 from tsspec.spec.loop import Sequence as Seq, decode, decode_batched, decode_interleaved
 from tsspec.spec.ngram import NGramSpeculator
-from tsspec.spec.protocols import Draft, DraftContext
 from tsspec.spec.stats import SpecStats
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -129,36 +129,8 @@ def test_rows_are_batch_invariant(files, arch):
 # ----------------------------------------------------------------------------- speculation
 
 
-class Scripted:
-    """Proposes the reference continuation, corrupted from draft index ``keep`` on."""
-
-    name = "scripted"
-    default_min_draft_prob = 0.0
-    min_draft_prob = 0.0
-    needs_hidden_state = False
-    can_arm_after_prefix_reuse = True
-    default_accept_rule = "match"
-    taps = ()
-
-    def __init__(self, reference, prompt_len, keep, k=4):
-        self.ref, self.n0, self.keep, self.max_draft_tokens = reference, prompt_len, keep, k
-
-    def begin(self, prompt, hidden):
-        pass
-
-    def propose(self, ctx: DraftContext) -> Draft:
-        i = len(ctx.history) - self.n0  # index of the next reference token
-        k = min(ctx.max_tokens, self.max_draft_tokens)
-        toks = [int(t) for t in self.ref[i : i + k]]
-        keep = self.keep if self.keep >= 0 else (i % (k + 1))
-        toks = [t if j < keep else (t + 1) % VOCAB for j, t in enumerate(toks)]
-        return Draft(toks)
-
-    def commit(self, tokens, hidden, start_pos):
-        pass
-
-    def reset(self):
-        pass
+def scripted(truth, keep, k=4):
+    return ScriptedSpeculator(truth, keep_first(keep, k), VOCAB, max_draft_tokens=k)
 
 
 SAMPLERS = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.9, top_k=40, seed=1234)}
@@ -183,7 +155,7 @@ def test_speculation_equals_plain(files, arch, sampling, fast):
     m.forward = lambda toks, cache, **kw: (replayed.append(len(cache.replay)), real_forward(toks, cache, **kw))[1]
     for keep in (0, 2, 4, -1):  # none / some / all / varying per step
         replayed.clear()
-        out, st = _run(m, params, Scripted(plain, len(_prompt()), keep))
+        out, st = _run(m, params, scripted(_prompt() + plain, keep))
         assert out == plain, f"keep={keep}"
         assert st.verify_calls > 0
         if keep == 4:
@@ -259,8 +231,8 @@ def test_sequences_interleaved_on_one_hybrid_equal_each_alone(files, fast):
     """Two sequences step by step on one loaded hybrid trunk, each with its own cache (recurrent
     state, slots or copies) and speculator: each gets exactly what it gets alone."""
     m = load_model(files["qwen35"][0], verify_snapshots=fast)
-    jobs = [(_prompt(), Sampler(SAMPLERS["greedy"]), lambda ref: Scripted(ref, len(_prompt()), -1), 4),
-            (_prompt(20, seed=3), Sampler(SAMPLERS["seeded"]), lambda ref: Scripted(ref, 20, 2, k=3), 3)]
+    jobs = [(_prompt(), Sampler(SAMPLERS["greedy"]), lambda ref: scripted(_prompt() + ref, -1), 4),
+            (_prompt(20, seed=3), Sampler(SAMPLERS["seeded"]), lambda ref: scripted(_prompt(20, seed=3) + ref, 2, k=3), 3)]
     n = 30
     alone, seqs = [], []
     for prompt, sampler, make, window in jobs:
