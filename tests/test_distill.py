@@ -190,7 +190,6 @@ def test_same_seed_same_head(world, tmp_path):
 
 @pytest.mark.parametrize("kw, msg", [
     (dict(kind="tree"), "--kind 'tree'"),
-    (dict(kind="block"), "--kind block is not built yet"),
     (dict(tokens=10), "--tokens must be >= 1024"),
     (dict(unroll=64), "--unroll 64 must be smaller than --chunk 64"),
     (dict(lr=0.0), "--lr must be in"),
@@ -383,3 +382,15 @@ def test_residual_keeps_the_trunk_distribution_with_the_trained_heads_q(world, t
     monkeypatch.setattr(verify_mod, "verify_residual", resample_from_p)
     bad, _ = chi_square(empirical(SpecStats()), exact, n)
     assert bad > crit, f"a wrong rule passed with the head's q: chi2 {bad:.1f} < {crit:.1f}"
+
+
+def test_compressed_docs_are_read_and_binary_files_are_not(tmp_path):
+    import gzip
+
+    with gzip.open(tmp_path / "README.gz", "wt") as f:
+        f.write("Introduction\n============\n" * 20)
+    (tmp_path / "README").write_bytes(bytes(range(256)) * 20)  # binary under a text-looking name
+    (tmp_path / "broken.gz").write_bytes(b"\x1f\x8b not really gzip")
+    assert C.read_text(tmp_path / "README.gz").startswith("Introduction\n====")
+    assert C.read_text(tmp_path / "README") == ""
+    assert C.read_text(tmp_path / "broken.gz") == ""

@@ -95,11 +95,22 @@ def is_heldout(key: str | Path, fraction: float) -> bool:
 
 
 def read_text(path: Path) -> str:
+    """A file's text (a ``.gz`` decompressed, as Debian ships most of /usr/share/doc), or "" when
+    it cannot be read or is not text (more than 1% undecodable: a binary file is no training text)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        if path.suffix == ".gz":
+            import gzip
+
+            with gzip.open(path, "rb") as f:
+                data = f.read(4 * MAX_FILE_CHARS)
+        else:
+            data = path.read_bytes()[: 4 * MAX_FILE_CHARS]
+    except (OSError, EOFError, ValueError):  # gzip raises BadGzipFile (an OSError) or EOFError
         return ""
-    return text[:MAX_FILE_CHARS]
+    text = data.decode("utf-8", errors="replace")[:MAX_FILE_CHARS]
+    if b"\0" in data[:4096] or text.count("\ufffd") > 0.01 * max(1, len(text)):
+        return ""
+    return text
 
 
 def sample_texts(sources: Iterable[Source], chars: int, seed: int) -> list[tuple[str, str]]:
