@@ -533,7 +533,8 @@ def pull(
 def distill(
     model: str = typer.Option("smollm2-135m", "-m", "--model", help="GGUF path or known model name: the trunk to train for."),
     out: Path = typer.Option(..., "-o", "--out", help="Where to write the drafter GGUF (a checkpoint OUT.ckpt sits beside it)."),
-    kind: str = typer.Option("head", "--kind", help="head: a per-token draft head (EAGLE-shaped). block: not built yet."),
+    kind: str = typer.Option("head", "--kind", help="head: a per-token draft head (EAGLE-shaped). block: a DFlash-style "
+                             "block drafter (drafts --block-size - 1 tokens in one forward)."),
     corpus: Optional[List[Path]] = typer.Option(None, "--corpus", help="Text files or directories to train on "
                                                 "(repeatable; default: Python's sources and the docs on this machine)."),
     tokens: int = typer.Option(200_000, "--tokens", help="Training tokens of corpus text the trunk is run over."),
@@ -544,6 +545,9 @@ def distill(
     lr: float = typer.Option(2e-3, "--lr", help="Peak learning rate (warmup, then cosine to a tenth)."),
     unroll: int = typer.Option(3, "--unroll", help="Chained head steps trained per position (as drafting chains them)."),
     draft_vocab: int = typer.Option(8192, "--draft-vocab", help="Tokens the head scores (the trunk's most predicted)."),
+    block_size: int = typer.Option(8, "--block-size", help="--kind block: the anchor and this many minus one drafts per forward."),
+    layers: int = typer.Option(1, "--layers", help="--kind block: the drafter's transformer layers."),
+    taps: int = typer.Option(4, "--taps", help="--kind block: trunk layers whose residual it reads (spread over the trunk)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the corpus order, the initial weights and every batch."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     weights: str = typer.Option("q8_0", "--weights", help="Matrix format in the written file: q8_0 or f32."),
@@ -551,8 +555,9 @@ def distill(
 ):
     """Train a drafter for a model on this machine, from the model's own predictions.
 
-    The trunk is run over a corpus and the head learns to predict its next tokens (its soft
-    distribution, so acceptance is what improves). The output loads with
+    The trunk is run over a corpus and the drafter learns to predict its next tokens (its soft
+    distribution, so acceptance is what improves): a per-token head from the trunk's last row, or
+    (--kind block) a block drafter from the rows entering a few layers. The output loads with
     `tsspec generate -m MODEL --spec-draft-model OUT`. Ctrl-C saves a checkpoint; run the same
     command again to continue."""
     from .distill.train import DistillConfig, distill as run_distill
@@ -562,7 +567,7 @@ def distill(
         path = resolve_model(model, console=err)
         cfg = DistillConfig(model=str(path), out=str(out), kind=kind, corpus=tuple(str(c) for c in corpus or ()),
                             tokens=tokens, answers=answers, steps=steps, batch=batch, lr=lr, unroll=unroll, draft_vocab=draft_vocab,
-                            seed=seed, device=device, weights=weights, eval_every=eval_every)
+                            block_size=block_size, layers=layers, taps=taps, seed=seed, device=device, weights=weights, eval_every=eval_every)
         cfg.check()
         if out.is_dir():
             raise BadInput(f"-o {out}: is a directory; give a file name")
@@ -581,9 +586,10 @@ def distill(
         h = result.heldout
         err.print(f"wrote {result.out}: {result.steps} steps on {result.train_tokens} tokens in {result.seconds / 60:.1f} min; "
                   f"draft vocabulary {result.draft_vocab} covers {result.coverage:.1%} of the trunk's held-out greedy tokens")
+        n = len(h["accept"])
         err.print(f"held-out acceptance (greedy path, {h['anchors']} positions): first token {h['first']:.1%}, "
-                  f"run of 1..4: {', '.join(f'{a:.1%}' for a in h['accept'])}; "
-                  f"expected tokens per verify with 4 drafts {h['tokens_per_verify']:.2f}")
+                  f"run of 1..{n}: {', '.join(f'{a:.1%}' for a in h['accept'])}; "
+                  f"expected tokens per verify with {n} drafts {h['tokens_per_verify']:.2f}")
         err.print(f"use it: tsspec generate -m {model} --spec-draft-model {result.out} -p ...")
 
 

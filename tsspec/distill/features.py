@@ -1,7 +1,7 @@
 """The trunk's behaviour over a corpus, teacher-forced: what a drafter learns to predict.
 
 For every position of every chunk: the token, the trunk's final-normed hidden row (the space a
-per-token head reads and writes) and the trunk's top-k next-token probabilities (the soft target,
+per-token head reads and writes) or the rows entering a few layers (what a block drafter reads) and the trunk's top-k next-token probabilities (the soft target,
 so that agreement with the trunk, not corpus accuracy, is what training optimises).
 """
 
@@ -51,8 +51,9 @@ class Features:
         return cls(d["tokens"], d["hidden"], d["top_ids"].long(), d["top_p"].float())
 
 
-def features_key(model_id: str, chunks: Sequence[Sequence[int]], k: int) -> str:
-    h = hashlib.sha256(f"{model_id}|{k}|{len(chunks)}".encode())
+def features_key(model_id: str, chunks: Sequence[Sequence[int]], k: int, taps: Sequence[int] | None = None) -> str:
+    what = "" if taps is None else "|taps=" + ",".join(str(int(t)) for t in taps)
+    h = hashlib.sha256(f"{model_id}|{k}|{len(chunks)}{what}".encode())
     for c in chunks:
         h.update(torch.as_tensor(c, dtype=torch.int32).numpy().tobytes())
     return h.hexdigest()[:20]
@@ -60,22 +61,31 @@ def features_key(model_id: str, chunks: Sequence[Sequence[int]], k: int) -> str:
 
 @torch.inference_mode()
 def collect(model, chunks: Sequence[Sequence[int]], k: int,
-            progress: Callable[[int], None] | None = None) -> Features:
+            progress: Callable[[int], None] | None = None, taps: Sequence[int] | None = None) -> Features:
     """Run the trunk over each chunk from an empty cache (one forward per chunk, every row's
-    logits and the residual after the last layer) and keep what a drafter trains on."""
+    logits and the residual after the last layer) and keep what a drafter trains on.
+
+    ``taps=None``: ``hidden`` is the final-normed row (a draft head's space). Otherwise it is the
+    residual rows entering each of ``taps``, concatenated in that order: exactly the rows the
+    decode loop hands a block drafter."""
     if not chunks:
         raise ValueError("no chunks to collect features from")
     cache = model.make_cache()
     eps = model.cfg.rms_eps
     C, L = len(chunks), len(chunks[0])
     tokens = torch.tensor([list(c) for c in chunks], dtype=torch.long)
-    hidden = torch.empty(C, L, model.hidden_size, dtype=torch.bfloat16)
+    width = model.hidden_size * (1 if taps is None else len(taps))
+    hidden = torch.empty(C, L, width, dtype=torch.bfloat16)
     top_ids = torch.empty(C, L, k, dtype=torch.long)
     top_p = torch.empty(C, L, k, dtype=torch.float32)
     for i, c in enumerate(chunks):
         cache.reset()
-        out = model.forward(list(c), cache, all_logits=True, taps=(model.n_layers,))
-        hidden[i] = rms_norm(out.hidden.float(), model.out_norm, eps).to(torch.bfloat16)
+        if taps is None:
+            out = model.forward(list(c), cache, all_logits=True, taps=(model.n_layers,))
+            hidden[i] = rms_norm(out.hidden.float(), model.out_norm, eps).to(torch.bfloat16)
+        else:
+            out = model.forward(list(c), cache, all_logits=True, taps=tuple(taps))
+            hidden[i] = out.hidden.to(torch.bfloat16)
         probs = torch.softmax(out.logits.float(), dim=-1)
         p, ids = torch.topk(probs, k, dim=-1)
         top_ids[i], top_p[i] = ids, p

@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
 from ..errors import BadInput
@@ -46,6 +45,9 @@ class DistillConfig:
     top_k: int = 8
     draft_vocab: int = 8192
     ffn: int = 0  # 0: twice the hidden size
+    block_size: int = 8  # --kind block: the anchor and block_size - 1 drafts per forward
+    layers: int = 1  # --kind block: the drafter's transformer layers
+    taps: int = 4  # --kind block: trunk layers whose entering residual it reads
     seed: int = 0
     device: str = "cpu"
     weights: str = "q8_0"
@@ -60,6 +62,11 @@ class DistillConfig:
                          ("draft_vocab", 16), ("heldout_tokens", 256), ("eval_every", 1)):
             if getattr(self, name) < lo:
                 raise BadInput(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(self, name)}")
+        for name, lo, hi in (("block_size", 2, 32), ("layers", 1, 16), ("taps", 1, 16)):
+            if not lo <= getattr(self, name) <= hi:
+                raise BadInput(f"--{name.replace('_', '-')} must be in [{lo}, {hi}], got {getattr(self, name)}")
+        if self.kind == "block" and self.block_size + 2 > self.chunk:
+            raise BadInput(f"--block-size {self.block_size} needs chunks of at least {self.block_size + 2} tokens")
         if self.unroll >= self.chunk:
             raise BadInput(f"--unroll {self.unroll} must be smaller than --chunk {self.chunk}")
         if not (0 < self.lr < 1):
@@ -118,21 +125,23 @@ def _texts_to_chunks(tok, texts: Sequence[tuple[str, str]], chunk: int, budget: 
     return chunks[: max(1, budget // chunk)]
 
 
-def _features(model, chunks: list[list[int]], cfg: DistillConfig, model_id: str, label: str, events: Events) -> Features:
+def _features(model, chunks: list[list[int]], cfg: DistillConfig, model_id: str, label: str, events: Events,
+              taps: tuple[int, ...] | None) -> Features:
     """The trunk's features over ``chunks``, from the content-keyed cache when it has them."""
-    path = features_dir() / f"{features_key(model_id, chunks, cfg.top_k)}.pt"
+    path = features_dir() / f"{features_key(model_id, chunks, cfg.top_k, taps)}.pt"
     if path.exists():
         events("phase", name=f"trunk features ({label}, cached)", total=len(chunks) * cfg.chunk)
         feats = Features.load(path)
         events("advance", n=feats.n_tokens)
         return feats
     events("phase", name=f"trunk features ({label})", total=len(chunks) * cfg.chunk)
-    feats = collect(model, chunks, cfg.top_k, progress=lambda n: events("advance", n=n))
+    feats = collect(model, chunks, cfg.top_k, progress=lambda n: events("advance", n=n), taps=taps)
     feats.save(path)
     return feats
 
 
-def prepare_features(cfg: DistillConfig, model, tok, model_id: str, events: Events) -> tuple[Features, Features]:
+def prepare_features(cfg: DistillConfig, model, tok, model_id: str, events: Events,
+                     taps: tuple[int, ...] | None = None) -> tuple[Features, Features]:
     sources = corpus_mod.user_sources(cfg.corpus) if cfg.corpus else corpus_mod.default_sources()
     train_src, held_src = corpus_mod.split_sources(sources, 0.1)
     if not held_src:
@@ -143,7 +152,7 @@ def prepare_features(cfg: DistillConfig, model, tok, model_id: str, events: Even
         chunks = _texts_to_chunks(tok, texts, cfg.chunk, budget)
         if not chunks:
             raise BadInput(f"the {name} corpus holds fewer than {cfg.chunk} tokens; give more text or a smaller --chunk")
-        feats = [_features(model, chunks, cfg, model_id, name, events)]
+        feats = [_features(model, chunks, cfg, model_id, name, events, taps)]
         want = cfg.answers if name == "train" else cfg.answers // 10
         if want:
             if not tok.chat_template:
@@ -156,9 +165,65 @@ def prepare_features(cfg: DistillConfig, model, tok, model_id: str, events: Even
                            progress=lambda n: events("advance", n=n))
             answer_chunks = corpus_mod.chunk_ids([pack(convs)], cfg.chunk)
             if answer_chunks:
-                feats.append(_features(model, answer_chunks, cfg, model_id, f"{name} answers", events))
+                feats.append(_features(model, answer_chunks, cfg, model_id, f"{name} answers", events, taps))
         out.append(Features.concat(feats))
     return out[0], out[1]
+
+
+class _HeadTask:
+    """--kind head: a per-token head (``tsspec-eagle``) chained ``unroll`` steps in training."""
+
+    def __init__(self, cfg: DistillConfig, model, train: Features, held: Features, shared: dict):
+        self.cfg, self.train, self.held, self.s = cfg, train, held, shared
+        d = model.hidden_size
+        self.module = HeadModule(d, cfg.ffn or 2 * d, float(model.cfg.rms_eps), model.out_norm, cfg.seed).to(shared["dev"])
+        self.pool = anchors(train, cfg.unroll)
+
+    def loss(self, gen: torch.Generator):
+        idx = self.pool[torch.randint(len(self.pool), (self.cfg.batch,), generator=gen)]
+        batch = make_batch(self.train, idx.to(self.s["dev"]), self.cfg.unroll)
+        return loss_fn(self.module, self.s["embed"], self.s["lm_rows"], self.s["t2d"], batch)
+
+    def evaluate(self) -> dict:
+        return evaluate(self.module, self.s["embed"], self.s["lm_rows"], self.s["d2t"], self.held, steps=4, seed=self.cfg.seed)
+
+    def export(self, g, trunk: dict, training: dict) -> None:
+        export_gguf(Path(self.cfg.out), self.module, self.s["d2t_np"], trunk, {**training, "unroll": self.cfg.unroll},
+                    weights=self.cfg.weights)
+
+
+class _BlockTask:
+    """--kind block: a DFlash-style block drafter over the trunk's tapped residuals."""
+
+    def __init__(self, cfg: DistillConfig, model, train: Features, held: Features, shared: dict, taps: tuple[int, ...]):
+        from .block import BlockModule, BlockShape, choose_mask_token
+
+        self.cfg, self.train, self.held, self.s, self.taps = cfg, train, held, shared, taps
+        d = model.hidden_size
+        rope_base = float(model.cfg.layers[0].rope_base) if getattr(model.cfg, "layers", None) else 10000.0
+        shape = BlockShape.for_trunk(d, len(taps), cfg.layers, cfg.ffn or 2 * d, cfg.block_size,
+                                     float(model.cfg.rms_eps), rope_base)
+        self.mask_token = choose_mask_token(train, shared["embed"])
+        self.module = BlockModule(shape, model.out_norm, cfg.seed).to(shared["dev"])
+
+    def loss(self, gen: torch.Generator):
+        from .block import block_loss, sample_block_batch
+
+        batch = sample_block_batch(self.train, self.cfg.batch, self.cfg.block_size, gen)
+        return block_loss(self.module, self.s["embed"], self.s["lm_rows"], self.s["t2d"], self.mask_token, batch)
+
+    def evaluate(self) -> dict:
+        from .block import evaluate_block
+
+        return evaluate_block(self.module, self.s["embed"], self.s["lm_rows"], self.s["d2t"], self.mask_token, self.held,
+                              seed=self.cfg.seed)
+
+    def export(self, g, trunk: dict, training: dict) -> None:
+        from ..drafters.eagle import _stored_rows
+        from .block import export_block_gguf
+
+        export_block_gguf(Path(self.cfg.out), self.module, self.taps, self.mask_token, _stored_rows(g, self.s["d2t_np"]),
+                          self.s["d2t_np"], trunk, training, weights=self.cfg.weights)
 
 
 def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
@@ -167,10 +232,9 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
     from ..gguf_file import GGUFFile
     from ..models import load_model
     from ..tokenizer import Tokenizer
+    from .block import choose_taps
 
     cfg.check()
-    if cfg.kind == "block":
-        raise BadInput("--kind block is not built yet: only --kind head can be trained so far")
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     g = GGUFFile(cfg.model)
@@ -178,21 +242,24 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
     tok = Tokenizer.from_gguf(cfg.model)
     st = Path(cfg.model).stat()
     model_id = f"{Path(cfg.model).resolve()}|{st.st_size}|{int(st.st_mtime)}"
-    train, held = prepare_features(cfg, model, tok, model_id, events)
+    taps = choose_taps(model.n_layers, cfg.taps) if cfg.kind == "block" else None
+    train, held = prepare_features(cfg, model, tok, model_id, events, taps)
 
-    d = model.hidden_size
     d2t = choose_draft_vocab(train, cfg.draft_vocab, model.vocab_size)
     t2d = torch.full((model.vocab_size,), -1, dtype=torch.long)
     t2d[torch.as_tensor(d2t)] = torch.arange(len(d2t))
     dev = torch.device(cfg.device)
-    lm_rows = dense_head_rows(g, d2t).to(dev)
-    embed = torch.cat([model.embed[list(range(i, min(i + 8192, model.vocab_size)))].float()
-                       for i in range(0, model.vocab_size, 8192)]).to(dev)
-    d2t_t = torch.as_tensor(d2t).to(dev)
-    t2d = t2d.to(dev)
-
-    head = HeadModule(d, cfg.ffn or 2 * d, float(model.cfg.rms_eps), model.out_norm, cfg.seed).to(dev)
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    shared = {
+        "dev": dev, "d2t_np": d2t, "d2t": torch.as_tensor(d2t).to(dev), "t2d": t2d.to(dev),
+        "lm_rows": dense_head_rows(g, d2t).to(dev),
+        "embed": torch.cat([model.embed[list(range(i, min(i + 8192, model.vocab_size)))].float()
+                            for i in range(0, model.vocab_size, 8192)]).to(dev),
+    }
+    train_dev, held_dev = _to(train, dev), _to(held, dev)  # moved once, not per measurement
+    task = (_BlockTask(cfg, model, train_dev, held_dev, shared, taps) if cfg.kind == "block"
+            else _HeadTask(cfg, model, train_dev, held_dev, shared))
+    module = task.module
+    opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
     ckpt = Path(str(cfg.out) + ".ckpt")
     step, curve = 0, []
     if ckpt.exists():
@@ -200,56 +267,51 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
         saved = DistillConfig(**state["config"])
         if not saved.resumable_with(cfg):
             raise BadInput(f"{ckpt} holds a run with other settings; delete it to start over, or rerun with the same options")
-        head.load_state_dict(state["head"])
+        module.load_state_dict(state["head"])
         opt.load_state_dict(state["opt"])
         step, curve = int(state["step"]), list(state["curve"])
         events("resumed", step=step)
 
     def save_checkpoint() -> None:
         tmp = ckpt.with_name(ckpt.name + ".part")
-        torch.save({"config": asdict(cfg), "head": head.state_dict(), "opt": opt.state_dict(), "step": step,
+        torch.save({"config": asdict(cfg), "head": module.state_dict(), "opt": opt.state_dict(), "step": step,
                     "curve": curve}, tmp)
         tmp.replace(ckpt)
 
-    pool = anchors(train, cfg.unroll)
-    held_dev, train_dev = _to(held, dev), _to(train, dev)  # moved once, not per measurement
-    held_eval = lambda: evaluate(head, embed, lm_rows, d2t_t, held_dev, steps=4, seed=cfg.seed)
-    if step == 0:  # the untrained head: where the curve starts
-        m = held_eval()
+    if step == 0:  # the untrained drafter: where the curve starts
+        m = task.evaluate()
         curve.append((0, 0, m["first"], m["tokens_per_verify"]))
         events("metrics", step=0, **m)
     events("phase", name="training", total=cfg.steps, completed=step)
     try:
         while step < cfg.steps:
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-            idx = pool[torch.randint(len(pool), (cfg.batch,), generator=gen)]
-            batch = make_batch(train_dev, idx.to(dev), cfg.unroll)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg.steps, cfg.lr)
-            loss, parts = loss_fn(head, embed, lm_rows, t2d, batch)
+            loss, parts = task.loss(gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
             opt.step()
             step += 1
             events("advance", n=1, loss=float(loss.detach()), **parts)
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                m = held_eval()
+                m = task.evaluate()
                 curve.append((step, step * cfg.batch, m["first"], m["tokens_per_verify"]))
                 events("metrics", step=step, **m)
                 save_checkpoint()
     except KeyboardInterrupt:
         save_checkpoint()
         raise
-    final = held_eval()
+    final = task.evaluate()
     cov = coverage(held, d2t)
     trunk = trunk_identity(g, model)
     trunk["name"] = str(g.get("general.name") or Path(cfg.model).stem)
-    export_gguf(Path(cfg.out), head, d2t, trunk, {
-        "steps": step, "tokens": train.n_tokens, "seed": cfg.seed, "unroll": cfg.unroll,
+    task.export(g, trunk, {
+        "steps": step, "tokens": train.n_tokens, "seed": cfg.seed,
         "heldout_accept": float(final["first"]), "heldout_tokens_per_verify": float(final["tokens_per_verify"]),
         "corpus": "user" if cfg.corpus else "default",
-    }, weights=cfg.weights)
+    })
     return DistillResult(Path(cfg.out), step, train.n_tokens, held.n_tokens, len(d2t), cov, final, curve,
                          time.perf_counter() - t_start)
 

@@ -193,17 +193,18 @@ class EagleDrafter:
         self.warnings: list[str] = []
 
 
-def check_trunk(name: str, meta: Mapping[str, object], have: Mapping[str, object]) -> None:
-    """Refuse a head trained on another trunk, naming the first key that disagrees (``meta``: the
-    file's ``tsspec-eagle.trunk.*`` values by short key, ``have``: ``trunk_identity`` of the trunk)."""
+def check_trunk(name: str, meta: Mapping[str, object], have: Mapping[str, object], *, arch: str = ARCH,
+                noun: str = "head") -> None:
+    """Refuse a drafter trained on another trunk, naming the first key that disagrees (``meta``: the
+    file's ``ARCH.trunk.*`` values by short key, ``have``: ``trunk_identity`` of the trunk)."""
     for key, value in have.items():
         got = meta.get(key)
         if got is None:
-            raise ModelFileError(f"{name}: missing {ARCH}.trunk.{key}; not a file `tsspec distill` wrote")
+            raise ModelFileError(f"{name}: missing {arch}.trunk.{key}; not a file `tsspec distill` wrote")
         if (str(got) if key in ("architecture", "vocab_sha256") else int(got)) != value:
             what = "token list" if key == "vocab_sha256" else key.replace("_", " ")
             raise BadInput(
-                f"{name}: this head was trained for a trunk with {what} {got!s:.16}, but this model has "
+                f"{name}: this {noun} was trained for a trunk with {what} {got!s:.16}, but this model has "
                 f"{value!s:.16}; train one for this model with `tsspec distill`"
             )
 

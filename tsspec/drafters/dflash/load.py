@@ -90,6 +90,18 @@ def _check_trunk(g: GGUFFile, cfg: DFlashConfig, target, fc_in: int, own_embed: 
         raise BadInput(f"{name}: dflash.vocab_size {vocab} differs from the trunk's vocabulary {target.vocab_size}")
 
 
+def _check_distilled_trunk(g: GGUFFile, target) -> None:
+    """A drafter `tsspec distill` wrote records its trunk (architecture, shape, sha256 of the token
+    list): refuse any other trunk by name, before the shape checks would give a vaguer reason."""
+    from ..eagle import TRUNK_KEYS, check_trunk, trunk_identity
+
+    trunk_path = getattr(target, "path", None)
+    if trunk_path is None:
+        return  # a trunk built in memory has no token list to compare; the shape checks still run
+    meta = {k: g.get(f"dflash.trunk.{k}") for k in TRUNK_KEYS}
+    check_trunk(g.path.name, meta, trunk_identity(GGUFFile(trunk_path), target), arch="dflash", noun="block drafter")
+
+
 def _int_tensor(g: GGUFFile, name: str) -> torch.Tensor:
     """An integer tensor (``d2t`` is I64/I32), read as stored: there is nothing to dequantize."""
     for t in g.reader.tensors:
@@ -111,6 +123,8 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
     if tcfg is not None and getattr(tcfg, "layers", None):
         trunk_base = tcfg.layers[0].rope_base
     cfg = read_config(g, trunk_base)
+    if g.get("dflash.trunk.vocab_sha256") is not None:  # written by `tsspec distill --kind block`
+        _check_distilled_trunk(g, target)
     fmt = load_format(fmt or getattr(getattr(target, "lm_head", None), "fmt", None))
 
     def t(n: str) -> np.ndarray:
