@@ -545,7 +545,7 @@ def distill(
     lr: float = typer.Option(2e-3, "--lr", help="Peak learning rate (warmup, then cosine to a tenth)."),
     unroll: int = typer.Option(3, "--unroll", help="Chained head steps trained per position (as drafting chains them)."),
     draft_vocab: int = typer.Option(8192, "--draft-vocab", help="Tokens the head scores (the trunk's most predicted)."),
-    block_size: int = typer.Option(8, "--block-size", help="--kind block: the anchor and this many minus one drafts per forward."),
+    block_size: int = typer.Option(5, "--block-size", help="--kind block: the anchor and this many minus one drafts per forward."),
     layers: int = typer.Option(1, "--layers", help="--kind block: the drafter's transformer layers."),
     taps: int = typer.Option(4, "--taps", help="--kind block: trunk layers whose residual it reads (spread over the trunk)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the corpus order, the initial weights and every batch."),

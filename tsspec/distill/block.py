@@ -28,7 +28,7 @@ from ..models.base import apply_rope, rms_norm
 from .features import Features
 
 ARCH = "dflash"
-ANCHORS_PER_CHUNK = 16  # anchors of one chunk that share its context in a training step
+ANCHORS_PER_CHUNK = 32  # anchors of one chunk that share its context in a training step
 POSITION_DECAY = 0.7  # loss weight of block row e is POSITION_DECAY ** (e - 1)
 
 

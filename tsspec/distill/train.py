@@ -45,7 +45,7 @@ class DistillConfig:
     top_k: int = 8
     draft_vocab: int = 8192
     ffn: int = 0  # 0: twice the hidden size
-    block_size: int = 8  # --kind block: the anchor and block_size - 1 drafts per forward
+    block_size: int = 5  # --kind block: the anchor and block_size - 1 drafts per forward
     layers: int = 1  # --kind block: the drafter's transformer layers
     taps: int = 4  # --kind block: trunk layers whose entering residual it reads
     seed: int = 0
