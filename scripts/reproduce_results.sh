@@ -8,7 +8,7 @@
 #                                                #   spec (speculation beside llama.cpp's, per model),
 #                                                #   governor (the draft model after issue 11's governor
 #                                                #   change), chat (multi-turn: kept cache, n-gram),
-#                                                #   distill (a draft head trained for smollm2, benched),
+#                                                #   distill (a draft head and a block drafter trained for smollm2, benched),
 #                                                #   serve (aggregate tok/s, 1 vs 4 concurrent clients)
 #
 # Models are pulled into the cache on first use; the peer (llama.cpp b11434) is built by
@@ -67,13 +67,18 @@ if want chat; then
 fi
 
 if want distill; then
-  # a draft head trained by the documented default command (about 30 minutes on 2 cores; the
-  # weights stay in the cache, never in the repository), then benched beside n-gram
-  head="${TSSPEC_CACHE:-$HOME/.cache/tsspec/models}/../heads/smollm2-135m-head.gguf"
-  mkdir -p "$(dirname "$head")"
-  rm -f "$head.ckpt"
+  # a draft head and a block drafter trained by the documented default commands (about 30
+  # minutes each on 2 cores; the weights stay in the cache, never in the repository), then
+  # benched beside n-gram in one rotation
+  heads="${TSSPEC_CACHE:-$HOME/.cache/tsspec/models}/../heads"
+  head="$heads/smollm2-135m-head.gguf"
+  block="$heads/smollm2-135m-block.gguf"
+  mkdir -p "$heads"
+  rm -f "$head.ckpt" "$block.ckpt"
   tsspec distill -m smollm2-135m -o "$head" 2>&1 | tee docs/results/distill-smollm2-135m.txt
-  tsspec bench -m smollm2-135m --chat -w code -w prose --config "draft-head:path=$head" --config ngram \
+  tsspec distill -m smollm2-135m --kind block -o "$block" 2>&1 | tee docs/results/distill-block-smollm2-135m.txt
+  tsspec bench -m smollm2-135m --chat -w code -w prose --config "draft-head:path=$head" \
+    --config "block:path=$block" --config ngram \
     -n 64 --reps 2 --json docs/results/distill-bench-smollm2-135m.json | tee docs/results/distill-bench-smollm2-135m.txt
 fi
 
