@@ -610,7 +610,8 @@ def export_hf(
 
     with user_errors():
         written = export_block_hf(drafter, out, dtype=dtype)
-        err.print(f"wrote {written / 'config.json'} and {written / 'model.safetensors'} (DFlash reference layout, {dtype})")
+        err.print(f"wrote {escape(str(written / 'config.json'))} and {escape(str(written / 'model.safetensors'))} (DFlash reference layout, {dtype})",
+                  highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -121,7 +121,7 @@ def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
     for t in tensors:
         hf = hf_tensor_name(t)
         if hf is not None:
-            state[hf] = torch.from_numpy(np.ascontiguousarray(g.tensor(t), dtype=np.float32)).to(torch_dtype)
+            state[hf] = torch.from_numpy(np.array(g.tensor(t), dtype=np.float32)).to(torch_dtype)
     need = ["fc.weight", "hidden_norm.weight", "norm.weight"] + [
         f"layers.{i}.{n}" for i in range(cfg.n_layers) for n in _LAYER_NAMES.values()]
     missing = [n for n in need if n not in state]
