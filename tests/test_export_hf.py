@@ -147,9 +147,10 @@ def test_reference_forward_on_the_export_equals_the_decode_path(world, exported)
     lm_head = torch.from_numpy(trunk.tensor("output.weight"))
     tokens = [ord(c) % 256 for c in TEXT[:40]]
     L = target.n_layers
-    # every residual entering a layer = transformers' hidden_states[0..L-1] (index L, final-normed, unused)
-    rows = target.forward(tokens, target.make_cache(), all_logits=True, taps=tuple(range(L))).hidden.float()
+    # transformers' hidden_states: [0..L-1] = the residual entering each layer, [L] = final-normed
+    rows = target.forward(tokens, target.make_cache(), all_logits=True, taps=tuple(range(L + 1))).hidden.float()
     hidden_states = list(rows.split(cfg["hidden_size"], dim=-1))
+    hidden_states[L] = _rms(hidden_states[L], target.out_norm.float(), float(target.cfg.rms_eps))
     taps = model.cfg.target_layers
     feat = torch.cat([hidden_states[t] for t in taps], dim=-1)
     d2t = model.d2t
