@@ -135,7 +135,7 @@ def test_layout_names_and_config(world, exported):
     assert w["layers.0.self_attn.q_proj.weight"].shape == (cfg["num_attention_heads"] * hd, H)
     assert w["layers.0.self_attn.k_proj.weight"].shape == (cfg["num_key_value_heads"] * hd, H)
     assert w["layers.0.mlp.down_proj.weight"].shape == (H, cfg["intermediate_size"])
-    assert torch.equal(w["layers.0.self_attn.k_norm.weight"], torch.from_numpy(g.tensor("blk.0.attn_k_norm.weight")))
+    assert torch.equal(w["layers.0.self_attn.k_norm.weight"], torch.tensor(g.tensor("blk.0.attn_k_norm.weight")))
 
 
 def test_reference_forward_on_the_export_equals_the_decode_path(world, exported):
@@ -143,8 +143,8 @@ def test_reference_forward_on_the_export_equals_the_decode_path(world, exported)
     target = load_model(world["trunk"], fmt="f32")
     model = load_drafter(world["drafter"], target).model
     trunk = GGUFFile(world["trunk"])
-    embed = torch.from_numpy(trunk.tensor("token_embd.weight"))
-    lm_head = torch.from_numpy(trunk.tensor("output.weight"))
+    embed = torch.tensor(trunk.tensor("token_embd.weight"))
+    lm_head = torch.tensor(trunk.tensor("output.weight"))
     tokens = [ord(c) % 256 for c in TEXT[:40]]
     L = target.n_layers
     # transformers' hidden_states: [0..L-1] = the residual entering each layer, [L] = final-normed
