@@ -174,16 +174,15 @@ def test_bfloat16_export(world, tmp_path):
         export_block_hf(world["drafter"], tmp_path / "x", dtype="float16")
 
 
-def _rewrite(src, dst, *, arch="dflash", add: dict | None = None, drop=()):
-    """A copy of GGUF ``src`` with another architecture, extra tensors or some left out."""
+def _rewrite(src, dst, *, add: dict | None = None, drop=(), meta: dict | None = None):
+    """A copy of GGUF ``src`` with extra tensors, some left out, or some metadata replaced."""
     import gguf
 
     g = GGUFFile(src)
-    wr = gguf.GGUFWriter(str(dst), arch)
-    for k, v in g.metadata.items():
+    wr = gguf.GGUFWriter(str(dst), "dflash")
+    for k, v in {**g.metadata, **(meta or {})}.items():
         if k.startswith("general.architecture"):
             continue
-        k = k.replace("dflash.", f"{arch}.", 1) if k.startswith("dflash.") else k
         if isinstance(v, str):
             wr.add_string(k, v)
         elif isinstance(v, list):
@@ -225,9 +224,15 @@ def test_refuses_what_the_reference_layout_cannot_hold(world, tmp_path):
     head = _rewrite(src, tmp_path / "head.gguf", drop=("d2t",))
     with pytest.raises(BadInput, match="its own LM head"):
         export_block_hf(head, tmp_path / "e")
+    last = _rewrite(src, tmp_path / "last.gguf", meta={"dflash.target_layers": [1, 4]})
+    with pytest.raises(BadInput, match=r"reads the residual after the trunk's last layer \(4\)"):
+        export_block_hf(last, tmp_path / "g")
+    rope = _rewrite(src, tmp_path / "rope.gguf", meta={"dflash.rope.dimension_count": 16})
+    with pytest.raises(BadInput, match="rope covers 16 of 32 head dims"):
+        export_block_hf(rope, tmp_path / "h")
     with pytest.raises(BadInput, match="no such file"):
         export_block_hf(tmp_path / "missing.gguf", tmp_path / "f")
-    assert not any((tmp_path / n).exists() for n in "abcdef")  # nothing half-written
+    assert not any((tmp_path / n).exists() for n in "abcdefgh")  # nothing half-written
 
 
 def test_cli(world, tmp_path):
