@@ -593,6 +593,27 @@ def distill(
         err.print(f"use it: tsspec generate -m {model} --spec-draft-model {result.out} -p ...")
 
 
+@app.command("export-hf")
+def export_hf(
+    drafter: Path = typer.Argument(..., help="A dflash block drafter GGUF (e.g. from `tsspec distill --kind block`)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Directory to write config.json and model.safetensors into."),
+    dtype: str = typer.Option("float32", "--dtype", help="Weight type in model.safetensors: float32 (exact) or bfloat16."),
+):
+    """Write a DFlash block drafter in the Hugging Face layout of the z-lab DFlash reference.
+
+    OUT gets config.json (DFlashDraftModel, dflash_config with target_layer_ids, block_size and
+    mask_token_id) and model.safetensors (fc, hidden_norm, layers.N.*, norm), the layout vLLM,
+    SGLang and the reference's transformers code load as a DFlash draft model. The drafter borrows
+    the target's embedding and LM head there, so the file's draft-vocabulary rows are not written.
+    DFlash2 files are refused (that layout has no place for their convolutions and selector)."""
+    from .distill.export_hf import export_block_hf
+
+    with user_errors():
+        written = export_block_hf(drafter, out, dtype=dtype)
+        err.print(f"wrote {escape(str(written / 'config.json'))} and {escape(str(written / 'model.safetensors'))} (DFlash reference layout, {dtype})",
+                  highlight=False, soft_wrap=True)
+
+
 @app.command()
 def models():
     """List the known real models and whether each is cached."""
