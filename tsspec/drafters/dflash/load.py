@@ -9,6 +9,7 @@ import torch
 
 from ...errors import BadInput, ModelFileError
 from ...gguf_file import GGUFFile
+from ...models.base import load_weight
 from ...weights import Linear, load_format, to_tensor
 from .. import DrafterOptions
 from .config import DFlashConfig, _meta_int, read_config
@@ -125,7 +126,9 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
     cfg = read_config(g, trunk_base)
     if g.get("dflash.trunk.vocab_sha256") is not None:  # written by `tsspec distill --kind block`
         _check_distilled_trunk(g, target)
-    fmt = load_format(fmt or getattr(getattr(target, "lm_head", None), "fmt", None))
+    # the trunk's load format as resolved ("auto": every matrix stays in its GGUF blocks on the
+    # native kernels; a Linear's backend name "gguf" means the same)
+    fmt = load_format(fmt or getattr(target, "weight_format", None) or getattr(getattr(target, "lm_head", None), "fmt", None))
 
     def t(n: str) -> np.ndarray:
         return g.tensor(n)
@@ -136,7 +139,20 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
             raise ModelFileError(f"{name}: {n} is {tuple(a.shape)}, expected ({size},)")
         return a
 
-    def mat(n: str, shape: tuple[int, int]) -> np.ndarray:
+    def shape_of(n: str) -> tuple[int, ...]:
+        if not g.has_tensor(n):
+            raise ModelFileError(f"{name}: missing tensor {n!r}")
+        return tuple(int(x) for x in g.tensor_info(n).shape)
+
+    def mat(n: str, shape: tuple[int, int]):
+        """A matrix a Linear multiplies, in ``fmt`` (its stored blocks under "auto")."""
+        got = shape_of(n)
+        if got != shape:
+            raise ModelFileError(f"{name}: {n} is {got}, expected {shape}")
+        return load_weight(g, [n], fmt)[0]
+
+    def dense(n: str, shape: tuple[int, int]) -> np.ndarray:
+        """A matrix read as float values (an embedding, the selector's books)."""
         a = t(n)
         if a.shape != shape:
             raise ModelFileError(f"{name}: {n} is {a.shape}, expected {shape}")
@@ -144,11 +160,11 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
 
     d, hd = cfg.d_model, cfg.head_dim
     q_dim, kv_dim = cfg.n_heads * hd, cfg.n_kv_heads * hd
-    fc_w = t("fc.weight")
-    if fc_w.ndim != 2 or fc_w.shape[0] != d:
-        raise ModelFileError(f"{name}: fc.weight is {fc_w.shape}, expected ({d}, len(target_layers) x trunk hidden)")
+    fc_shape = shape_of("fc.weight")
+    if len(fc_shape) != 2 or fc_shape[0] != d:
+        raise ModelFileError(f"{name}: fc.weight is {fc_shape}, expected ({d}, len(target_layers) x trunk hidden)")
     own_embed, own_head = g.has_tensor("token_embd.weight"), g.has_tensor("output.weight")
-    _check_trunk(g, cfg, target, fc_w.shape[1], own_embed, own_head)
+    _check_trunk(g, cfg, target, fc_shape[1], own_embed, own_head)
 
     if not g.has_tensor("blk.0.ffn_gate.weight"):
         raise ModelFileError(f"{name}: missing tensor 'blk.0.ffn_gate.weight'")
@@ -201,21 +217,21 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
         ))
 
     vocab = target.vocab_size
-    embed = to_tensor(mat("token_embd.weight", (vocab, d)), torch.float32) if own_embed else target.embed
+    embed = to_tensor(dense("token_embd.weight", (vocab, d)), torch.float32) if own_embed else target.embed
     d2t = None
     if own_head:
-        head_w = t("output.weight")
-        if head_w.ndim != 2 or head_w.shape[1] != d:
-            raise ModelFileError(f"{name}: output.weight is {head_w.shape}, expected (vocab, {d})")
+        head_shape = shape_of("output.weight")
+        if len(head_shape) != 2 or head_shape[1] != d:
+            raise ModelFileError(f"{name}: output.weight is {head_shape}, expected (vocab, {d})")
         if g.has_tensor("d2t"):
             d2t = _int_tensor(g, "d2t")
-            if d2t.numel() != head_w.shape[0] or int(d2t.min()) < 0 or int(d2t.max()) >= vocab:
-                raise ModelFileError(f"{name}: d2t must map the {head_w.shape[0]} draft rows into the "
+            if d2t.numel() != head_shape[0] or int(d2t.min()) < 0 or int(d2t.max()) >= vocab:
+                raise ModelFileError(f"{name}: d2t must map the {head_shape[0]} draft rows into the "
                                      f"trunk's vocabulary of {vocab}")
-        elif head_w.shape[0] != vocab:
-            raise BadInput(f"{name}: output.weight has {head_w.shape[0]} rows and no d2t map, but the "
+        elif head_shape[0] != vocab:
+            raise BadInput(f"{name}: output.weight has {head_shape[0]} rows and no d2t map, but the "
                            f"trunk's vocabulary is {vocab}")
-        lm_head = Linear(head_w, None, fmt)
+        lm_head = Linear(mat("output.weight", head_shape), None, fmt)
     else:
         lm_head = target.lm_head
 
@@ -232,8 +248,8 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
         if k > vocab:
             raise ModelFileError(f"{name}: dflash.selector_top_k {k} exceeds the vocabulary {vocab}")
         selector = Selector(
-            pred_book=to_tensor(mat("selector_predecessor.weight", (vocab, r)), torch.float32),
-            succ_book=to_tensor(mat("selector_successor.weight", (vocab, r)), torch.float32),
+            pred_book=to_tensor(dense("selector_predecessor.weight", (vocab, r)), torch.float32),
+            succ_book=to_tensor(dense("selector_successor.weight", (vocab, r)), torch.float32),
             hidden=Linear(mat("selector_hidden.weight", (r, d)), None, fmt),
             top_k=k,
         )
@@ -245,7 +261,7 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
         ring_rows = int(getattr(target, "max_context", 4096))
     model = DFlashModel(
         cfg, layers,
-        fc=Linear(fc_w, None, fmt),
+        fc=Linear(mat("fc.weight", fc_shape), None, fmt),
         enc_norm=vec("enc.output_norm.weight", d),
         out_norm=vec("output_norm.weight", d),
         embed=embed, lm_head=lm_head, vocab_size=vocab, ring_rows=ring_rows, d2t=d2t,
