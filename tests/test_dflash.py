@@ -367,6 +367,7 @@ def test_ring_after_a_speculative_run_equals_one_shot_injection(files, which):
     out = decode(target, sampler, PROMPT, N_TOKENS, speculator=spec, window=8)
     assert out == plain
     n = len(PROMPT) + len(out) - 1  # committed positions 0..n-1 (the last token is not forwarded)
+    spec.sync()  # the last commits wait for the next proposal; write them as it would
     ring = spec.state
     assert sorted(ring.pos_of[ring.pos_of >= 0].tolist()) == list(range(n - WINDOW, n))
     full = PROMPT + out
@@ -385,6 +386,7 @@ def test_arms_after_a_reused_prefix(files):
     spec = BlockSpeculator(dr.draft_head, dr.taps, 8, min_draft_prob=0.0)
     spec.begin(PROMPT[:-1], feats[-4:])
     P = len(PROMPT) - 1
+    spec.sync()  # begin only keeps the rows; the first proposal writes them
     assert sorted(spec.state.pos_of[spec.state.pos_of >= 0].tolist()) == list(range(P - 4, P))
     draft = spec.propose(DraftContext(PROMPT[-1], P, 4, PROMPT))
     _, rlogits, rwalk = reference_block(files["dflash2"], files["trunk"], feats[-4:], PROMPT[-1], P)
@@ -552,6 +554,7 @@ def test_qwen35_hybrid_trunk(tmp_path):
     assert 0 < stats.accepted < stats.drafted
     # the ring holds the committed tail, whichever way the trunk rolled back
     n = len(PROMPT) + len(plain) - 1
+    spec.sync()
     ring = spec.state
     assert sorted(ring.pos_of[ring.pos_of >= 0].tolist()) == list(range(n - WINDOW, n))
 
@@ -598,3 +601,24 @@ def test_one_loaded_block_drafter_serves_interleaved_sequences(files):
     seqs = [Seq(target, sampler, speculator=s, window=8) for s in specs]
     assert decode_batched(seqs, prompts, N_TOKENS) == alone
     assert all(0 < seq.stats.accepted < seq.stats.drafted for seq in seqs)
+
+
+def test_commits_wait_for_the_next_proposal(files):
+    """While nothing is proposed (a parked governor) commits only keep tap rows; the next proposal
+    writes them in one pass, drafts what an eager ring would, and reports the long refill as setup."""
+    target, dr = _load(files, "dflash")
+    feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
+    P = len(PROMPT) - 1
+    lazy = BlockSpeculator(dr.draft_head, dr.taps, 8, min_draft_prob=0.0)
+    lazy.begin(PROMPT[:4], feats[:4])
+    for i in range(4, P):  # one committed token per plain step
+        lazy.commit([PROMPT[i]], feats[i : i + 1], i)
+    assert not (lazy.state.pos_of >= 0).any()  # nothing written yet
+    eager = BlockSpeculator(dr.draft_head, dr.taps, 8, min_draft_prob=0.0)
+    eager.begin(PROMPT[:-1], feats)
+    eager.sync()
+    ctx = DraftContext(PROMPT[-1], P, 4, PROMPT)
+    a, b = lazy.propose(ctx), eager.propose(ctx)
+    assert a.tokens == b.tokens and a.setup_ms > 0 and b.setup_ms == 0
+    assert torch.equal(lazy.state.pos_of, eager.state.pos_of)
+    assert torch.allclose(lazy.state.k, eager.state.k, atol=1e-5)

@@ -19,10 +19,16 @@ Contract:
   only exact when drafts are drawn from the q it is given.
 * It may arm after a reused KV prefix: the drafter's ring refills from each forwarded suffix and
   every commit, so a gap costs a shorter drafting context, never a wrong token.
+* The ring refills lazily: ``begin`` and ``commit`` only keep the tap rows, and ``propose`` writes
+  what is pending in one batched pass first. A parked stretch (the governor drafting nothing)
+  costs no drafter work per token; the refill after it is one-off work reported as
+  ``Draft.setup_ms``, which the governor budgets apart from the drafting verdict. At most a ring's
+  worth of rows is kept: older ones would be overwritten anyway.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -69,6 +75,9 @@ class BlockSpeculator:
         self.drafted = 0  # tokens proposed after the gate
         self.gated = 0  # tokens the gate cut
         self.last_conf: list[float] = []  # confidences of the last block, for a live display
+        # committed (start position, tokens, tap rows) not yet written into the ring, oldest first
+        self._pending: list[tuple[int, list[int], torch.Tensor]] = []
+        self._pending_rows = 0
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -79,13 +88,45 @@ class BlockSpeculator:
         if hidden is not None and hidden.shape[0]:
             # tap rows may cover only a forwarded suffix (an adopted prefix): they end at the prompt's end
             start = len(prompt) - hidden.shape[0]
-            self.head.catch_up(prompt[start:], hidden, start, self.state)
+            self._keep(start, list(prompt[start:]), hidden)
+
+    def _keep(self, start: int, tokens: list[int], rows: torch.Tensor) -> None:
+        self._pending.append((start, tokens, rows))
+        self._pending_rows += rows.shape[0]
+        limit = getattr(self.state, "rows", None)  # the ring's size: older rows cannot survive it
+        while limit is not None and len(self._pending) > 1 and self._pending_rows - self._pending[0][2].shape[0] >= limit:
+            self._pending_rows -= self._pending.pop(0)[2].shape[0]
+
+    def sync(self) -> None:
+        """Write every pending committed row into the ring now (``propose`` does this itself;
+        inspection and tests call it to see the ring as drafting would)."""
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Write the pending rows into the ring: each contiguous run in one pass."""
+        runs: list[tuple[int, list[int], list[torch.Tensor]]] = []
+        for start, tokens, rows in self._pending:
+            if runs and runs[-1][0] + len(runs[-1][1]) == start:
+                runs[-1][1].extend(tokens)
+                runs[-1][2].append(rows)
+            else:
+                runs.append((start, list(tokens), [rows]))
+        self._pending, self._pending_rows = [], 0
+        for start, tokens, rows in runs:
+            self.head.catch_up(tokens, rows[0] if len(rows) == 1 else torch.cat(rows), start, self.state)
 
     def propose(self, ctx: DraftContext) -> Draft:
         self.proposals += 1
         k = min(ctx.max_tokens, self.max_draft_tokens)
         if k <= 0:
             return Draft()
+        setup_ms = 0.0
+        if self._pending:
+            # more than a verify leaves behind: a refill after a parked stretch, one-off work
+            long_refill = self._pending_rows > self.max_draft_tokens + 1
+            t0 = time.perf_counter()
+            self._catch_up()
+            setup_ms = (time.perf_counter() - t0) * 1000.0 if long_refill else 0.0
         rows: list[torch.Tensor] = []
         pick = None  # None: the head's own argmax walk
         if self.sample_drafts and ctx.sampler is not None:
@@ -111,13 +152,14 @@ class BlockSpeculator:
         self.gated += min(k, len(tokens)) - n
         self.drafted += n
         if n == 0:
-            return Draft()
+            return Draft(setup_ms=setup_ms)
         probs = torch.stack(rows[:n]) if rows else None
-        return Draft(tokens=list(tokens[:n]), probs=probs)
+        return Draft(tokens=list(tokens[:n]), probs=probs, setup_ms=setup_ms)
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         if hidden is not None and len(tokens):
-            self.head.catch_up(tokens, hidden[: len(tokens)], start_pos, self.state)
+            self._keep(start_pos, list(tokens), hidden[: len(tokens)])
 
     def reset(self) -> None:
         self.state.reset()
+        self._pending, self._pending_rows = [], 0
