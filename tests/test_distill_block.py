@@ -189,3 +189,27 @@ def test_batch_targets_are_the_trunks_next_token_at_each_block_row():
     assert b.greedy.tolist() == [[[top_ids[1, 4, 0], top_ids[1, 5, 0], 999]]]
     assert b.follows.tolist() == [[[True, True, False]]]
     assert b.tokens[0, 4] == tokens[1, 4]
+
+
+def test_cli_trains_a_block_drafter_and_generate_drafts_with_it(world, tmp_path, capsys, monkeypatch):
+    import os
+
+    from tsspec.cli import run
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # generate publishes TS_SPEC_* for child processes
+    out = tmp_path / "b.gguf"
+    rc = run(["distill", "-m", str(world["trunk"]), "--kind", "block", "--block-size", "4", "--taps", "2",
+              "-o", str(out), "--corpus", str(world["corpus"]), "--tokens", "2048", "--answers", "0",
+              "--steps", "10", "--eval-every", "5", "--batch", "16", "--draft-vocab", "64"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 0 and out.exists(), err
+    assert "run of 1..3" in err and "with 3 drafts" in err
+    assert f"tsspec generate -m {world['trunk']} --spec --spec-draft-model {out}" in err
+    rc = run(["generate", "-m", str(world["trunk"]), "--spec", "--spec-draft-model", str(out), "--spec-pmin", "0",
+              "-p", "def add(a, b):", "-n", "12"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert rc == 0 and "spec block" in err, err
+    # bad block settings at the command line: one line
+    rc = run(["distill", "-m", str(world["trunk"]), "--kind", "block", "--layers", "0", "-o", str(tmp_path / "x.gguf")])
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert rc != 0 and len(lines) == 1 and "--layers must be in [1, 16]" in lines[0]

@@ -558,7 +558,7 @@ def distill(
     The trunk is run over a corpus and the drafter learns to predict its next tokens (its soft
     distribution, so acceptance is what improves): a per-token head from the trunk's last row, or
     (--kind block) a block drafter from the rows entering a few layers. The output loads with
-    `tsspec generate -m MODEL --spec-draft-model OUT`. Ctrl-C saves a checkpoint; run the same
+    `tsspec generate -m MODEL --spec --spec-draft-model OUT`. Ctrl-C saves a checkpoint; run the same
     command again to continue."""
     from .distill.train import DistillConfig, distill as run_distill
     from .hub import resolve_model
@@ -590,7 +590,7 @@ def distill(
         err.print(f"held-out acceptance (greedy path, {h['anchors']} positions): first token {h['first']:.1%}, "
                   f"run of 1..{n}: {', '.join(f'{a:.1%}' for a in h['accept'])}; "
                   f"expected tokens per verify with {n} drafts {h['tokens_per_verify']:.2f}")
-        err.print(f"use it: tsspec generate -m {model} --spec-draft-model {result.out} -p ...")
+        err.print(f"use it: tsspec generate -m {model} --spec --spec-draft-model {result.out} -p ...")
 
 
 @app.command("export-hf")
