@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.distill_corpus import TEXT, write_corpus
 from tests.tiny import write_tiny_model
 from tsspec.distill.block import BlockModule, BlockShape, choose_taps, make_block_batch
 from tsspec.distill.features import Features
@@ -21,8 +22,6 @@ from tsspec.spec.loop import decode
 from tsspec.spec.stats import SpecStats
 from tsspec.tokenizer import Tokenizer
 
-TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
-        "        self.y = y\n\nThe quick brown fox jumps over the lazy dog. ")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,12 +36,7 @@ def own_cache(tmp_path_factory):
 def world(tmp_path_factory):
     d = tmp_path_factory.mktemp("distill-block")
     trunk = write_tiny_model(d / "trunk.gguf", arch="llama", vocab_size=300, d_model=64, n_layers=3)
-    corpus = d / "corpus"
-    corpus.mkdir()
-    rng = np.random.default_rng(0)
-    words = TEXT.split(" ")
-    for i in range(12):
-        (corpus / f"f{i:02d}.txt").write_text(" ".join(words[j % len(words)] for j in rng.integers(0, len(words), 600)))
+    corpus = write_corpus(d / "corpus")
     return {"dir": d, "trunk": trunk, "corpus": corpus}
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from tests.clirun import run
+from tests.distill_corpus import TEXT, write_corpus
 from tests.tiny import write_tiny_model
 from tsspec.distill.block import BlockShape
 from tsspec.distill.export_hf import export_block_hf
@@ -28,8 +29,6 @@ from tsspec.errors import BadInput
 from tsspec.gguf_file import GGUFFile
 from tsspec.models import load_model
 
-TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
-        "        self.y = y\n\nThe quick brown fox jumps over the lazy dog. ")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,12 +44,7 @@ def world(tmp_path_factory):
     d = tmp_path_factory.mktemp("export-hf")
     # untied: the embedding (block input) and the LM head (read-out) are different matrices
     trunk = write_tiny_model(d / "trunk.gguf", arch="llama", vocab_size=300, d_model=64, n_layers=4, tied=False)
-    corpus = d / "corpus"
-    corpus.mkdir()
-    rng = np.random.default_rng(0)
-    words = TEXT.split(" ")
-    for i in range(12):
-        (corpus / f"f{i:02d}.txt").write_text(" ".join(words[j % len(words)] for j in rng.integers(0, len(words), 600)))
+    corpus = write_corpus(d / "corpus")
     cfg = DistillConfig(model=str(trunk), out=str(d / "block.gguf"), kind="block", corpus=(str(corpus),), tokens=4096,
                         heldout_tokens=512, steps=20, batch=32, chunk=64, draft_vocab=128, eval_every=20, lr=3e-3,
                         weights="f32", block_size=5, taps=3, layers=2)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from ..drafters.dflash.ops import _rope_at
 from ..models.base import apply_rope, rms_norm
 from .features import Features
+from .head import add_matrix, add_provenance
 
 ARCH = "dflash"
 ANCHORS_PER_CHUNK = 32  # anchors of one chunk that share its context in a training step
@@ -254,28 +255,10 @@ def export_block_gguf(path: Path, module: BlockModule, taps: tuple[int, ...], ma
     w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", float(s.eps))
     w.add_float32(f"{ARCH}.rope.freq_base", float(s.rope_base))
     w.add_array(f"{ARCH}.target_layers", [int(t) for t in taps])
-    for key, value in trunk.items():
-        if key == "name":
-            continue
-        if isinstance(value, str):
-            w.add_string(f"{ARCH}.trunk.{key}", value)
-        else:
-            w.add_uint32(f"{ARCH}.trunk.{key}", int(value))
-    for key, value in training.items():
-        if isinstance(value, str):
-            w.add_string(f"{ARCH}.training.{key}", value)
-        elif isinstance(value, float):
-            w.add_float32(f"{ARCH}.training.{key}", value)
-        else:
-            w.add_uint64(f"{ARCH}.training.{key}", int(value))
-    qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "f32": gguf.GGMLQuantizationType.F32}[weights]
+    add_provenance(w, ARCH, trunk, training)
 
     def matrix(name: str, p: torch.Tensor) -> None:
-        a = p.detach().float().cpu().contiguous().numpy()
-        if qtype == gguf.GGMLQuantizationType.F32 or a.shape[1] % 32:
-            w.add_tensor(name, a)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        add_matrix(w, name, p, weights)
 
     def vector(name: str, p: torch.Tensor) -> None:
         w.add_tensor(name, p.detach().float().cpu().contiguous().numpy())

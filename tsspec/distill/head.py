@@ -154,6 +154,36 @@ def evaluate(head: HeadModule, embed: torch.Tensor, lm_rows: torch.Tensor, d2t: 
             "tokens_per_verify": 1.0 + sum(accept)}
 
 
+def add_provenance(w, arch: str, trunk: Mapping[str, object], training: Mapping[str, object]) -> None:
+    """``ARCH.trunk.*`` (what the drafter binds to; checked on load) and ``ARCH.training.*`` keys."""
+    for key, value in trunk.items():
+        if key == "name":
+            continue
+        if isinstance(value, str):
+            w.add_string(f"{arch}.trunk.{key}", value)
+        else:
+            w.add_uint32(f"{arch}.trunk.{key}", int(value))
+    for key, value in training.items():
+        if isinstance(value, str):
+            w.add_string(f"{arch}.training.{key}", value)
+        elif isinstance(value, float):
+            w.add_float32(f"{arch}.training.{key}", value)
+        else:
+            w.add_uint64(f"{arch}.training.{key}", int(value))
+
+
+def add_matrix(w, name: str, p: torch.Tensor, weights: str) -> None:
+    """A trained matrix in Q8_0 (``weights="q8_0"``, when its rows split into 32-blocks) or F32."""
+    import gguf
+
+    a = p.detach().float().cpu().contiguous().numpy()
+    if weights == "f32" or a.shape[1] % 32:
+        w.add_tensor(name, a)
+    else:
+        qtype = gguf.GGMLQuantizationType.Q8_0
+        w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+
+
 def export_gguf(path: Path, head: HeadModule, d2t: np.ndarray, trunk: Mapping[str, object], training: Mapping[str, object],
                 weights: str = "q8_0") -> None:
     """Write the head as a ``tsspec-eagle`` GGUF (matrices in Q8_0 or F32; norms and ``d2t`` exact)."""
@@ -167,27 +197,9 @@ def export_gguf(path: Path, head: HeadModule, d2t: np.ndarray, trunk: Mapping[st
     w.add_uint32(f"{ARCH}.feed_forward_length", int(head.ffn_gate.shape[0]))
     w.add_uint32(f"{ARCH}.draft_vocab_size", int(len(d2t)))
     w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", float(head.eps))
-    for key, value in trunk.items():
-        if key == "name":
-            continue
-        if isinstance(value, str):
-            w.add_string(f"{ARCH}.trunk.{key}", value)
-        else:
-            w.add_uint32(f"{ARCH}.trunk.{key}", int(value))
-    for key, value in training.items():
-        if isinstance(value, str):
-            w.add_string(f"{ARCH}.training.{key}", value)
-        elif isinstance(value, float):
-            w.add_float32(f"{ARCH}.training.{key}", value)
-        else:
-            w.add_uint64(f"{ARCH}.training.{key}", int(value))
-    qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "f32": gguf.GGMLQuantizationType.F32}[weights]
+    add_provenance(w, ARCH, trunk, training)
     for n in MATRICES:
-        a = getattr(head, n).detach().float().contiguous().numpy()
-        if qtype == gguf.GGMLQuantizationType.F32 or a.shape[1] % 32:
-            w.add_tensor(f"{n}.weight", a)
-        else:
-            w.add_tensor(f"{n}.weight", gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+        add_matrix(w, f"{n}.weight", getattr(head, n), weights)
     for n in NORMS:
         w.add_tensor(f"{n}.weight", getattr(head, n).detach().float().contiguous().numpy())
     w.add_tensor("d2t", np.asarray(d2t, dtype=np.int32))
