@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 TEXT = ("def add(a, b):\n    return a + b\n\nclass Point:\n    def __init__(self, x, y):\n        self.x = x\n"
         "        self.y = y\n\nThe quick brown fox jumps over the lazy dog. ")
@@ -19,3 +20,13 @@ def write_corpus(d: Path, files: int = 12, words: int = 600) -> Path:
     for i in range(files):
         (d / f"f{i:02d}.txt").write_text(" ".join(vocab[j % len(vocab)] for j in rng.integers(0, len(vocab), words)))
     return d
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_cache(tmp_path_factory):
+    """Features and answers are cached beside the model cache: a test module gets its own, never
+    the user's (import this fixture into the module)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TSSPEC_CACHE", str(tmp_path_factory.mktemp("cache") / "models"))
+    yield mp
+    mp.undo()

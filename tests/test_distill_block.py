@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.distill_corpus import TEXT, write_corpus
+from tests.distill_corpus import TEXT, own_cache, write_corpus  # noqa: F401 (own_cache: an autouse fixture)
 from tests.tiny import write_tiny_model
 from tsspec.distill.block import BlockModule, BlockShape, choose_taps, make_block_batch
 from tsspec.distill.features import Features
@@ -22,14 +22,6 @@ from tsspec.spec.loop import decode
 from tsspec.spec.stats import SpecStats
 from tsspec.tokenizer import Tokenizer
 
-
-
-@pytest.fixture(scope="module", autouse=True)
-def own_cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TSSPEC_CACHE", str(tmp_path_factory.mktemp("cache") / "models"))  # never the user's cache
-    yield mp
-    mp.undo()
 
 
 @pytest.fixture(scope="module")

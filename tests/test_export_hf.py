@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from tests.clirun import run
-from tests.distill_corpus import TEXT, write_corpus
+from tests.distill_corpus import TEXT, own_cache, write_corpus  # noqa: F401 (own_cache: an autouse fixture)
 from tests.tiny import write_tiny_model
 from tsspec.distill.block import BlockShape
 from tsspec.distill.export_hf import export_block_hf
@@ -29,14 +29,6 @@ from tsspec.errors import BadInput
 from tsspec.gguf_file import GGUFFile
 from tsspec.models import load_model
 
-
-
-@pytest.fixture(scope="module", autouse=True)
-def own_cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TSSPEC_CACHE", str(tmp_path_factory.mktemp("cache") / "models"))  # never the user's cache
-    yield mp
-    mp.undo()
 
 
 @pytest.fixture(scope="module")

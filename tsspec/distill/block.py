@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..drafters.dflash.ops import _rope_at
 from ..models.base import apply_rope, rms_norm
 from .features import Features
-from .head import add_matrix, add_provenance
+from .head import add_matrix, add_provenance, write_and_rename
 
 ARCH = "dflash"
 ANCHORS_PER_CHUNK = 32  # anchors of one chunk that share its context in a training step
@@ -283,8 +283,4 @@ def export_block_gguf(path: Path, module: BlockModule, taps: tuple[int, ...], ma
     else:
         w.add_tensor("output.weight", raw, raw_dtype=gguf.GGMLQuantizationType[head_rows.type_name])
     w.add_tensor("d2t", np.asarray(d2t, dtype=np.int32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tmp.replace(path)
+    write_and_rename(w, tmp, path)

@@ -184,6 +184,15 @@ def add_matrix(w, name: str, p: torch.Tensor, weights: str) -> None:
         w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
 
 
+def write_and_rename(w, tmp: Path, path: Path) -> None:
+    """Write the GGUF to ``tmp`` and move it over ``path``: a file there is always a whole one."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.replace(path)
+
+
 def export_gguf(path: Path, head: HeadModule, d2t: np.ndarray, trunk: Mapping[str, object], training: Mapping[str, object],
                 weights: str = "q8_0") -> None:
     """Write the head as a ``tsspec-eagle`` GGUF (matrices in Q8_0 or F32; norms and ``d2t`` exact)."""
@@ -203,8 +212,4 @@ def export_gguf(path: Path, head: HeadModule, d2t: np.ndarray, trunk: Mapping[st
     for n in NORMS:
         w.add_tensor(f"{n}.weight", getattr(head, n).detach().float().contiguous().numpy())
     w.add_tensor("d2t", np.asarray(d2t, dtype=np.int32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tmp.replace(path)
+    write_and_rename(w, tmp, path)
