@@ -10,6 +10,7 @@ import torch
 from ...errors import BadInput, ModelFileError
 from ...gguf_file import GGUFFile
 from ...models.base import load_weight
+from ...validate import weight_types
 from ...weights import Linear, load_format, to_tensor
 from .. import DrafterOptions
 from .config import DFlashConfig, _meta_int, read_config
@@ -144,11 +145,17 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
             raise ModelFileError(f"{name}: missing tensor {n!r}")
         return tuple(int(x) for x in g.tensor_info(n).shape)
 
+    readable = weight_types()
+
     def mat(n: str, shape: tuple[int, int]):
         """A matrix a Linear multiplies, in ``fmt`` (its stored blocks under "auto")."""
         got = shape_of(n)
         if got != shape:
             raise ModelFileError(f"{name}: {n} is {got}, expected {shape}")
+        kind = g.tensor_info(n).type_name
+        if kind not in readable:
+            raise ModelFileError(f"{name}: tensor {n} has type {kind}, which is not a weight type "
+                                 "(expected a float or quantized type)")
         return load_weight(g, [n], fmt)[0]
 
     def dense(n: str, shape: tuple[int, int]) -> np.ndarray:
