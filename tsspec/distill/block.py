@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..drafters.dflash.ops import _rope_at
 from ..models.base import apply_rope, rms_norm
 from .features import Features
-from .head import add_matrix, add_provenance, write_and_rename
+from .head import add_matrix, add_provenance, path_acceptance, write_and_rename
 
 ARCH = "dflash"
 ANCHORS_PER_CHUNK = 32  # anchors of one chunk that share its context in a training step
@@ -223,14 +223,7 @@ def evaluate_block(module: BlockModule, embed: torch.Tensor, lm_rows: torch.Tens
         hits.append((d2t[(h @ lm_rows.T).argmax(-1)] == b.greedy).reshape(-1, s.block_size - 1))
         follows.append(b.follows.reshape(-1, s.block_size - 1))
     hit, fol = torch.cat(hits), torch.cat(follows)
-    accept, counts = [], []
-    for e in range(s.block_size - 1):
-        on_path = fol[:, :e].all(dim=1)
-        n = int(on_path.sum())
-        counts.append(n)
-        accept.append(float(hit[on_path, : e + 1].all(dim=1).float().mean()) if n else 0.0)
-    return {"anchors": int(hit.shape[0]), "on_path": counts, "accept": accept, "first": accept[0],
-            "tokens_per_verify": 1.0 + sum(accept)}
+    return path_acceptance(hit, fol)
 
 
 def export_block_gguf(path: Path, module: BlockModule, taps: tuple[int, ...], mask_token: int, head_rows,

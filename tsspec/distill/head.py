@@ -144,13 +144,21 @@ def evaluate(head: HeadModule, embed: torch.Tensor, lm_rows: torch.Tensor, d2t: 
     hit = torch.stack([d2t[lg.argmax(-1)] == batch.top_ids[:, j, 0] for j, lg in enumerate(logits)], dim=1)
     # the trunk's greedy token at each step's position equals the text's next token
     follows = batch.top_ids[:, :-1, 0] == batch.tokens[:, 1:]
+    return path_acceptance(hit, follows)
+
+
+def path_acceptance(hit: torch.Tensor, follows: torch.Tensor) -> dict:
+    """Acceptance as greedy decoding sees it, from ``hit`` [n, K] (draft j equals the trunk's greedy
+    token) and ``follows`` [n, >= K - 1] (the text's token there is the greedy one): draft j counts
+    only at anchors whose first j - 1 positions follow the greedy path; ``accept[j - 1]`` is the
+    share of those whose first j drafts all hit."""
     accept, counts = [], []
-    for j in range(steps):
+    for j in range(hit.shape[1]):
         on_path = follows[:, :j].all(dim=1)
         n = int(on_path.sum())
         counts.append(n)
         accept.append(float(hit[on_path, : j + 1].all(dim=1).float().mean()) if n else 0.0)
-    return {"anchors": int(len(idx)), "on_path": counts, "accept": accept, "first": accept[0],
+    return {"anchors": int(hit.shape[0]), "on_path": counts, "accept": accept, "first": accept[0],
             "tokens_per_verify": 1.0 + sum(accept)}
 
 
