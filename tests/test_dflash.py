@@ -622,3 +622,20 @@ def test_commits_wait_for_the_next_proposal(files):
     assert a.tokens == b.tokens and a.setup_ms > 0 and b.setup_ms == 0
     assert torch.equal(lazy.state.pos_of, eager.state.pos_of)
     assert torch.allclose(lazy.state.k, eager.state.k, atol=1e-5)
+
+
+def test_greedy_walk_over_a_draft_vocabulary_equals_the_full_row_walk(files, tmp_path):
+    """The greedy walk's fast path (argmax and softmax over the draft vocabulary's rows) against its
+    reference (the same over the target-sized row, -inf outside d2t): same tokens, same confidences."""
+    keep = list(range(1, 300, 7))
+    p = write_tiny_dflash(tmp_path / "d2t1.gguf", files["trunk"], dflash2=False, draft_vocab=keep)
+    target = load_model(files["trunk"], fmt="f32")
+    m = load_drafter(p, target).model
+    feats = target.forward(PROMPT[:-1], target.make_cache(), taps=m.cfg.target_layers).hidden
+    ring = m.new_state()
+    m.inject(feats, 0, ring)
+    for anchor in (PROMPT[-1], 5, 123):
+        fast = m.walk(anchor, len(PROMPT) - 1, ring)
+        ref = m.walk(anchor, len(PROMPT) - 1, ring, lambda e, row: int(torch.argmax(row)))
+        assert fast[0] == ref[0] and all(t in keep for t in fast[0])
+        assert fast[1] == pytest.approx(ref[1], abs=1e-6)

@@ -233,8 +233,9 @@ class DFlashModel:
         return logits
 
     @torch.inference_mode()
-    def block_forward(self, anchor: int, position: int, ring: KVRing) -> tuple[torch.Tensor, torch.Tensor]:
-        """PASS C: -> (h [B-1, H] after the final norm, logits [B-1, V] after the transform)."""
+    def _block(self, anchor: int, position: int, ring: KVRing) -> tuple[torch.Tensor, torch.Tensor]:
+        """PASS C: (h [B-1, H] after the final norm, logits after the transform over the drafter's
+        own vocabulary: the target's, or the draft vocabulary ``d2t`` indexes)."""
         cfg = self.cfg
         ids = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long)
         ids[0] = anchor
@@ -244,7 +245,11 @@ class DFlashModel:
         for li, layer in enumerate(self.layers):
             x = self._layer(li, layer, x, position, cos, sin, ring, slots)
         h = rms_norm(x[1:], self.out_norm, cfg.rms_eps)
-        logits = self.transform_logits(self.lm_head(h))
+        return h, self.transform_logits(self.lm_head(h))
+
+    def block_forward(self, anchor: int, position: int, ring: KVRing) -> tuple[torch.Tensor, torch.Tensor]:
+        """PASS C: -> (h [B-1, H] after the final norm, logits [B-1, V] after the transform)."""
+        h, logits = self._block(anchor, position, ring)
         if self.d2t is not None:  # reduced draft vocabulary: scatter into the target's (after the
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))  # softcap,
             full[:, self.d2t] = logits  # which would turn -inf into -softcap)
@@ -261,10 +266,16 @@ class DFlashModel:
         row of the token picked at e-1 (``-inf`` outside position e's candidates). Confidence is
         the softmax of the row at the picked token (the gate multiplies these).
         """
-        pick = pick or (lambda e, row: int(torch.argmax(row)))
-        h, logits = self.block_forward(anchor, position, ring)
         tokens: list[int] = []
         conf: list[float] = []
+        if pick is None and self.d2t is not None and (self.selector is None or not self.selector_enabled):
+            # greedy over a draft vocabulary: argmax and softmax over its rows only, not over a
+            # target-sized row that is -inf everywhere else (the same tokens and confidences)
+            _, small = self._block(anchor, position, ring)
+            p, i = torch.softmax(small, dim=-1).max(dim=-1)
+            return self.d2t[i].tolist(), p.tolist()
+        pick = pick or (lambda e, row: int(torch.argmax(row)))
+        h, logits = self.block_forward(anchor, position, ring)
         if self.selector is None or not self.selector_enabled:
             for e in range(logits.shape[0]):
                 tok = pick(e, logits[e])
