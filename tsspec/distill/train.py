@@ -219,10 +219,10 @@ class _BlockTask:
                               seed=self.cfg.seed)
 
     def export(self, g, trunk: dict, training: dict) -> None:
-        from ..drafters.eagle import _stored_rows
+        from ..drafters.eagle import stored_head_rows
         from .block import export_block_gguf
 
-        export_block_gguf(Path(self.cfg.out), self.module, self.taps, self.mask_token, _stored_rows(g, self.s["d2t_np"]),
+        export_block_gguf(Path(self.cfg.out), self.module, self.taps, self.mask_token, stored_head_rows(g, self.s["d2t_np"]),
                           self.s["d2t_np"], trunk, training, weights=self.cfg.weights)
 
 

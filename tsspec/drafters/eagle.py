@@ -87,7 +87,7 @@ def head_tensor_name(g: GGUFFile) -> str:
     return "output.weight" if g.has_tensor("output.weight") else "token_embd.weight"
 
 
-def _stored_rows(trunk: GGUFFile, d2t: np.ndarray) -> GGUFWeight:
+def stored_head_rows(trunk: GGUFFile, d2t: np.ndarray) -> GGUFWeight:
     """The trunk's output-head rows ``d2t`` in their stored blocks (only those rows are copied)."""
     name = head_tensor_name(trunk)
     info = trunk.tensor_info(name)
@@ -99,13 +99,13 @@ def _stored_rows(trunk: GGUFFile, d2t: np.ndarray) -> GGUFWeight:
 def draft_head_rows(trunk: GGUFFile, d2t: np.ndarray, fmt: str) -> Linear:
     """The trunk's output head restricted to the draft vocabulary, in the trunk's own format:
     quantized rows are copied block for block (the same values the trunk multiplies)."""
-    rows = _stored_rows(trunk, d2t)
+    rows = stored_head_rows(trunk, d2t)
     return Linear(rows if fmt == "auto" else rows.dense(), None, fmt)
 
 
 def dense_head_rows(trunk: GGUFFile, d2t: np.ndarray) -> torch.Tensor:
     """The same rows as exact float32 values [V, d] (for training)."""
-    return torch.from_numpy(np.ascontiguousarray(_stored_rows(trunk, d2t).dense(), dtype=np.float32))
+    return torch.from_numpy(np.ascontiguousarray(stored_head_rows(trunk, d2t).dense(), dtype=np.float32))
 
 
 # ----------------------------------------------------------------------------- the adapter
