@@ -22,7 +22,7 @@ class Features:
     tokens: torch.Tensor  # [C, L] int64
     hidden: torch.Tensor  # [C, L, d] bfloat16: the trunk's final-normed row at each position
     top_ids: torch.Tensor  # [C, L, k] int64: the trunk's k likeliest next tokens at each position
-    top_p: torch.Tensor  # [C, L, k] float32: their probabilities
+    top_p: torch.Tensor  # [C, L, k] float32 holding float16 values (what the cache stores): their probabilities
 
     @property
     def n_tokens(self) -> int:
@@ -88,7 +88,8 @@ def collect(model, chunks: Sequence[Sequence[int]], k: int,
             hidden[i] = out.hidden.to(torch.bfloat16)
         probs = torch.softmax(out.logits.float(), dim=-1)
         p, ids = torch.topk(probs, k, dim=-1)
-        top_ids[i], top_p[i] = ids, p
+        # rounded as the cache stores them: a run trains on the same numbers cached or not
+        top_ids[i], top_p[i] = ids, p.half().float()
         if progress:
             progress(len(c))
     return Features(tokens, hidden, top_ids, top_p)
