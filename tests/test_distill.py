@@ -178,6 +178,36 @@ def test_resume_after_interruption_gives_the_uninterrupted_result(world, tmp_pat
         distill(_cfg(world, tmp_path / "b.gguf", steps=30, lr=1e-3))
 
 
+def test_features_are_the_same_fresh_or_from_the_cache(world, tmp_path):
+    """A run trains on what the features cache would give back: the first run (computing them)
+    and every later one (loading them) see the same numbers, so the same seed gives the same head."""
+    from tsspec.distill.features import Features, collect
+
+    model = load_model(world["trunk"], fmt="f32")
+    chunks = [[(7 * i + j) % 250 for j in range(24)] for i in range(3)]
+    for taps in (None, (1, 2)):
+        fresh = collect(model, chunks, 8, taps=taps)
+        fresh.save(tmp_path / "f.pt")
+        back = Features.load(tmp_path / "f.pt")
+        for f in ("tokens", "hidden", "top_ids", "top_p"):
+            a, b = getattr(fresh, f), getattr(back, f)
+            assert a.dtype == b.dtype and torch.equal(a, b), (taps, f)
+
+
+def test_a_checkpoint_resumes_however_its_paths_are_spelled(tmp_path):
+    """The same run named through another path (a relative or ``..`` spelling of the model, the
+    output reached another way) continues; other training settings do not."""
+    (tmp_path / "models").mkdir()
+    model = tmp_path / "models" / "m.gguf"
+    model.write_bytes(b"")
+    a = DistillConfig(model=str(model), out=str(tmp_path / "heads" / "h.gguf"))
+    b = DistillConfig(model=str(tmp_path / "models" / ".." / "models" / "m.gguf"),
+                      out=str(tmp_path / "models" / ".." / "heads" / "h.gguf"), steps=9000, eval_every=50)
+    assert a.resumable_with(b) and b.resumable_with(a)
+    assert not a.resumable_with(DistillConfig(model=str(model), out=a.out, lr=1e-3))
+    assert not a.resumable_with(DistillConfig(model=str(tmp_path / "other.gguf"), out=a.out))
+
+
 def test_same_seed_same_head(world, tmp_path):
     a = distill(_cfg(world, tmp_path / "a.gguf", steps=8, eval_every=8))
     b = distill(_cfg(world, tmp_path / "b.gguf", steps=8, eval_every=8))

@@ -79,9 +79,12 @@ class DistillConfig:
             raise BadInput("--device cuda: torch sees no CUDA device on this machine")
 
     def resumable_with(self, other: "DistillConfig") -> bool:
-        """A checkpoint continues under a config that differs only in how long or how visibly it runs."""
-        skip = {"steps", "eval_every", "device"}
+        """A checkpoint continues under a config that differs only in how long or how visibly it runs
+        (``out`` is where the checkpoint was found, however it was spelled; the model path is
+        compared resolved)."""
+        skip = {"steps", "eval_every", "device", "out"}
         a, b = asdict(self), asdict(other)
+        a["model"], b["model"] = (str(Path(x["model"]).resolve()) for x in (a, b))
         return all(a[k] == b[k] for k in a if k not in skip)
 
 
