@@ -103,6 +103,28 @@ def test_the_file_is_a_dflash_drafter_and_runs_the_trained_math(world, trained):
         assert torch.isinf(logits).sum() == logits.numel() - logits.shape[0] * d2t.numel()
 
 
+def test_the_file_carries_what_llama_cpp_needs_to_load_it(world, trained):
+    """llama.cpp b11434's loader builds a vocabulary for the drafter too (the trunk's tokenizer keys,
+    stored types kept), reads the MASK token from ``tokenizer.ggml.mask_token_id`` and the context
+    length from ``dflash.context_length``, and asserts ``d2t`` is I64; without any of these it
+    refuses the file (scripts/llamacpp_dflash_check.py loads a trained one there)."""
+    import gguf
+
+    result, _ = trained
+    drafter, trunk = gguf.GGUFReader(str(result.out)), gguf.GGUFReader(str(world["trunk"]))
+    tok_keys = [k for k in trunk.fields if k.startswith("tokenizer.")]
+    assert "tokenizer.ggml.tokens" in tok_keys
+    for k in tok_keys:
+        a, b = drafter.fields[k], trunk.fields[k]
+        assert a.types == b.types and a.contents() == b.contents(), k
+    mask = drafter.fields["dflash.mask_token_id"].contents()
+    assert drafter.fields["tokenizer.ggml.mask_token_id"].contents() == mask
+    assert drafter.fields["tokenizer.ggml.mask_token_id"].types == [gguf.GGUFValueType.UINT32]
+    assert drafter.fields["dflash.context_length"].contents() == trunk.fields["llama.context_length"].contents()
+    d2t = next(t for t in drafter.tensors if t.name == "d2t")
+    assert d2t.tensor_type == gguf.GGMLQuantizationType.I64 and d2t.n_elements == 128
+
+
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=7)],
                          ids=["greedy", "seeded"])
 def test_speculative_output_equals_plain_with_the_trained_block_drafter(world, trained, params):

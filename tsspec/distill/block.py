@@ -226,12 +226,30 @@ def evaluate_block(module: BlockModule, embed: torch.Tensor, lm_rows: torch.Tens
     return path_acceptance(hit, fol)
 
 
+def copy_tokenizer_keys(w, trunk) -> None:
+    """The trunk's (a ``GGUFFile``) ``tokenizer.*`` keys with their stored types: llama.cpp builds
+    a vocabulary for every model it loads, a drafter included."""
+    import gguf
+
+    for key, value in trunk.metadata.items():
+        if not key.startswith("tokenizer.") or key == "tokenizer.ggml.mask_token_id":
+            continue
+        types = trunk.reader.fields[key].types
+        if types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, list(value), types[0], sub_type=types[-1])
+        else:
+            w.add_key_value(key, value, types[0])
+
+
 def export_block_gguf(path: Path, module: BlockModule, taps: tuple[int, ...], mask_token: int, head_rows,
                       d2t: np.ndarray, trunk: Mapping[str, object], training: Mapping[str, object],
-                      weights: str = "q8_0") -> None:
-    """Write the drafter in the ``dflash`` layout ``tsspec.drafters.dflash`` (and llama.cpp's names)
-    reads: its own matrices (Q8_0 or F32), the norms exact, ``output.weight`` = the trunk's output
-    rows ``d2t`` in their stored blocks, plus ``dflash.trunk.*`` keys binding it to its trunk."""
+                      *, trunk_file, context_length: int, weights: str = "q8_0") -> None:
+    """Write the drafter in the ``dflash`` layout ``tsspec.drafters.dflash`` and llama.cpp's
+    ``draft-dflash`` read: its own matrices (Q8_0 or F32), the norms exact, ``output.weight`` = the
+    trunk's output rows ``d2t`` (I64, as llama.cpp requires) in their stored blocks, the trunk's
+    tokenizer keys (``trunk_file``: its ``GGUFFile``), the MASK token where llama.cpp
+    reads it (``tokenizer.ggml.mask_token_id``), the trunk's ``context_length``, plus
+    ``dflash.trunk.*`` keys binding it to its trunk."""
     import gguf
 
     s = module.shape
@@ -249,6 +267,9 @@ def export_block_gguf(path: Path, module: BlockModule, taps: tuple[int, ...], ma
     w.add_float32(f"{ARCH}.rope.freq_base", float(s.rope_base))
     w.add_array(f"{ARCH}.target_layers", [int(t) for t in taps])
     add_provenance(w, ARCH, trunk, training)
+    w.add_uint32(f"{ARCH}.context_length", int(context_length))
+    copy_tokenizer_keys(w, trunk_file)
+    w.add_uint32("tokenizer.ggml.mask_token_id", int(mask_token))
 
     def matrix(name: str, p: torch.Tensor) -> None:
         add_matrix(w, name, p, weights)
@@ -275,5 +296,5 @@ def export_block_gguf(path: Path, module: BlockModule, taps: tuple[int, ...], ma
             w.add_tensor("output.weight", raw.view(dt).reshape(head_rows.shape))
     else:
         w.add_tensor("output.weight", raw, raw_dtype=gguf.GGMLQuantizationType[head_rows.type_name])
-    w.add_tensor("d2t", np.asarray(d2t, dtype=np.int32))
+    w.add_tensor("d2t", np.asarray(d2t, dtype=np.int64))
     write_and_rename(w, tmp, path)

@@ -207,6 +207,7 @@ class _BlockTask:
         shape = BlockShape.for_trunk(d, len(taps), cfg.layers, cfg.ffn or 2 * d, cfg.block_size,
                                      float(model.cfg.rms_eps), rope_base)
         self.mask_token = choose_mask_token(train, shared["embed"])
+        self.train_ctx = int(model.cfg.train_ctx)  # llama.cpp wants the drafter's context length
         self.module = BlockModule(shape, model.out_norm, cfg.seed).to(shared["dev"])
 
     def loss(self, gen: torch.Generator):
@@ -226,7 +227,8 @@ class _BlockTask:
         from .block import export_block_gguf
 
         export_block_gguf(Path(self.cfg.out), self.module, self.taps, self.mask_token, stored_head_rows(g, self.s["d2t_np"]),
-                          self.s["d2t_np"], trunk, training, weights=self.cfg.weights)
+                          self.s["d2t_np"], trunk, training,
+                          trunk_file=g, context_length=self.train_ctx, weights=self.cfg.weights)
 
 
 def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
