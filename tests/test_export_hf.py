@@ -116,6 +116,7 @@ def test_layout_names_and_config(world, exported):
     assert dc["block_size"] == cfg["block_size"] == 5
     assert dc["mask_token_id"] == g.get("dflash.mask_token_id")
     assert cfg["num_target_layers"] == 4 and cfg["vocab_size"] == 300 and cfg["hidden_size"] == 64
+    assert cfg["max_position_embeddings"] == GGUFFile(world["trunk"]).get("llama.context_length") != 32768
     assert (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], n) == (4, 2, 16, 2)
     assert cfg["is_causal"] is False and cfg["layer_types"] == ["full_attention"] * cfg["num_hidden_layers"]
     assert cfg["rope_parameters"]["rope_theta"] == cfg["rope_theta"] == pytest.approx(g.get("dflash.rope.freq_base"))

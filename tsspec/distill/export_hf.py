@@ -40,7 +40,7 @@ from ..errors import BadInput, TsspecError
 from ..gguf_file import GGUFFile
 
 DTYPES = ("float32", "bfloat16")
-DEFAULT_MAX_POSITIONS = 32768  # the drafter file does not record the trunk's context; default rope ignores it
+DEFAULT_MAX_POSITIONS = 32768  # for a file without dflash.context_length; default rope ignores it
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -166,7 +166,7 @@ def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
         "intermediate_size": int(ffn),
         "is_causal": bool(cfg.causal),
         "layer_types": ["sliding_attention" if (sliding and s) else "full_attention" for s in cfg.swa_layers],
-        "max_position_embeddings": DEFAULT_MAX_POSITIONS,
+        "max_position_embeddings": int(g.get(f"{ARCH}.context_length", DEFAULT_MAX_POSITIONS)),
         "max_window_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
         "num_hidden_layers": cfg.n_layers,
