@@ -8,7 +8,10 @@
 #                                                #   spec (speculation beside llama.cpp's, per model),
 #                                                #   governor (the draft model after issue 11's governor
 #                                                #   change), chat (multi-turn: kept cache, n-gram),
-#                                                #   distill (a draft head and a block drafter trained for smollm2, benched),
+#                                                #   distill (a draft head and a block drafter trained for smollm2, benched,
+#                                                #     and the block drafter run by llama.cpp's draft-dflash),
+#                                                #   distill-qwen (a head for qwen2.5-coder-1.5b on a stated budget, about
+#                                                #     75 minutes, benched against the 0.5B draft model; not in the default run),
 #                                                #   serve (aggregate tok/s, 1 vs 4 concurrent clients)
 #
 # Models are pulled into the cache on first use; the peer (llama.cpp b11434) is built by
@@ -80,6 +83,23 @@ if want distill; then
   tsspec bench -m smollm2-135m --chat -w code -w prose --config "draft-head:path=$head" \
     --config "block:path=$block" --config ngram \
     -n 64 --reps 2 --json docs/results/distill-bench-smollm2-135m.json | tee docs/results/distill-bench-smollm2-135m.txt
+  python scripts/llamacpp_dflash_check.py -m smollm2-135m -d "$block" --llama-bin "$LLAMA_BIN" \
+    | tee docs/results/distill-llamacpp-dflash-smollm2-135m.txt
+fi
+
+if want distill-qwen; then
+  # a draft head for qwen2.5-coder-1.5b on a smaller budget than smollm2's defaults (its trunk
+  # forwards cost about 10x): 100k corpus tokens, 12k tokens of its own replies, 3000 steps
+  heads="${TSSPEC_CACHE:-$HOME/.cache/tsspec/models}/../heads"
+  head15="$heads/qwen2.5-coder-1.5b-head.gguf"
+  mkdir -p "$heads"
+  rm -f "$head15.ckpt"
+  tsspec distill -m qwen2.5-coder-1.5b -o "$head15" --tokens 100000 --answers 12000 --steps 3000 2>&1 \
+    | tee docs/results/distill-qwen2.5-coder-1.5b.txt
+  tsspec bench -m qwen2.5-coder-1.5b --chat -w code -w prose --config "draft-head:path=$head15" \
+    --config draft-model:path=qwen2.5-coder-0.5b --draft-model qwen2.5-coder-0.5b --config ngram \
+    -n 64 --reps 1 --json docs/results/distill-bench-qwen2.5-coder-1.5b.json \
+    | tee docs/results/distill-bench-qwen2.5-coder-1.5b.txt
 fi
 
 if want serve; then
