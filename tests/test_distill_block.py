@@ -125,6 +125,36 @@ def test_the_file_carries_what_llama_cpp_needs_to_load_it(world, trained):
     assert d2t.tensor_type == gguf.GGMLQuantizationType.I64 and d2t.n_elements == 128
 
 
+def test_tokenizer_keys_copy_with_their_types_and_an_empty_array_is_left_out(tmp_path):
+    """A trunk written by llama.cpp can hold an empty array (gguf-py cannot write one): copying it
+    would fail the drafter's export after the whole training run, with a traceback."""
+    import gguf
+    from types import SimpleNamespace
+
+    from tsspec.distill.block import copy_tokenizer_keys
+
+    T = gguf.GGUFValueType
+    fields = {"tokenizer.ggml.tokens": [T.ARRAY, T.STRING], "tokenizer.ggml.token_type": [T.ARRAY, T.INT32],
+              "tokenizer.ggml.merges": [T.ARRAY, T.STRING], "tokenizer.ggml.bos_token_id": [T.UINT32],
+              "tokenizer.ggml.mask_token_id": [T.UINT32], "llama.context_length": [T.UINT32]}
+    metadata = {"tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.token_type": np.array([1, 3], dtype=np.int32),
+                "tokenizer.ggml.merges": [], "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.mask_token_id": 0,
+                "llama.context_length": 64}
+    trunk = SimpleNamespace(metadata=metadata,
+                            reader=SimpleNamespace(fields={k: SimpleNamespace(types=v) for k, v in fields.items()}))
+    w = gguf.GGUFWriter(str(tmp_path / "d.gguf"), "dflash")
+    copy_tokenizer_keys(w, trunk)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = gguf.GGUFReader(str(tmp_path / "d.gguf"))
+    got = {k: (f.types, f.contents()) for k, f in r.fields.items() if k.startswith("tokenizer.")}
+    assert got == {"tokenizer.ggml.tokens": ([T.ARRAY, T.STRING], ["a", "b"]),
+                   "tokenizer.ggml.token_type": ([T.ARRAY, T.INT32], [1, 3]),
+                   "tokenizer.ggml.bos_token_id": ([T.UINT32], 1)}
+
+
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=7)],
                          ids=["greedy", "seeded"])
 def test_speculative_output_equals_plain_with_the_trained_block_drafter(world, trained, params):

@@ -228,7 +228,8 @@ def evaluate_block(module: BlockModule, embed: torch.Tensor, lm_rows: torch.Tens
 
 def copy_tokenizer_keys(w, trunk) -> None:
     """The trunk's (a ``GGUFFile``) ``tokenizer.*`` keys with their stored types: llama.cpp builds
-    a vocabulary for every model it loads, a drafter included."""
+    a vocabulary for every model it loads, a drafter included. An empty array is left out: gguf-py
+    cannot write one (llama.cpp's own writer can), and an absent key reads the same there."""
     import gguf
 
     for key, value in trunk.metadata.items():
@@ -236,7 +237,8 @@ def copy_tokenizer_keys(w, trunk) -> None:
             continue
         types = trunk.reader.fields[key].types
         if types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(key, list(value), types[0], sub_type=types[-1])
+            if len(value):
+                w.add_key_value(key, list(value), types[0], sub_type=types[-1])
         else:
             w.add_key_value(key, value, types[0])
 
