@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tsspec.bench.llama_server import LlamaServer, free_port, llama_tool, request_body, server_argv
 from tsspec.errors import TsspecError
+from tsspec.models.cache import common_prefix
 
 THREADS = 2
 N_CTX = 2048
@@ -61,9 +62,7 @@ def replay(blocks: list[list[int]], generated: list[int]) -> list[tuple[int, lis
     for b in blocks:
         if a >= len(generated):
             break
-        acc = 0
-        while acc < len(b) and a + 1 + acc < len(generated) and b[acc] == generated[a + 1 + acc]:
-            acc += 1
+        acc = common_prefix(b, generated[a + 1: a + 1 + len(b)])
         out.append((a, b, acc))
         a += acc + 1
     return out
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             ours = spec.propose(DraftContext(seq[pos], pos, k, seq[: pos + 1], None, Sampler())).tokens
             same += ours == block
             if ours != block:  # where they part: tsspec's probability for its own draft there
-                i = next((j for j, (x, y) in enumerate(zip(ours, block)) if x != y), min(len(ours), len(block)))
+                i = common_prefix(ours, block)
                 if i < len(spec.last_conf):
                     worst = max(worst, spec.last_conf[i])
         replayed = sum(r[2] for r in rounds)
