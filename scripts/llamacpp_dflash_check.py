@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         target = load_model(trunk_path)
         tok = Tokenizer.from_gguf(trunk_path)
         drafter = load_drafter(drafter_path, target)
+        if drafter.speculator_name != "block":
+            raise TsspecError(f"{drafter_path.name} is not a block drafter (a dflash file from "
+                              f"tsspec distill --kind block); llama.cpp's draft-dflash runs only those")
         head = drafter.draft_head
         k = head.block_size - 1
         cases = []
