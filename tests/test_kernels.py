@@ -162,7 +162,7 @@ def test_long_rows_blocked_and_chunked_are_batch_invariant(type_name):
 @pytest.mark.parametrize("k", [512, 576, 864])
 def test_repacked_weights_give_the_same_bits(type_name, k):
     """``repack`` permutes code bits only: products of packed rows equal the stored rows' bit for bit
-    (SIMD and reference), a short last group (576 = 4.5 groups) included; repacking twice restores."""
+    (SIMD and reference), a short last group (576 = 4.5 groups) included; ``unpack`` restores."""
     if k % 256 and type_name in ("Q4_K", "Q6_K"):
         k = 768
     n = 40
@@ -170,7 +170,7 @@ def test_repacked_weights_give_the_same_bits(type_name, k):
     packed = kernels.repack(type_name, raw, k)
     if k >= 128:
         assert not np.array_equal(packed, raw)  # something moved
-    np.testing.assert_array_equal(kernels.repack(type_name, packed, k), raw)
+    np.testing.assert_array_equal(kernels.unpack(type_name, packed, k), raw)
     x = torch.randn(6, k, generator=torch.Generator().manual_seed(8))
     xq = kernels.quantize(x)
     for use_simd in (True, False):

@@ -108,7 +108,7 @@ class GGUFWeight:
 
     def __init__(self, type_name: str, raw: np.ndarray, shape: tuple[int, int], packed: bool = False):
         self.type_name, self.raw, self.shape = type_name, raw, (int(shape[0]), int(shape[1]))
-        self.packed = packed  # raw as kernels.repack stores it (same values, code bits transposed)
+        self.packed = packed  # raw as kernels.repack stores it (same values, laid out for the products)
 
     def for_products(self) -> "GGUFWeight":
         """This weight as the native products read it fastest (``kernels.repack``; float types and
@@ -125,7 +125,7 @@ class GGUFWeight:
             return self.raw
         from . import kernels
 
-        return kernels.repack(self.type_name, self.raw, self.shape[1])
+        return kernels.unpack(self.type_name, self.raw, self.shape[1])
 
     @classmethod
     def from_file(cls, type_name: str, flat: np.ndarray, shape: tuple[int, int]) -> "GGUFWeight":

@@ -111,6 +111,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_matmul.argtypes = [c_int, vp, c_int, c_long, c_long, c_long, vp, vp, c_long, vp, c_long, c_int, c_int]
     lib.tsq_repack.restype = c_int
     lib.tsq_repack.argtypes = [c_int, vp, c_long, c_long, c_long, vp]
+    lib.tsq_unpack.restype = c_int
+    lib.tsq_unpack.argtypes = [c_int, vp, c_long, c_long, c_long, vp]
     lib.tsq_forward.restype = c_int
     lib.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
     lib.tsq_forward_batch.restype = c_int
@@ -194,13 +196,24 @@ def quantize(x: torch.Tensor) -> torch.Tensor:
 
 
 def repack(type_name: str, w: np.ndarray, k: int) -> np.ndarray:
-    """A copy of the GGUF rows ``w`` (uint8 [n, row_bytes]) stored for the products: each whole group
-    of 128 elements with its code bits transposed (``tsq_repack``), values unchanged. ``matmul`` takes
-    it with ``packed=True``; repacking a packed copy gives the stored layout back."""
+    """A copy of the GGUF rows ``w`` (uint8 [n, row_bytes]) stored for the products (``tsq_repack``):
+    each whole group of 128 elements with its code bits transposed, and for Q4_0, Q4_1 and Q8_0 its
+    four blocks' scales gathered ahead of the codes; values unchanged. ``matmul`` takes it with
+    ``packed=True``; ``unpack`` gives the stored layout back."""
+    return _repack(type_name, w, k, inverse=False)
+
+
+def unpack(type_name: str, w: np.ndarray, k: int) -> np.ndarray:
+    """The inverse of ``repack``: rows in the file's own layout."""
+    return _repack(type_name, w, k, inverse=True)
+
+
+def _repack(type_name: str, w: np.ndarray, k: int, *, inverse: bool) -> np.ndarray:
     if type_name in FLOAT_TYPES:
         raise ValueError(f"{type_name}: float weights are not repacked")
     out = np.empty_like(w)
-    if lib().tsq_repack(TYPE_IDS[type_name], _ptr(np.ascontiguousarray(w)), w.shape[1], w.shape[0], k, _ptr(out)):
+    fn = lib().tsq_unpack if inverse else lib().tsq_repack
+    if fn(TYPE_IDS[type_name], _ptr(np.ascontiguousarray(w)), w.shape[1], w.shape[0], k, _ptr(out)):
         raise ValueError(f"{type_name}: cannot repack rows of {k} elements")
     return out
 

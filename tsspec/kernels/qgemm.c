@@ -356,13 +356,92 @@ static void transpose_row(int type, uint8_t *row, long ng) {
     }
 }
 
-int tsq_repack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out) {
+/* Q4_0, Q4_1 and Q8_0 go further: each whole group of four blocks becomes one record, the four f16
+ * scales first (then Q4_1's four offsets), then the transposed code vectors T[0..3] (Q8_0: 32 bytes
+ * each, stored XOR 0x80 as the product multiplies them; 4-bit: byte i holds T[0][i] | T[1][i] << 4,
+ * byte 32 + i T[2][i] | T[3][i] << 4). The product then reads a group's scales with one load and its
+ * codes with two, instead of gathering them block by block: on Intel cores the gather's shuffles
+ * all queued on one port and bounded a one-row product (Q4_1 ran at 0.55x llama.cpp's decode). The
+ * record has the four blocks' size and place, so a short last group stays as stored; values are
+ * unchanged. Not its own inverse: tsq_unpack restores the file's layout. */
+static inline int group_major(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
+static inline int gm_codes_at(int type) { return type == T_Q4_1 ? 16 : 8; }
+
+static void gm_pack(int type, const uint8_t *src, uint8_t *rec) { /* four stored blocks -> a record */
+    const int bb = BLOCK_BYTES[type];
+    uint8_t B[4][32], T[4][32];
+    for (int b = 0; b < 4; b++) {
+        memcpy(rec + 2 * b, src + b * bb, 2);
+        if (type == T_Q4_1) memcpy(rec + 8 + 2 * b, src + b * bb + 2, 2);
+        unpack_block(type, src + b * bb, B[b]);
+    }
+    transpose_codes(B, T);
+    uint8_t *c = rec + gm_codes_at(type);
+    for (int i = 0; i < 32; i++) {
+        if (type == T_Q8_0) {
+            for (int j = 0; j < 4; j++) c[32 * j + i] = T[j][i] ^ 0x80;
+        } else {
+            c[i] = (uint8_t)(T[0][i] | (T[1][i] << 4));
+            c[32 + i] = (uint8_t)(T[2][i] | (T[3][i] << 4));
+        }
+    }
+}
+
+/* the transposed code vectors of a record, as unpack_codes gives a stored group's (Q8_0: signed) */
+static void gm_codes(int type, const uint8_t *rec, uint8_t T[4][32]) {
+    const uint8_t *c = rec + gm_codes_at(type);
+    for (int i = 0; i < 32; i++) {
+        if (type == T_Q8_0) {
+            for (int j = 0; j < 4; j++) T[j][i] = c[32 * j + i] ^ 0x80;
+        } else {
+            T[0][i] = c[i] & 0xF; T[1][i] = c[i] >> 4;
+            T[2][i] = c[32 + i] & 0xF; T[3][i] = c[32 + i] >> 4;
+        }
+    }
+}
+
+static void gm_unpack(int type, const uint8_t *rec, uint8_t *dst) { /* a record -> four stored blocks */
+    const int bb = BLOCK_BYTES[type];
+    uint8_t B[4][32], T[4][32];
+    gm_codes(type, rec, T);
+    transpose_codes(T, B);
+    for (int b = 0; b < 4; b++) {
+        uint8_t *p = dst + b * bb;
+        memcpy(p, rec + 2 * b, 2);
+        if (type == T_Q8_0) { memcpy(p + 2, B[b], 32); continue; }
+        if (type == T_Q4_1) memcpy(p + 2, rec + 8 + 2 * b, 2);
+        uint8_t *qs = p + (type == T_Q4_0 ? 2 : 4);
+        for (int i = 0; i < 16; i++) qs[i] = (uint8_t)((B[b][i] & 0xF) | ((B[b][i + 16] & 0xF) << 4));
+    }
+}
+
+static void repack_row(int type, uint8_t *row, long ng, int inverse) {
+    if (!group_major(type)) { transpose_row(type, row, ng); return; } /* its own inverse */
+    const long gb = 4L * BLOCK_BYTES[type];
+    uint8_t tmp[4 * 34];
+    for (long g = 0; g < ng; g++) {
+        memcpy(tmp, row + g * gb, gb);
+        if (inverse) gm_unpack(type, tmp, row + g * gb);
+        else gm_pack(type, tmp, row + g * gb);
+    }
+}
+
+static int repack_rows(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out, int inverse) {
     if (type < T_Q4_0 || type >= T_COUNT || tsq_row_bytes(type, k) != row_bytes) return -1;
     if (out != w) memcpy(out, w, (size_t)row_bytes * n_rows);
     const long ng = packable_groups(type, k);
 #pragma omp parallel for schedule(static)
-    for (long n = 0; n < n_rows; n++) transpose_row(type, out + n * row_bytes, ng);
+    for (long n = 0; n < n_rows; n++) repack_row(type, out + n * row_bytes, ng, inverse);
     return 0;
+}
+
+int tsq_repack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out) {
+    return repack_rows(type, w, row_bytes, n_rows, k, out, 0);
+}
+
+/* the inverse of tsq_repack: rows as the file stores them */
+int tsq_unpack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out) {
+    return repack_rows(type, w, row_bytes, n_rows, k, out, 1);
 }
 
 /* rows ids[0..n) of a [rows, K] weight (packed: stored by tsq_repack) to float32 out [n, K]
@@ -372,9 +451,9 @@ void tsq_dequant_rows(int type, const uint8_t *w, int packed, long row_bytes, lo
     uint8_t *tmp = packed && !is_float_type(type) ? malloc(row_bytes) : NULL;
     for (long i = 0; i < n; i++) {
         const uint8_t *row = w + ids[i] * row_bytes;
-        if (tmp) { /* the transpose is its own inverse */
+        if (tmp) {
             memcpy(tmp, row, row_bytes);
-            transpose_row(type, tmp, packable_groups(type, k));
+            repack_row(type, tmp, packable_groups(type, k), 1);
             row = tmp;
         }
         dequant_row(type, row, k, out + i * k);
@@ -387,6 +466,19 @@ static void get_wgroup(int type, const uint8_t *w, long g, long nblocks, int pac
     memset(o, 0, sizeof *o);
     uint8_t B[4][32];
     const int whole = (type == T_Q4_K || type == T_Q6_K) || 4 * g + 4 <= nblocks;
+    if (packed && whole && group_major(type)) { /* a record (tsq_repack) */
+        const uint8_t *rec = w + g * 4L * BLOCK_BYTES[type];
+        uint8_t T[4][32];
+        gm_codes(type, rec, T);
+        transpose_codes(T, B);
+        memcpy(o->c, B, QG);
+        for (int i = 0; type == T_Q8_0 && i < QG; i++) o->c[i] ^= 0x80;
+        for (int b = 0; b < 4; b++) {
+            o->a[b] = o->a[b + 4] = f16_to_f32(rd16(rec + 2 * b));
+            if (type == T_Q4_1) o->m[b] = o->m[b + 4] = f16_to_f32(rd16(rec + 8 + 2 * b));
+        }
+        return;
+    }
     if (whole) {
         unpack_codes(type, w, g, B);
         if (packed) {
@@ -469,6 +561,22 @@ static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
 /* ------------------------------------------------------------------ AVX-512 VNNI products */
 #if TSQ_SIMD
 #define TILE 4
+/* A verify of 5..8 rows runs as ONE tile of that height when its input fits in L1: each weight
+ * group is then unpacked once for all rows (as tiles of four, the fifth row paid a whole second
+ * unpacking pass, ~0.6 of a one-row product). Longer inputs keep tiles of four (measured: an 8-row
+ * tile over the 8960-wide down projection ran 1.15-1.48x slower). The tile height changes no
+ * output element's operations. */
+#define QTILE_MAX 8
+/* Weight bytes ahead of the one being read that each step asks the cache to fetch. The hardware
+ * prefetchers stop at every 4 KiB page and a verify's small matrices are a few pages per thread,
+ * so without it a one-row product over smollm2's blocks read ~10 GB/s from memory on an Intel
+ * core (with it ~15). One fetch per group or super-block; past a row's end it fetches the next row. */
+#ifndef PF_AHEAD
+#define PF_AHEAD 2048
+#endif
+static inline int one_q_tile(long m, long ng) {
+    return m <= TILE || (m <= QTILE_MAX && m * ng * (long)sizeof(xgroup) <= 32 * 1024);
+}
 
 static inline float hsum8(__m256 v) { /* sum8's order */
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -500,6 +608,7 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
     if (type == T_Q6_K) {
         const uint8_t *p = w + (g >> 1) * 210;
         const int gi = (int)(g & 1);
+        _mm_prefetch((const char *)p + PF_AHEAD + 105 * gi, _MM_HINT_T0);
         const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * gi));
         const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(p + 64 * gi + 32));
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * gi));
@@ -515,22 +624,47 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
         const __m256i s8 = _mm256_permutevar8x32_epi32(sc, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
         *a = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(rd16(p + 208))), _mm256_cvtepi32_ps(s8));
         *mw = _mm256_setzero_ps();
+    } else if (packed && group_major(type) && 4 * g + 4 <= nblocks) { /* a record (tsq_repack) */
+        const uint8_t *rec = w + g * 4L * BLOCK_BYTES[type];
+        _mm_prefetch((const char *)rec + PF_AHEAD, _MM_HINT_T0);
+        /* lanes 0-3 and 4-7 both take blocks 0..3: the record's 8 bytes of scales, loaded twice */
+        *a = _mm256_cvtph_ps(_mm_castpd_si128(_mm_loaddup_pd((const double *)rec)));
+        *mw = type == T_Q4_1 ? _mm256_cvtph_ps(_mm_castpd_si128(_mm_loaddup_pd((const double *)(rec + 8))))
+                             : _mm256_setzero_ps();
+        const uint8_t *c = rec + gm_codes_at(type);
+        if (type == T_Q8_0) {
+            for (int j = 0; j < 4; j++) W[j] = _mm256_loadu_si256((const __m256i *)(c + 32 * j));
+        } else {
+            const __m256i q0 = _mm256_loadu_si256((const __m256i *)c), q1 = _mm256_loadu_si256((const __m256i *)(c + 32));
+            W[0] = _mm256_and_si256(q0, m4);
+            W[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
+            W[2] = _mm256_and_si256(q1, m4);
+            W[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
+        }
+        return;
     } else {
-        /* the four blocks' f16 scales (and Q4_1's offsets) gathered in a vector, not through memory */
-        __m128i hs = _mm_setzero_si128(), ho = _mm_setzero_si128();
+        /* The four blocks' f16 scales (and Q4_1's offsets) composed in a general register and moved
+         * over once; each block's 16 code bytes broadcast to both lanes by the load unit and the high
+         * lane shifted by a variable shift. (pinsrw per scale and vinserti128 per block all ran on
+         * one shuffle port on Intel cores, which then bounded the product: 1.6x slower per weight
+         * than Q4_K there.) The values are those of the block-by-block gather. */
+        uint64_t hs = 0, ho = 0;
         const int bb = BLOCK_BYTES[type];
+        _mm_prefetch((const char *)w + 4 * g * bb + PF_AHEAD, _MM_HINT_T0);
+        const __m256i hi4 = _mm256_setr_epi64x(0, 0, 4, 4);
 #define LEGACY_BLOCK(b)                                                                               \
     do {                                                                                              \
         const uint8_t *p = w + (4 * g + (b)) * bb;                                                    \
-        hs = _mm_insert_epi16(hs, rd16(p), (b));                                                      \
+        hs |= (uint64_t)rd16(p) << (16 * (b));                                                        \
         if (type == T_Q8_0) {                                                                         \
             B[b] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + 2)), _mm256_set1_epi8((char)0x80)); \
         } else {                                                                                      \
-            const __m128i t = _mm_loadu_si128((const __m128i *)(p + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 6))); \
-            B[b] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), m4);                  \
+            const __m256i t = _mm256_broadcastsi128_si256(                                            \
+                _mm_loadu_si128((const __m128i *)(p + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 6)))); \
+            B[b] = _mm256_and_si256(_mm256_srlv_epi64(t, hi4), m4);                                   \
             if (type == T_Q5_0) /* bit e of qh is element e's fifth bit */                            \
                 B[b] = _mm256_or_si256(B[b], _mm256_maskz_mov_epi8((__mmask32)rd32(p + 2), _mm256_set1_epi8(0x10))); \
-            if (type == T_Q4_1) ho = _mm_insert_epi16(ho, rd16(p + 2), (b));                           \
+            if (type == T_Q4_1) ho |= (uint64_t)rd16(p + 2) << (16 * (b));                            \
         }                                                                                             \
     } while (0)
         if (4 * g + 4 <= nblocks) {
@@ -545,9 +679,9 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
             if (4 * g + 2 < nblocks) LEGACY_BLOCK(2);
         }
 #undef LEGACY_BLOCK
-        const __m128 s4 = _mm_cvtph_ps(hs), o4 = _mm_cvtph_ps(ho);
-        *a = _mm256_set_m128(s4, s4);
-        *mw = _mm256_set_m128(o4, o4);
+        /* lanes 0-3 and 4-7 both take blocks 0..3 */
+        *a = _mm256_cvtph_ps(_mm_set1_epi64x((long long)hs));
+        *mw = type == T_Q4_1 ? _mm256_cvtph_ps(_mm_set1_epi64x((long long)ho)) : _mm256_setzero_ps();
     }
     if (packed && (type == T_Q6_K || 4 * g + 4 <= nblocks)) { /* stored transposed */
         W[0] = B[0]; W[1] = B[1]; W[2] = B[2]; W[3] = B[3];
@@ -567,7 +701,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     if (!chunked) { g0 = 0; g1 = ng; }
     const int first = !chunked || g0 == 0, last = !chunked || g1 == ng;
     for (long n = 0; n < nrows; n++, w += rb, y++, state += chunked ? TILE * 16 : 0) {
-    __m256 acc[TILE], accm[TILE];
+    __m256 acc[QTILE_MAX], accm[QTILE_MAX];
     for (int r = 0; r < tr; r++) {
         acc[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 16 * r);
         accm[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 16 * r + 8);
@@ -588,6 +722,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
         const __m256i m4 = _mm256_set1_epi8(0x0F);
         for (long sb = g0 / 2; sb < g1 / 2; sb++) {
             const uint8_t *p = w + sb * 144;
+            _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0);
             const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
             const __m128i A = _mm_cvtepu8_epi32(v), B = _mm_cvtepu8_epi32(_mm_srli_si128(v, 4));
             const __m128i C = _mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), c63 = _mm_set1_epi32(63);
@@ -633,7 +768,11 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     case 1: CALL(1); break;                                                                           \
     case 2: CALL(2); break;                                                                           \
     case 3: CALL(3); break;                                                                           \
-    default: CALL(4); break;                                                                          \
+    case 4: CALL(4); break;                                                                           \
+    case 5: CALL(5); break;                                                                           \
+    case 6: CALL(6); break;                                                                           \
+    case 7: CALL(7); break;                                                                           \
+    default: CALL(8); break;                                                                          \
     }
 
 static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, long xs, int tr, long g0,
@@ -721,7 +860,7 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
 #endif
     if (n_threads < 1) n_threads = 1;
 #if TSQ_SIMD
-    if (use_simd && !fl && m > TILE) {
+    if (use_simd && !fl && !one_q_tile(m, ng)) {
         matmul_blocked(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
         return 0;
     }
@@ -785,17 +924,26 @@ static void matmul_blocked(int type, const uint8_t *w, int packed, long row_byte
     const long ng = n_groups(k);
     long nb = BLOCK_BYTES_L2 / row_bytes;
     nb = nb < 4 ? 4 : nb > MAX_BLOCK_ROWS ? MAX_BLOCK_ROWS : nb;
+    if (n_threads > 1 && n_rows >= 64) {
+        /* as many blocks per thread for every thread: with the L2 size alone a small matrix (a k/v
+         * projection of 192 rows in one 256-row block) ran on one thread while the other waited */
+        long nblk = (n_rows + nb - 1) / nb;
+        nblk = (nblk + n_threads - 1) / n_threads * n_threads;
+        nb = (n_rows + nblk - 1) / nblk;
+    }
+    /* tiles of eight rows where eight input rows fit in L1 whole (no k-chunks), else of four */
+    const long th = one_q_tile(QTILE_MAX, ng) ? QTILE_MAX : TILE;
     long kc = TILE_BYTES_L1 / (TILE * (long)sizeof(xgroup)); /* groups per k-chunk; even: Q4_K goes in pairs */
     kc = kc < 2 ? 2 : kc & ~1L;
-    if (m < 2 * TILE) kc = ng; /* two tiles or fewer: parking the accumulators costs more than it saves */
+    if (m < 2 * TILE || th > TILE) kc = ng; /* parking the accumulators would cost more than it saves */
     for (long c0 = 0; c0 < m; c0 += ROW_CHUNK) {
         const long c1 = m - c0 < ROW_CHUNK ? m : c0 + ROW_CHUNK;
 #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
         for (long b0 = 0; b0 < n_rows; b0 += nb) {
             const long b1 = n_rows - b0 < nb ? n_rows : b0 + nb;
             float state[MAX_BLOCK_ROWS][TILE * 16];
-            for (long r = c0; r < c1; r += TILE) {
-                const int tr = (int)(c1 - r < TILE ? c1 - r : TILE);
+            for (long r = c0; r < c1; r += th) {
+                const int tr = (int)(c1 - r < th ? c1 - r : th);
                 for (long g0 = 0; g0 < ng; g0 += kc) {
                     const long g1 = ng - g0 < kc ? ng : g0 + kc;
                     dot_simd_q(type, w + b0 * row_bytes, k, packed, xq + r * ng, ng, tr, g0, g1,
