@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tsspec.weights import MIN_ROWS, ROW_MULTIPLE, Linear, pad_rows
+from tsspec.weights import DENSE_CHUNK_ROWS, Linear, dense_product, pad_rows
 
 # (out, in) of every product in the four real models: fused QKV is [q + 2 kv, d], fused gate+up
 # [2 ffn, d], down [d, ffn]; plus a vocabulary-sized head.
@@ -96,5 +96,14 @@ def _check_invariant(fmt, shape):
             assert torch.equal(got, full[start : start + m]), f"{m} rows at offset {start} differ"
 
 
-def test_min_rows_are_what_the_docs_say():
-    assert MIN_ROWS == {"bf16": 2, "f32": 4} and ROW_MULTIPLE == {"bf16": 1, "f32": 4}
+def test_dense_product_runs_fixed_size_chunks(monkeypatch):
+    """Every dense GEMM sees exactly DENSE_CHUNK_ROWS rows, whatever the row count."""
+    seen = []
+    real = torch.nn.functional.linear
+    monkeypatch.setattr("tsspec.weights.F.linear", lambda x, w: seen.append(x.shape[0]) or real(x, w))
+    w, x = torch.randn(8, 32), torch.randn(40, 32)
+    for m in (1, DENSE_CHUNK_ROWS, DENSE_CHUNK_ROWS + 1, 40):
+        seen.clear()
+        y = dense_product(x[:m], w)
+        assert set(seen) == {DENSE_CHUNK_ROWS} and len(seen) == -(-m // DENSE_CHUNK_ROWS)
+        torch.testing.assert_close(y[:m], x[:m] @ w.T, atol=1e-5, rtol=1e-5)

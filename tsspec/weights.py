@@ -6,10 +6,14 @@ which is what makes a verify forward nearly as cheap as a decode step on this CP
 format is the plain reference the fast path is tested against.
 
 Batch invariance. A row's result must not depend on how many rows share the product, or
-speculative output drifts from plain output at near-ties. oneDNN's bf16 GEMM meets that for any
-row count >= 2 but takes a different (GEMV) route for a single row, so single rows are padded to
-two; the f32 reference pads to a multiple of four for the same reason. ``tests/test_weights.py`` checks the property on the shapes our models use; a GPU/Triton
-format would slot in here as another ``Linear`` backend with the same test.
+speculative output drifts from plain output at near-ties. Which route oneDNN's bf16 GEMM and
+MKL's f32 GEMM take depends on the row count and on the CPU (on AMD Zen 4 bf16 was invariant for
+any count >= 2 and f32 for multiples of 4; on an Intel core with AMX no count was safe, the 1536 x
+8960 bf16 product gave other bits at 2, 5, 8, 9, 16 ... rows than at 300). So the dense formats
+never let the count vary: every product runs on exactly ``DENSE_CHUNK_ROWS`` rows at a time, the
+last chunk padded with zero rows, and a row gives the same bits at any place in any chunk
+(checked on both CPUs). ``tests/test_weights.py`` checks the property on the shapes our models
+use; a GPU/Triton format would slot in here as another ``Linear`` backend with the same test.
 
 The ``int4`` backend (chosen per tensor by the ``auto`` format for Q4_0/Q4_1/Q4_K tensors) keeps the
 file's 4-bit codes packed for torch's CPU kernel ``_weight_int4pack_mm_for_cpu``, which computes
@@ -37,10 +41,8 @@ import torch.nn.functional as F
 FORMATS = ("bf16", "f32", "auto", "int4")
 # "int4" also requantizes the other tensors to 4 bits (lossy): for drafters, whose guesses the trunk
 # verifies, so their precision costs acceptance, never correctness
-# Row counts are padded to stay on one batch-invariant GEMM route: oneDNN's bf16 GEMM is invariant
-# for any count >= 2; MKL's multi-threaded f32 GEMM only for multiples of 4.
-MIN_ROWS = {"bf16": 2, "f32": 4}
-ROW_MULTIPLE = {"bf16": 1, "f32": 4}
+# Dense (bf16, f32) products always run on this many rows, so that the GEMM route never changes
+DENSE_CHUNK_ROWS = 16
 # The int4 kernel needs no padding: it is invariant for every row count (tests/test_weights_int4.py).
 INT4_MIN_ROWS = 1
 INT4_ROW_MULTIPLE = 1
@@ -68,6 +70,18 @@ def pad_rows(x: torch.Tensor, min_rows: int, multiple: int = 1) -> torch.Tensor:
     if target == m:
         return x
     return torch.cat([x, x[-1:].expand(target - m, *x.shape[1:])], dim=0)
+
+
+def dense_product(x: torch.Tensor, w: torch.Tensor, rows: int = DENSE_CHUNK_ROWS) -> torch.Tensor:
+    """x [m, k] @ w.T in products of exactly ``rows`` rows (the last padded with zeros; the
+    result has a multiple of ``rows`` rows, the first m are x's)."""
+    m = x.shape[0]
+    target = max(-(-m // rows) * rows, rows)
+    if target != m:
+        x = torch.cat([x, x.new_zeros(target - m, *x.shape[1:])], dim=0)
+    if target == rows:
+        return F.linear(x, w)
+    return torch.cat([F.linear(x[i : i + rows], w) for i in range(0, target, rows)], dim=0)
 
 
 def to_tensor(a: np.ndarray | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -304,8 +318,8 @@ class Linear:
             self.weight = to_tensor(weight, dtype)  # [out, in]
             self.out_features, self.in_features = self.weight.shape
         self.bias = None if bias is None else to_tensor(bias, torch.float32)  # [out]
-        self.min_rows = INT4_MIN_ROWS if fmt == "int4" else MIN_ROWS[fmt]
-        self.multiple = INT4_ROW_MULTIPLE if fmt == "int4" else ROW_MULTIPLE[fmt]
+        self.min_rows = INT4_MIN_ROWS if fmt == "int4" else DENSE_CHUNK_ROWS
+        self.multiple = INT4_ROW_MULTIPLE if fmt == "int4" else DENSE_CHUNK_ROWS
 
     def _init_triton(self, parts, weight, bias, fmt: str, device: torch.device) -> None:
         """The triton backend: each part's stored blocks as uint8 [n, row_bytes] on ``device``."""
@@ -384,12 +398,12 @@ class Linear:
                 kernels.matmul(p.type_name, p.raw, self.in_features, x, xq, y, col, packed=p.packed)
                 col += p.shape[0]
             return y if self.bias is None else y.add_(self.bias)
-        xp = pad_rows(x, self.min_rows, self.multiple)
         if self.fmt == "int4":
+            xp = pad_rows(x, self.min_rows, self.multiple)
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 xp.to(INT4_DTYPE), self.weight, INT4_GROUP, self.scales_and_zeros)[:m].float()
         else:
-            y = F.linear(xp.to(self.weight.dtype), self.weight)[:m].float()
+            y = dense_product(x.to(self.weight.dtype), self.weight)[:m].float()
         if self.bias is not None:
             y = y + self.bias
         return y
