@@ -204,13 +204,23 @@ def provenance(args: argparse.Namespace, llama_bench: Path) -> dict[str, Any]:
 # ============================================================================ measurements
 
 
+class LlamaBenchKilled(ScriptError):
+    """llama-bench died by a signal (SIGILL: on a virtual machine that advertises AMX but does not
+    let a process use its tiles, llama.cpp's default repacked CPU buffers crash in prefill)."""
+
+
+# what the prefill falls back to when llama-bench is killed: the plain CPU buffers
+LLAMA_NO_REPACK = ("--repack", "0")
+
+
 def run_llama_bench(exe: Path, model: Path, threads: int, n_prompt: int, n_gen: int, reps: int,
                     extra: Sequence[str]) -> LlamaBenchResult:
     argv = llama_bench_argv(exe, model, threads, n_prompt, n_gen, reps, extra)
     r = subprocess.run(argv, capture_output=True, text=True)
     if r.returncode != 0:
         tail = (r.stderr.strip().splitlines() or ["(no stderr)"])[-1]
-        raise ScriptError(f"llama-bench exited {r.returncode} ({shlex.join(argv)}): {tail}")
+        cls = LlamaBenchKilled if r.returncode < 0 else ScriptError
+        raise cls(f"llama-bench exited {r.returncode} ({shlex.join(argv)}): {tail}")
     try:
         results = parse_llama_bench_json(r.stdout)
     except ValueError as e:
@@ -327,8 +337,20 @@ def bench_model(name: str, args: argparse.Namespace, exe: Path, log: Callable[[s
                            "tsspec_weight_formats": provenance_.weight_formats(tb.target)}
     builds: list[LlamaBenchResult] = []
 
+    fallback: dict[str, str] = {}  # test kind -> why it ran with LLAMA_NO_REPACK
+
     def llama(n_prompt: int, n_gen: int) -> list[float]:
-        res = run_llama_bench(exe, path, args.threads, n_prompt, n_gen, args.reps, args.llama_arg)
+        kind = "decode" if n_prompt == 0 else "prefill"
+        extra = [*args.llama_arg, *LLAMA_NO_REPACK] if kind in fallback else args.llama_arg
+        try:
+            res = run_llama_bench(exe, path, args.threads, n_prompt, n_gen, args.reps, extra)
+        except LlamaBenchKilled as e:
+            if kind in fallback:
+                raise
+            log(f"  {e}; {kind} runs with {' '.join(LLAMA_NO_REPACK)} from here")
+            fallback[kind] = str(e)
+            out["llama_fallback"] = {k: {"args": list(LLAMA_NO_REPACK), "why": v} for k, v in fallback.items()}
+            return llama(n_prompt, n_gen)
         builds.append(res)
         return list(res.samples_ts) or [res.avg_ts]
 
@@ -377,9 +399,15 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
         for col in ("model", "tsspec", "llama.cpp", "tsspec/llama", "round min", "round max"):
             tab.add_column(col, justify="left" if col == "model" else "right")
         for m, c in rows:
-            tab.add_row(m, f"{c['tsspec']['median']:.1f}", f"{c['llama']['median']:.1f}", fmt_ratio(c["ratio"]),
+            fb = "*" if kind in results[m].get("llama_fallback", {}) else ""
+            tab.add_row(m, f"{c['tsspec']['median']:.1f}", f"{c['llama']['median']:.1f}{fb}", fmt_ratio(c["ratio"]),
                         fmt_ratio(c["round_ratio_min"]), fmt_ratio(c["round_ratio_max"]))
         con.print(tab)
+        for m, _ in rows:
+            if kind in results[m].get("llama_fallback", {}):
+                con.print(f"* {m}: llama-bench's default {kind} was killed "
+                          f"({results[m]['llama_fallback'][kind]['why'].split(' (')[0]}); "
+                          f"measured with {' '.join(LLAMA_NO_REPACK)}")
     for m, r in results.items():
         if "curve" not in r:
             continue
