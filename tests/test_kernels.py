@@ -286,3 +286,19 @@ def test_tied_head_and_embedding_share_one_packed_copy(tiny_q):
     stored = m.embed.gguf.stored()
     want = gguf_dense(m.embed.gguf.type_name, stored, m.embed.shape[1])[[5, 0, 17]]
     np.testing.assert_array_equal(m.embed[[5, 0, 17]].numpy(), want)
+
+
+def test_huge_page_arena_hands_out_disjoint_aligned_arrays():
+    """Repacked weights are carved from shared 2 MiB-page-advised chunks: each array is page
+    aligned, none overlaps another, and one too large for a chunk gets a mapping of its own."""
+    arena = kernels._HugeArena()
+    arrays = [arena.empty((n, 100)) for n in (1, 37, 4096, 5)]
+    big = arena.empty((arena.CHUNK // 4 // 1000 + 1, 1000))
+    spans = []
+    for a in arrays + [big]:
+        assert a.ctypes.data % arena.ALIGN == 0 and a.flags.writeable
+        a[...] = 7
+        spans.append((a.ctypes.data, a.ctypes.data + a.nbytes))
+    spans.sort()
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+    assert all(int(a.sum()) == 7 * a.size for a in arrays)

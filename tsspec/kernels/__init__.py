@@ -16,6 +16,7 @@ pools spinning against each other on a 2-core machine). torch is imported before
 from __future__ import annotations
 
 import ctypes
+import mmap
 import hashlib
 import os
 import shutil
@@ -195,6 +196,45 @@ def quantize(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class _HugeArena:
+    """Memory for repacked weights in 2 MiB-page-advised chunks (``MADV_HUGEPAGE``), handed out
+    front to back: a decode step streams every weight once, and in 4 KiB pages each page costs a TLB
+    walk and stops the hardware prefetcher. Chunks are never returned (weights live as long as
+    the model, and the arrays keep their chunk alive)."""
+
+    CHUNK = 64 << 20
+    ALIGN = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buf: mmap.mmap | None = None
+        self._used = 0
+
+    @staticmethod
+    def _map(size: int) -> mmap.mmap:
+        buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                buf.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # a kernel without transparent huge pages: ordinary pages
+                pass
+        return buf
+
+    def empty(self, shape: tuple[int, ...]) -> np.ndarray:
+        size = int(np.prod(shape))
+        if size >= self.CHUNK // 4:  # a large matrix: a mapping of its own
+            return np.frombuffer(self._map(size), np.uint8, size).reshape(shape)
+        with self._lock:
+            if self._buf is None or self._used + size > self.CHUNK:
+                self._buf, self._used = self._map(self.CHUNK), 0
+            a = np.frombuffer(self._buf, np.uint8, size, self._used).reshape(shape)
+            self._used += -(-size // self.ALIGN) * self.ALIGN
+            return a
+
+
+_arena = _HugeArena()
+
+
 def repack(type_name: str, w: np.ndarray, k: int) -> np.ndarray:
     """A copy of the GGUF rows ``w`` (uint8 [n, row_bytes]) stored for the products (``tsq_repack``):
     each whole group of 128 elements with its code bits transposed, and for Q4_0, Q4_1 and Q8_0 its
@@ -211,7 +251,7 @@ def unpack(type_name: str, w: np.ndarray, k: int) -> np.ndarray:
 def _repack(type_name: str, w: np.ndarray, k: int, *, inverse: bool) -> np.ndarray:
     if type_name in FLOAT_TYPES:
         raise ValueError(f"{type_name}: float weights are not repacked")
-    out = np.empty_like(w)
+    out = _arena.empty(w.shape) if not inverse and w.dtype == np.uint8 else np.empty_like(w)
     fn = lib().tsq_unpack if inverse else lib().tsq_repack
     if fn(TYPE_IDS[type_name], _ptr(np.ascontiguousarray(w)), w.shape[1], w.shape[0], k, _ptr(out)):
         raise ValueError(f"{type_name}: cannot repack rows of {k} elements")
