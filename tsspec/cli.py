@@ -727,6 +727,8 @@ def bench(
                 reps=reps, warmup=warmup, base=base, chat=chat, kwargs=kwargs, temp=temp,
             )
         report.render_table(result, Console())
+        for name, why in (peer_run.fallback.items() if peer_run is not None else ()):
+            err.print(f"note: {name}: {why} (its default crashed; every figure of it is from that server)")
         if json_out is not None:
             text = json.dumps(report.to_json(result), indent=2)
             if str(json_out) == "-":

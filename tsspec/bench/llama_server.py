@@ -15,9 +15,11 @@ token ids back, so llama.cpp's speculative text can be compared with its own pla
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
+import signal
 import subprocess
 import tempfile
 import time
@@ -33,6 +35,8 @@ from .configs import BenchConfig
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 PEER_BUILD = "bash ../shared/tools/build_llamacpp.sh"  # builds the peer and prints its bin directory
 ENGINE = "llama.cpp"
+# what a server killed by a signal is restarted with: llama.cpp's plain CPU buffers (see Peer.run)
+NO_REPACK = "--no-repack"
 # llama.cpp's speculative modes the bench knows how to start; "draft" is ``-md FILE``
 PEER_MODES = ("plain", "ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache", "draft")
 DEFAULT_PEER_MODES = ("plain", "ngram-simple", "ngram-mod")
@@ -207,6 +211,8 @@ class LlamaServer:
             raise TsspecError(f"llama-server {path}: HTTP {e.code}: {e.read().decode(errors='replace')[:500]}") from None
         except urllib.error.URLError as e:
             raise TsspecError(f"llama-server {path}: {getattr(e, 'reason', e)}\n{self.log_tail()}") from None
+        except (http.client.HTTPException, ConnectionError) as e:  # the server died mid-answer
+            raise TsspecError(f"llama-server {path}: {type(e).__name__}: {e}\n{self.log_tail()}") from None
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise TsspecError(f"llama-server {path}: the answer is not JSON") from None
 
@@ -229,24 +235,42 @@ class Peer:
         self.draft_model, self.startup_timeout = draft_model, startup_timeout
         self.servers: dict[str, LlamaServer] = {}
         self.argv: dict[str, list[str]] = {}
+        self.fallback: dict[str, str] = {}  # config name -> why its server runs with NO_REPACK
         self._tmp: tempfile.TemporaryDirectory | None = None
 
     def __enter__(self) -> "Peer":
         self._tmp = tempfile.TemporaryDirectory(prefix="tsspec-peer-")
         try:
             for c in self.configs:
-                port = free_port()
-                argv = server_argv(self.exe, self.model, port, threads=self.threads, ctx=self.ctx, mode=c.algo,
-                                   draft_model=self.draft_model)
-                srv = LlamaServer(argv, f"http://127.0.0.1:{port}", Path(self._tmp.name) / f"{c.algo}.log",
-                                  startup_timeout=self.startup_timeout)
-                srv.__enter__()
-                self.servers[c.name] = srv
-                self.argv[c.name] = argv
+                self._start(c)
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def _start(self, c: BenchConfig, extra: Sequence[str] = ()) -> LlamaServer:
+        port = free_port()
+        argv = server_argv(self.exe, self.model, port, threads=self.threads, ctx=self.ctx, mode=c.algo,
+                           draft_model=self.draft_model) + list(extra)
+        srv = LlamaServer(argv, f"http://127.0.0.1:{port}", Path(self._tmp.name) / f"{c.algo}{len(extra)}.log",
+                          startup_timeout=self.startup_timeout)
+        try:
+            srv.__enter__()
+        except TsspecError:
+            if not self._killed_by_sigill(srv) or c.name in self.fallback:
+                raise
+            self.fallback[c.name] = f"llama-server was killed by signal {signal.SIGILL} (SIGILL) while starting; restarted with {NO_REPACK}"
+            return self._start(c, [NO_REPACK])
+        self.servers[c.name] = srv
+        self.argv[c.name] = argv
+        return srv
+
+    @staticmethod
+    def _killed_by_sigill(srv: LlamaServer) -> bool:
+        """On a virtual machine that advertises AMX without granting it, llama.cpp's repacked CPU
+        buffers die with SIGILL (b11434: in the warm-up while starting). Its plain buffers run: the
+        server is started again with NO_REPACK, and ``fallback`` records it."""
+        return srv.proc is not None and srv.proc.poll() == -signal.SIGILL
 
     def __exit__(self, *exc) -> None:
         for srv in self.servers.values():
@@ -260,7 +284,15 @@ class Peer:
         srv = self.servers.get(c.name)
         if srv is None:
             raise TsspecError(f"no llama-server was started for {c.name}")
-        obj = srv.post("/completion", request_body(prompt_ids, max_tokens, ignore_eos=ignore_eos))
+        body = request_body(prompt_ids, max_tokens, ignore_eos=ignore_eos)
+        try:
+            obj = srv.post("/completion", body)
+        except TsspecError:
+            if not self._killed_by_sigill(srv) or c.name in self.fallback:
+                raise
+            srv.stop()
+            self.fallback[c.name] = f"llama-server was killed by signal {signal.SIGILL} (SIGILL); restarted with {NO_REPACK}"
+            obj = self._start(c, [NO_REPACK]).post("/completion", body)
         return parse_timings(obj, f"llama-server {c.name}")
 
     def provenance(self) -> dict:
@@ -271,6 +303,6 @@ class Peer:
             version = (p.stdout + p.stderr).strip().splitlines()[-2:] or None
         except (OSError, subprocess.SubprocessError):
             pass
-        return {"engine": ENGINE, "exe": str(self.exe), "version": version,
+        return {"engine": ENGINE, "exe": str(self.exe), "version": version, "fallback": dict(self.fallback),
                 "servers": {name: [Path(a).name if a in (str(self.exe), str(self.model)) else a for a in argv]
                             for name, argv in self.argv.items()}}
