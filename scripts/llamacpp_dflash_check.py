@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="tsspec-llama-") as tmp:
             log = Path(tmp) / "server.log"
             with LlamaServer(srv_argv, f"http://127.0.0.1:{port}", log) as srv:
+                if srv.fallback:
+                    console.print(f"note: {srv.fallback}")
                 for w, pid, ids in cases:
                     start = log.stat().st_size
                     obj = srv.post("/completion", request_body(ids, args.tokens, ignore_eos=False))

@@ -194,6 +194,8 @@ def record(name: str, exe: Path, version: dict, n_tokens: int, out_dir: Path) ->
     with tempfile.TemporaryDirectory(prefix="tsspec-llama-") as tmp:
         with LlamaServer(argv, url, Path(tmp) / "server.log") as srv:
             print(f"{name}: llama-server ready in {time.time() - t0:.0f}s ({url})", flush=True)
+            if srv.fallback:
+                print(f"{name}: note: {srv.fallback}", flush=True)
             props = srv.get("/props")
             settings = None
             for c in cases:
@@ -218,7 +220,8 @@ def record(name: str, exe: Path, version: dict, n_tokens: int, out_dir: Path) ->
             "server_build_info": props.get("build_info"),
             "model_file": path.name,
             "model_sha256": recorded_sha256(path),
-            "server_argv": [Path(a).name if a in (str(exe), str(path)) else a for a in argv],
+            "server_argv": [Path(a).name if a in (str(exe), str(path)) else a for a in srv.argv],
+            "server_fallback": srv.fallback,
             "request": {k: v for k, v in request_body([], n_tokens).items() if k != "prompt"},
             "server_generation_settings": settings,
             "recorded_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

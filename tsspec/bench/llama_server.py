@@ -153,8 +153,24 @@ class LlamaServer:
         self.argv, self.url, self.log, self.startup_timeout = argv, check_url(url), Path(log), startup_timeout
         self.proc: subprocess.Popen | None = None
         self._log_fh = None
+        self.fallback: str | None = None  # why it runs with NO_REPACK, if it does
 
     def __enter__(self) -> "LlamaServer":
+        """Start it and wait until it answers. On a virtual machine that advertises AMX without
+        granting it, llama.cpp's repacked CPU buffers die with SIGILL (b11434: in the warm-up while
+        starting); its plain buffers run, so a server killed by SIGILL is started once more with
+        NO_REPACK and ``fallback`` says so."""
+        try:
+            self._launch()
+        except TsspecError:
+            if not self.killed_by_sigill() or NO_REPACK in self.argv:
+                raise
+            self.fallback = f"llama-server was killed by SIGILL while starting; started again with {NO_REPACK}"
+            self.argv = [*self.argv, NO_REPACK]
+            self._launch()
+        return self
+
+    def _launch(self) -> None:
         self._log_fh = open(self.log, "wb")
         try:
             self.proc = subprocess.Popen(self.argv, stdout=self._log_fh, stderr=subprocess.STDOUT,
@@ -163,7 +179,9 @@ class LlamaServer:
         except BaseException:
             self.stop()
             raise
-        return self
+
+    def killed_by_sigill(self) -> bool:
+        return self.proc is not None and self.proc.poll() == -signal.SIGILL
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -254,23 +272,12 @@ class Peer:
                            draft_model=self.draft_model) + list(extra)
         srv = LlamaServer(argv, f"http://127.0.0.1:{port}", Path(self._tmp.name) / f"{c.algo}{len(extra)}.log",
                           startup_timeout=self.startup_timeout)
-        try:
-            srv.__enter__()
-        except TsspecError:
-            if not self._killed_by_sigill(srv) or c.name in self.fallback:
-                raise
-            self.fallback[c.name] = f"llama-server was killed by signal {signal.SIGILL} (SIGILL) while starting; restarted with {NO_REPACK}"
-            return self._start(c, [NO_REPACK])
+        srv.__enter__()
+        if srv.fallback:
+            self.fallback[c.name] = srv.fallback
         self.servers[c.name] = srv
-        self.argv[c.name] = argv
+        self.argv[c.name] = srv.argv
         return srv
-
-    @staticmethod
-    def _killed_by_sigill(srv: LlamaServer) -> bool:
-        """On a virtual machine that advertises AMX without granting it, llama.cpp's repacked CPU
-        buffers die with SIGILL (b11434: in the warm-up while starting). Its plain buffers run: the
-        server is started again with NO_REPACK, and ``fallback`` records it."""
-        return srv.proc is not None and srv.proc.poll() == -signal.SIGILL
 
     def __exit__(self, *exc) -> None:
         for srv in self.servers.values():
@@ -288,10 +295,11 @@ class Peer:
         try:
             obj = srv.post("/completion", body)
         except TsspecError:
-            if not self._killed_by_sigill(srv) or c.name in self.fallback:
+            # SIGILL at a request rather than while starting: the same remedy
+            if not srv.killed_by_sigill() or NO_REPACK in srv.argv:
                 raise
             srv.stop()
-            self.fallback[c.name] = f"llama-server was killed by signal {signal.SIGILL} (SIGILL); restarted with {NO_REPACK}"
+            self.fallback[c.name] = f"llama-server was killed by SIGILL at a request; started again with {NO_REPACK}"
             obj = self._start(c, [NO_REPACK]).post("/completion", body)
         return parse_timings(obj, f"llama-server {c.name}")
 
