@@ -1,9 +1,8 @@
 """The in-memory weight format, behind one seam.
 
-Every matrix product with a model weight goes through ``Linear``. The default format is bf16
-weights with bf16 inputs (oneDNN's AVX-512 bf16 kernels): a 9-row product costs ~1.2x a 1-row one,
-which is what makes a verify forward nearly as cheap as a decode step on this CPU. The ``f32``
-format is the plain reference the fast path is tested against.
+Every matrix product with a model weight goes through ``Linear``. The default format (``auto``)
+multiplies each tensor in its own GGUF layout on the native kernels (``tsspec.kernels``); ``bf16``
+(oneDNN's bf16 kernels) and ``f32`` keep a dense copy, f32 being the plain reference.
 
 Batch invariance. A row's result must not depend on how many rows share the product, or
 speculative output drifts from plain output at near-ties. Which route oneDNN's bf16 GEMM and
@@ -44,8 +43,6 @@ FORMATS = ("bf16", "f32", "auto", "int4")
 # Dense (bf16, f32) products always run on this many rows, so that the GEMM route never changes
 DENSE_CHUNK_ROWS = 16
 # The int4 kernel needs no padding: it is invariant for every row count (tests/test_weights_int4.py).
-INT4_MIN_ROWS = 1
-INT4_ROW_MULTIPLE = 1
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 INT4_GROUP = 32  # elements sharing one (scale, zero) along K: every Q4 type's (sub-)block size
 # byte offset of the 4-bit codes (``qs``) inside one block, from gguf-py's block layouts:
@@ -272,7 +269,7 @@ class Linear:
     * ``bf16`` / ``f32``: a dense weight (f32 is the plain reference).
     """
 
-    __slots__ = ("weight", "scales_and_zeros", "bias", "fmt", "min_rows", "multiple", "out_features",
+    __slots__ = ("weight", "scales_and_zeros", "bias", "fmt", "out_features",
                  "in_features", "parts", "quantized", "device", "dev_parts")
 
     def __init__(self, weight, bias=None, fmt: str | None = None, device=None):
@@ -298,7 +295,6 @@ class Linear:
                 self.in_features = parts[0].shape[1]
                 self.weight = self.parts[0].raw  # (never the unpacked copy: that would stay alive)
                 self.bias = None if bias is None else to_tensor(bias, torch.float32)
-                self.min_rows, self.multiple = 1, 1
                 return
             weight = _fallback_weight(parts, fmt)
             if fmt == "auto":
@@ -318,8 +314,6 @@ class Linear:
             self.weight = to_tensor(weight, dtype)  # [out, in]
             self.out_features, self.in_features = self.weight.shape
         self.bias = None if bias is None else to_tensor(bias, torch.float32)  # [out]
-        self.min_rows = INT4_MIN_ROWS if fmt == "int4" else DENSE_CHUNK_ROWS
-        self.multiple = INT4_ROW_MULTIPLE if fmt == "int4" else DENSE_CHUNK_ROWS
 
     def _init_triton(self, parts, weight, bias, fmt: str, device: torch.device) -> None:
         """The triton backend: each part's stored blocks as uint8 [n, row_bytes] on ``device``."""
@@ -341,7 +335,6 @@ class Linear:
         self.in_features = parts[0].shape[1]
         self.weight = self.dev_parts[0][1]
         self.bias = None if bias is None else to_tensor(bias, torch.float32).to(device)
-        self.min_rows, self.multiple = 1, 1
 
     @staticmethod
     def concat(parts: list[tuple], fmt: str | None = None, device=None) -> "Linear":
@@ -399,9 +392,8 @@ class Linear:
                 col += p.shape[0]
             return y if self.bias is None else y.add_(self.bias)
         if self.fmt == "int4":
-            xp = pad_rows(x, self.min_rows, self.multiple)
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                xp.to(INT4_DTYPE), self.weight, INT4_GROUP, self.scales_and_zeros)[:m].float()
+                x.to(INT4_DTYPE), self.weight, INT4_GROUP, self.scales_and_zeros).float()
         else:
             y = dense_product(x.to(self.weight.dtype), self.weight)[:m].float()
         if self.bias is not None:
