@@ -4,7 +4,8 @@
 * the AVX-512 product equals the plain C reference bit for bit, and both equal a float64
   product of gguf-py's dequantized weights with the quantized input;
 * batch invariance: a row's result is the same bits for 1..17, 33 and 65 rows, at 1 and 2 threads;
-* weights repacked for the products (code bits transposed per group) give the same bits;
+* weights repacked for the products (code bits transposed per group; Q4_0/Q4_1/Q8_0 groups as
+  scales-first records) give the same bits, and ``unpack`` restores the file's bytes;
 * the fused block forward agrees with the torch block path on the same weights, and N rows equal
   N single steps bitwise through it;
 * without a compiler the library reports why, and models fall back to the torch formats.
@@ -107,11 +108,16 @@ def test_product_matches_references(type_name):
         assert float((fast.double() - plain).abs().max()) <= 0.02 * scale
 
 
-@pytest.mark.parametrize("type_name", QUANT_TYPES + ["F16"])
-def test_product_is_batch_invariant(type_name):
+@pytest.mark.parametrize("type_name,packed", [(t, False) for t in QUANT_TYPES + ["F16"]] + [(t, True) for t in QUANT_TYPES],
+                         ids=lambda v: {False: "stored", True: "repacked"}.get(v, v) if isinstance(v, bool) else v)
+def test_product_is_batch_invariant(type_name, packed):
+    """1..17, 33 and 65 rows (one tile up to 8 on these 512-wide rows, then 8-row tiles in weight
+    blocks) give each row its single-row bits; the repacked layout is what models run."""
     n, k = 80, 512
-    raw = random_blocks(type_name, n, k, seed=4)
     kind = type_name not in FLOAT_TYPES
+    raw = random_blocks(type_name, n, k, seed=4)
+    if packed:
+        raw = kernels.repack(type_name, raw, k)
     x = torch.randn(65, k, generator=torch.Generator().manual_seed(5))
     before = torch.get_num_threads()
     try:
@@ -120,11 +126,11 @@ def test_product_is_batch_invariant(type_name):
             singles = torch.zeros(65, n)
             for i in range(65):
                 xi = x[i : i + 1].contiguous()
-                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi) if kind else None, singles[i : i + 1])
+                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi) if kind else None, singles[i : i + 1], packed=packed)
             for rows in [*range(1, 18), 33, 65]:
                 xr = x[:rows].contiguous()
                 y = torch.zeros(rows, n)
-                kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr) if kind else None, y)
+                kernels.matmul(type_name, raw, k, xr, kernels.quantize(xr) if kind else None, y, packed=packed)
                 assert torch.equal(y, singles[:rows]), f"{type_name}: {rows} rows at {threads} threads"
     finally:
         torch.set_num_threads(before)

@@ -16,8 +16,8 @@ pools spinning against each other on a 2-core machine). torch is imported before
 from __future__ import annotations
 
 import ctypes
-import mmap
 import hashlib
+import mmap
 import os
 import shutil
 import subprocess

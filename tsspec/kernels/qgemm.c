@@ -373,8 +373,8 @@ static void gm_pack(int type, const uint8_t *src, uint8_t *rec) { /* four stored
     for (int b = 0; b < 4; b++) {
         memcpy(rec + 2 * b, src + b * bb, 2);
         if (type == T_Q4_1) memcpy(rec + 8 + 2 * b, src + b * bb + 2, 2);
-        unpack_block(type, src + b * bb, B[b]);
     }
+    unpack_codes(type, src, 0, B);
     transpose_codes(B, T);
     uint8_t *c = rec + gm_codes_at(type);
     for (int i = 0; i < 32; i++) {
@@ -406,13 +406,10 @@ static void gm_unpack(int type, const uint8_t *rec, uint8_t *dst) { /* a record 
     gm_codes(type, rec, T);
     transpose_codes(T, B);
     for (int b = 0; b < 4; b++) {
-        uint8_t *p = dst + b * bb;
-        memcpy(p, rec + 2 * b, 2);
-        if (type == T_Q8_0) { memcpy(p + 2, B[b], 32); continue; }
-        if (type == T_Q4_1) memcpy(p + 2, rec + 8 + 2 * b, 2);
-        uint8_t *qs = p + (type == T_Q4_0 ? 2 : 4);
-        for (int i = 0; i < 16; i++) qs[i] = (uint8_t)((B[b][i] & 0xF) | ((B[b][i + 16] & 0xF) << 4));
+        memcpy(dst + b * bb, rec + 2 * b, 2);
+        if (type == T_Q4_1) memcpy(dst + b * bb + 2, rec + 8 + 2 * b, 2);
     }
+    pack_codes(type, dst, 0, B);
 }
 
 static void repack_row(int type, uint8_t *row, long ng, int inverse) {
@@ -563,9 +560,11 @@ static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
 #define TILE 4
 /* A verify of 5..8 rows runs as ONE tile of that height when its input fits in L1: each weight
  * group is then unpacked once for all rows (as tiles of four, the fifth row paid a whole second
- * unpacking pass, ~0.6 of a one-row product). Longer inputs keep tiles of four (measured: an 8-row
- * tile over the 8960-wide down projection ran 1.15-1.48x slower). The tile height changes no
- * output element's operations. */
+ * unpacking pass, ~0.6 of a one-row product). Longer inputs keep tiles of four: on Zen 4 an 8-row
+ * tile over the 8960-wide down projection ran 1.15-1.48x slower (on the Intel kind a kernel
+ * microbenchmark read it ~15% faster, not shown end to end). The tile height changes no output
+ * element's operations. Chunked accumulator state (``state``) is laid out for TILE rows: a tile
+ * taller than TILE is only ever run whole (kc = ng). */
 #define QTILE_MAX 8
 /* Weight bytes ahead of the one being read that each step asks the cache to fetch. The hardware
  * prefetchers stop at every 4 KiB page and a verify's small matrices are a few pages per thread,
