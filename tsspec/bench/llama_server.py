@@ -35,7 +35,8 @@ from .configs import BenchConfig
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 PEER_BUILD = "bash ../shared/tools/build_llamacpp.sh"  # builds the peer and prints its bin directory
 ENGINE = "llama.cpp"
-# what a server killed by a signal is restarted with: llama.cpp's plain CPU buffers (see Peer.run)
+# what a server killed by SIGILL while starting is started again with: llama.cpp's plain CPU
+# buffers (see LlamaServer.__enter__)
 NO_REPACK = "--no-repack"
 # llama.cpp's speculative modes the bench knows how to start; "draft" is ``-md FILE``
 PEER_MODES = ("plain", "ngram-simple", "ngram-mod", "ngram-map-k", "ngram-cache", "draft")
@@ -266,18 +267,17 @@ class Peer:
             raise
         return self
 
-    def _start(self, c: BenchConfig, extra: Sequence[str] = ()) -> LlamaServer:
+    def _start(self, c: BenchConfig) -> None:
         port = free_port()
         argv = server_argv(self.exe, self.model, port, threads=self.threads, ctx=self.ctx, mode=c.algo,
-                           draft_model=self.draft_model) + list(extra)
-        srv = LlamaServer(argv, f"http://127.0.0.1:{port}", Path(self._tmp.name) / f"{c.algo}{len(extra)}.log",
+                           draft_model=self.draft_model)
+        srv = LlamaServer(argv, f"http://127.0.0.1:{port}", Path(self._tmp.name) / f"{c.algo}.log",
                           startup_timeout=self.startup_timeout)
         srv.__enter__()
         if srv.fallback:
             self.fallback[c.name] = srv.fallback
         self.servers[c.name] = srv
         self.argv[c.name] = srv.argv
-        return srv
 
     def __exit__(self, *exc) -> None:
         for srv in self.servers.values():
@@ -291,16 +291,7 @@ class Peer:
         srv = self.servers.get(c.name)
         if srv is None:
             raise TsspecError(f"no llama-server was started for {c.name}")
-        body = request_body(prompt_ids, max_tokens, ignore_eos=ignore_eos)
-        try:
-            obj = srv.post("/completion", body)
-        except TsspecError:
-            # SIGILL at a request rather than while starting: the same remedy
-            if not srv.killed_by_sigill() or NO_REPACK in srv.argv:
-                raise
-            srv.stop()
-            self.fallback[c.name] = f"llama-server was killed by SIGILL at a request; started again with {NO_REPACK}"
-            obj = self._start(c, [NO_REPACK]).post("/completion", body)
+        obj = srv.post("/completion", request_body(prompt_ids, max_tokens, ignore_eos=ignore_eos))
         return parse_timings(obj, f"llama-server {c.name}")
 
     def provenance(self) -> dict:
