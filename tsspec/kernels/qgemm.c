@@ -1026,54 +1026,6 @@ static void rope_row(float *v, const float *c, const float *s, long half, int ne
     }
 }
 
-/* dot product in 8 independent lanes then a fixed reduction: vectorizable, order fixed */
-static inline float dot8(const float *a, const float *b, long n) {
-#if TSQ_SIMD
-    if (n % 16 == 0) { /* two FMA chains, then a fixed reduction */
-        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-        for (long i = 0; i < n; i += 16) {
-            s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-            s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-        }
-        return hsum8(_mm256_add_ps(s0, s1));
-    }
-#endif
-    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    long i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) l[j] += a[i + j] * b[i + j];
-    float t = 0.f;
-    for (; i < n; i++) t += a[i] * b[i];
-    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + t;
-}
-
-/* o[0..hd) = sum over j in [lo, hi] of p[j] * v[j * hd + i], accumulated in j order */
-static inline void weighted_sum(const float *p, const float *v, long lo, long hi, long hd, float *o) {
-#if TSQ_SIMD
-    if (hd % 32 == 0) { /* 32 outputs at a time stay in registers across all positions */
-        for (long i0 = 0; i0 < hd; i0 += 32) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (long j = lo; j <= hi; j++) {
-                const float *vv = v + j * hd + i0;
-                const __m256 pj = _mm256_set1_ps(p[j]);
-                a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv), a0);
-                a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv + 8), a1);
-                a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv + 16), a2);
-                a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv + 24), a3);
-            }
-            _mm256_storeu_ps(o + i0, a0);
-            _mm256_storeu_ps(o + i0 + 8, a1);
-            _mm256_storeu_ps(o + i0 + 16, a2);
-            _mm256_storeu_ps(o + i0 + 24, a3);
-        }
-        return;
-    }
-#endif
-    for (long i = 0; i < hd; i++) o[i] = 0.f;
-    for (long j = lo; j <= hi; j++)
-        for (long i = 0; i < hd; i++) o[i] += p[j] * v[j * hd + i];
-}
-
 static inline float gelu_tanh(float x) {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
@@ -1143,6 +1095,98 @@ static void act_row(int gelu, const float *g, const float *u, float *a, long n) 
 }
 #endif
 
+/* One query row's attention over positions [lo, hi] of one KV head: o = softmax(q . k_j) v_j.
+ * Each row's float steps depend only on its own span, never on other rows (batch invariance).
+ * The SIMD path scores eight positions at a time (eight FMA chains over the head dimension, then a
+ * fixed add tree), exponentiates eight at a time, and accumulates the values in position order with
+ * 64 (or 32) outputs held in registers; the plain path does the same sums one lane at a time, not in
+ * the same order (the two agree to rounding). sc: scratch for hi - lo + 1 scores, rounded up to 8. */
+#if TSQ_SIMD
+static inline __attribute__((always_inline)) __m256 scores8(const float *q, const float *k, long hd, long c) {
+    const float *kr[8];
+    for (int p = 0; p < 8; p++) kr[p] = k + (p < c ? p : c - 1) * hd; /* past the span: a valid row, masked */
+    __m256 a[8];
+    for (int p = 0; p < 8; p++) a[p] = _mm256_setzero_ps();
+    for (long i = 0; i < hd; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        for (int p = 0; p < 8; p++) a[p] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[p] + i), a[p]);
+    }
+    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 h03 = _mm256_hadd_ps(h01, h23), h47 = _mm256_hadd_ps(h45, h67);
+    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20), _mm256_permute2f128_ps(h03, h47, 0x31));
+    return c >= 8 ? s : _mm256_mask_blend_ps((__mmask8)((1u << c) - 1), _mm256_set1_ps(-INFINITY), s);
+}
+#endif
+
+static void attend_row(const float *q, const float *kb, const float *vb, long lo, long hi, long hd, float *sc,
+                       float *o) {
+    const long n = hi - lo + 1;
+    const float *k = kb + lo * hd, *v = vb + lo * hd;
+#if TSQ_SIMD
+    if (hd % 32 == 0) {
+        __m256 vmx = _mm256_set1_ps(-INFINITY);
+        for (long j = 0; j < n; j += 8) {
+            const __m256 s = scores8(q, k + j * hd, hd, n - j);
+            _mm256_storeu_ps(sc + j, s);
+            vmx = _mm256_max_ps(vmx, s);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
+        __m256 vs = _mm256_setzero_ps();
+        for (long j = 0; j < n; j += 8) {
+            const __mmask8 mk = n - j >= 8 ? 0xFF : (__mmask8)((1u << (n - j)) - 1);
+            const __m256 e = _mm256_maskz_mov_ps(mk, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mx)));
+            _mm256_storeu_ps(sc + j, e);
+            vs = _mm256_add_ps(vs, e);
+        }
+        const __m256 inv = _mm256_set1_ps(1.f / hsum8(vs));
+        for (long j = 0; j < n; j += 8) _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_loadu_ps(sc + j), inv));
+        const long step = hd % 64 == 0 ? 64 : 32;
+        for (long i0 = 0; i0 < hd; i0 += step) { /* outputs in registers across all positions */
+            __m256 a[8];
+            for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
+            if (step == 64) {
+                for (long j = 0; j < n; j++) {
+                    const float *vv = v + j * hd + i0;
+                    const __m256 pj = _mm256_set1_ps(sc[j]);
+                    for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv + 8 * u), a[u]);
+                }
+            } else {
+                for (long j = 0; j < n; j++) {
+                    const float *vv = v + j * hd + i0;
+                    const __m256 pj = _mm256_set1_ps(sc[j]);
+                    for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv + 8 * u), a[u]);
+                }
+            }
+            for (long u = 0; u < step / 8; u++) _mm256_storeu_ps(o + i0 + 8 * u, a[u]);
+        }
+        return;
+    }
+#endif
+    float mx = -INFINITY;
+    for (long j = 0; j < n; j++) {
+        float l[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t = 0.f;
+        long i = 0;
+        for (; i + 8 <= hd; i += 8)
+            for (int u = 0; u < 8; u++) l[u] += q[i + u] * k[j * hd + i + u];
+        for (; i < hd; i++) t += q[i] * k[j * hd + i];
+        sc[j] = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + t;
+        if (sc[j] > mx) mx = sc[j];
+    }
+    float sum = 0.f;
+    for (long j = 0; j < n; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    for (long j = 0; j < n; j++) sc[j] = sc[j] / sum;
+    for (long i = 0; i < hd; i++) o[i] = 0.f;
+    for (long j = 0; j < n; j++)
+        for (long i = 0; i < hd; i++) o[i] += sc[j] * v[j * hd + i];
+}
+
 /* Blocks [l0, l1) over m rows that belong to ns sequences: rows [row0[s], row0[s+1]) are sequence
  * s's, at positions start[s].. of its own cache (kc[s], vc[s], cap[s] positions per layer and head).
  * Every product runs once over all m rows (batch invariant: a row's result never depends on the
@@ -1201,7 +1245,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
         }
 #pragma omp parallel num_threads(nt) if (nt > 1 && m * nh > 1)
         {
-            float *sc = malloc(sizeof(float) * (maxpos + 1));
+            float *sc = malloc(sizeof(float) * (maxpos + 8));
 #pragma omp for schedule(static)
             for (long t = 0; t < m * nh; t++) {
                 long r = t / nh, hh = t % nh, g = hh / rep, pos = rpos[r];
@@ -1209,19 +1253,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
                 long lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
                 const float *q = qkv + r * w3 + hh * hd;
                 const float *kb = kc[s] + ((long)li * nkv + g) * cp * hd, *vb = vc[s] + ((long)li * nkv + g) * cp * hd;
-                float mx = -INFINITY;
-                for (long j = lo; j <= pos; j++) {
-                    sc[j] = dot8(q, kb + j * hd, hd);
-                    if (sc[j] > mx) mx = sc[j];
-                }
-                float sum = 0.f;
-                for (long j = lo; j <= pos; j++) {
-                    sc[j] = expf(sc[j] - mx);
-                    sum += sc[j];
-                }
-                float *o = att + r * qd + hh * hd;
-                for (long j = lo; j <= pos; j++) sc[j] = sc[j] / sum;
-                weighted_sum(sc, vb, lo, pos, hd, o);
+                attend_row(q, kb, vb, lo, pos, hd, sc, att + r * qd + hh * hd);
             }
             free(sc);
         }
