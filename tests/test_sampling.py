@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tsspec.errors import BadInput
-from tsspec.sampling import Sampler, SamplingParams, keyed_uniform
+from tsspec.sampling import Sampler, SamplingParams, argmax, argmax_rows, keyed_uniform
 
 
 def test_keyed_uniform_is_a_pure_function_and_spread():
@@ -77,3 +77,27 @@ def test_draft_history_is_all_the_transforms_read():
         short = s.draft_history(history)
         assert len(short) <= 16
         assert torch.equal(s.probs(logits, short + drafts), s.probs(logits, history + drafts))
+
+
+def _argmax_cases():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 1000, generator=g)
+    ties = torch.zeros(3, 50)
+    ties[:, [7, 9, 40]] = 2.0  # tied maxima: the lowest index
+    nan = torch.randn(2, 30, generator=g)
+    nan[0, 11] = float("nan")
+    nan[1, [4, 20]] = float("nan")  # NaN counts as the maximum, the first one wins
+    ninf = torch.full((2, 9), float("-inf"))
+    return [x, ties, nan, ninf, x.to(torch.float64), x.to(torch.float16), x.to(torch.bfloat16), x[:, ::3]]
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_argmax_helpers_equal_torch(i):
+    x = _argmax_cases()[i]
+    assert argmax_rows(x) == x.argmax(dim=-1).tolist()
+    for row in x:
+        assert argmax(row) == int(torch.argmax(row))
+    assert argmax(x[:1]) == int(torch.argmax(x[:1]))
+    with torch.inference_mode():
+        y = x.clone()
+        assert argmax_rows(y) == x.argmax(dim=-1).tolist()

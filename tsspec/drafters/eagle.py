@@ -36,6 +36,7 @@ from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
 from ..weights import GGUFWeight, Linear, load_format, to_tensor
 from ..models.base import load_weight, rms_norm
+from ..sampling import argmax
 from .protocols import DraftHeadKind
 
 ARCH = "tsspec-eagle"
@@ -139,7 +140,7 @@ class EagleHead:
     def pick(self, logits: torch.Tensor) -> tuple[int, float]:
         """Draft-vocabulary logits [V] -> (the trunk id of the head's top draft, its probability)."""
         p = torch.softmax(logits.float(), dim=-1)
-        i = int(torch.argmax(p))
+        i = argmax(p)
         return int(self.d2t[i]), float(p[i])
 
     def trunk_logits(self, logits: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from typing import Sequence
 
 import torch
 
+from ..sampling import argmax
 from .draft_model import DRAFT_STREAM
 from .protocols import Draft, DraftContext, DraftHeadKind, MinDraftProb
 
@@ -47,7 +48,7 @@ def pick_top(logits: torch.Tensor) -> tuple[int, float]:
     argmax is the lowest index among tied maxima, as ``torch.argmax`` gives it."""
     top = torch.topk(logits.float(), min(TOP_K_GATE, logits.numel()))
     v = top.values
-    tok = int(top.indices[0]) if v.numel() == 1 or v[0] > v[1] else int(torch.argmax(logits))
+    tok = int(top.indices[0]) if v.numel() == 1 or v[0] > v[1] else argmax(logits)
     return tok, float(torch.softmax(v, dim=-1)[0])
 
 

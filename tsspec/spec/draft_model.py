@@ -48,6 +48,7 @@ from typing import Sequence
 import torch
 
 from ..models.cache import common_prefix
+from ..sampling import argmax
 from .protocols import Draft, DraftContext, MinDraftProb
 
 PREFILL_CHUNK = 256
@@ -192,7 +193,7 @@ class DraftModelSpeculator:
                 tok = sampler.draw(q, pos, DRAFT_STREAM)
                 probs.append(q)
             else:  # greedy: the trunk's own argmax rule, penalties included
-                tok = int(torch.argmax(sampler.penalize(logits, hist) if penalized else logits))
+                tok = argmax(sampler.penalize(logits, hist) if penalized else logits)
             tokens.append(tok)
             if hist is not None:
                 hist.append(tok)

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from ..sampling import Sampler, keyed_uniform
+from ..sampling import Sampler, argmax_rows, keyed_uniform
 
 RULES = ("match", "residual")
 # keyed random streams: 0 is the plain draw of a position, so match reproduces plain sampling
@@ -49,7 +49,7 @@ def verify_match(
     history: Sequence[int],  # tokens before d1 (prompt + emitted, last included)
 ) -> Verdict:
     if sampler.greedy and not sampler.params.has_penalties:
-        drawn = logits.argmax(dim=-1).tolist()  # all rows at once: same argmax as a plain step
+        drawn = argmax_rows(logits)  # all rows at once: same argmax as a plain step
         for i, d in enumerate(draft):
             if drawn[i] != d:
                 return Verdict(i, drawn[i])

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...models.base import apply_rope, rms_norm
+from ...sampling import argmax
 from ...weights import Linear
 from ..protocols import DraftHeadKind
 from .config import DFlashConfig, Pick
@@ -274,7 +275,7 @@ class DFlashModel:
             _, small = self._block(anchor, position, ring)
             p, i = torch.softmax(small, dim=-1).max(dim=-1)
             return self.d2t[i].tolist(), p.tolist()
-        pick = pick or (lambda e, row: int(torch.argmax(row)))
+        pick = pick or (lambda e, row: argmax(row))
         h, logits = self.block_forward(anchor, position, ring)
         if self.selector is None or not self.selector_enabled:
             for e in range(logits.shape[0]):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ...sampling import argmax
+
 
 # ----------------------------------------------------------------------------- pure pieces
 
@@ -53,9 +55,9 @@ def greedy_walk(first: torch.Tensor, trans: torch.Tensor) -> list[int]:
     Among all paths it is the one whose per-step scores are lexicographically largest (step 0
     first); it equals the maximum-total path only when transitions do not trade off (see tests).
     """
-    path = [int(torch.argmax(first))]
+    path = [argmax(first)]
     for e in range(trans.shape[0]):
-        path.append(int(torch.argmax(trans[e, path[-1]])))
+        path.append(argmax(trans[e, path[-1]]))
     return path
 
 
