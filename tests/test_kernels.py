@@ -248,6 +248,26 @@ def test_fused_rows_equal_single_steps(tiny_q):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("head_dim,n_heads", [(64, 4), (40, 4), (12, 8)])
+def test_fused_attention_head_dims(tmp_path, head_dim, n_heads):
+    """The attention's register paths by head dimension: 64 outputs at a time (64), 32 then 8 (40),
+    and the plain path (12, not a multiple of 8): close to torch's blocks, rows bitwise alone."""
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", quant="Q4_0", d_model=64, ffn_dim=128, vocab_size=320,
+                            n_heads=n_heads, n_kv_heads=2, head_dim=head_dim)
+    m = load_model(path, n_ctx=256)
+    assert m.fused is not None
+    ids = [int(t) for t in np.random.default_rng(2).integers(0, 300, size=45)]
+    fused = m.forward(ids, m.make_cache(), all_logits=True).logits
+    keep, m.fused = m.fused, None
+    ref = m.forward(ids, m.make_cache(), all_logits=True).logits
+    m.fused = keep
+    assert float((fused - ref).abs().max()) <= 0.05 * float(ref.abs().max())
+    c = m.make_cache()
+    m.forward(ids[:30], c)
+    for i in range(30, 45):
+        assert torch.equal(m.forward([ids[i]], c).logits[0], fused[i])
+
+
 def test_fused_taps_equal_torch_taps_layout(tiny_q):
     arch, path = tiny_q
     m = load_model(path, n_ctx=256)

@@ -1097,10 +1097,11 @@ static void act_row(int gelu, const float *g, const float *u, float *a, long n) 
 
 /* One query row's attention over positions [lo, hi] of one KV head: o = softmax(q . k_j) v_j.
  * Each row's float steps depend only on its own span, never on other rows (batch invariance).
- * The SIMD path scores eight positions at a time (eight FMA chains over the head dimension, then a
- * fixed add tree), exponentiates eight at a time, and accumulates the values in position order with
- * 64 (or 32) outputs held in registers; the plain path does the same sums one lane at a time, not in
- * the same order (the two agree to rounding). sc: scratch for hi - lo + 1 scores, rounded up to 8. */
+ * The SIMD path (head dimensions that are a multiple of 8) scores eight positions at a time (eight
+ * FMA chains over the head dimension, then a fixed add tree), exponentiates eight at a time, and
+ * accumulates the values in position order with up to 64 outputs held in registers; the plain path
+ * does the same sums one lane at a time, not in the same order (the two agree to rounding).
+ * sc: scratch for hi - lo + 1 scores, rounded up to 8. */
 #if TSQ_SIMD
 static inline __attribute__((always_inline)) __m256 scores8(const float *q, const float *k, long hd, long c) {
     const float *kr[8];
@@ -1117,6 +1118,18 @@ static inline __attribute__((always_inline)) __m256 scores8(const float *q, cons
     const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20), _mm256_permute2f128_ps(h03, h47, 0x31));
     return c >= 8 ? s : _mm256_mask_blend_ps((__mmask8)((1u << c) - 1), _mm256_set1_ps(-INFINITY), s);
 }
+
+/* o[0..8U) = sum over j < n of p[j] v[j * hd + 0..8U), accumulated in j order */
+static inline __attribute__((always_inline)) void value_sum(const float *p, const float *v, long n, long hd,
+                                                            float *o, const int U) {
+    __m256 a[8];
+    for (int u = 0; u < U; u++) a[u] = _mm256_setzero_ps();
+    for (long j = 0; j < n; j++) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        for (int u = 0; u < U; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * hd + 8 * u), a[u]);
+    }
+    for (int u = 0; u < U; u++) _mm256_storeu_ps(o + 8 * u, a[u]);
+}
 #endif
 
 static void attend_row(const float *q, const float *kb, const float *vb, long lo, long hi, long hd, float *sc,
@@ -1124,7 +1137,7 @@ static void attend_row(const float *q, const float *kb, const float *vb, long lo
     const long n = hi - lo + 1;
     const float *k = kb + lo * hd, *v = vb + lo * hd;
 #if TSQ_SIMD
-    if (hd % 32 == 0) {
+    if (hd % 8 == 0) {
         __m256 vmx = _mm256_set1_ps(-INFINITY);
         for (long j = 0; j < n; j += 8) {
             const __m256 s = scores8(q, k + j * hd, hd, n - j);
@@ -1144,25 +1157,10 @@ static void attend_row(const float *q, const float *kb, const float *vb, long lo
         }
         const __m256 inv = _mm256_set1_ps(1.f / hsum8(vs));
         for (long j = 0; j < n; j += 8) _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_loadu_ps(sc + j), inv));
-        const long step = hd % 64 == 0 ? 64 : 32;
-        for (long i0 = 0; i0 < hd; i0 += step) { /* outputs in registers across all positions */
-            __m256 a[8];
-            for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
-            if (step == 64) {
-                for (long j = 0; j < n; j++) {
-                    const float *vv = v + j * hd + i0;
-                    const __m256 pj = _mm256_set1_ps(sc[j]);
-                    for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv + 8 * u), a[u]);
-                }
-            } else {
-                for (long j = 0; j < n; j++) {
-                    const float *vv = v + j * hd + i0;
-                    const __m256 pj = _mm256_set1_ps(sc[j]);
-                    for (int u = 0; u < 4; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vv + 8 * u), a[u]);
-                }
-            }
-            for (long u = 0; u < step / 8; u++) _mm256_storeu_ps(o + i0 + 8 * u, a[u]);
-        }
+        long i0 = 0; /* outputs in registers across all positions: 64 at a time, then 32, then 8 */
+        for (; i0 + 64 <= hd; i0 += 64) value_sum(sc, v + i0, n, hd, o + i0, 8);
+        for (; i0 + 32 <= hd; i0 += 32) value_sum(sc, v + i0, n, hd, o + i0, 4);
+        for (; i0 < hd; i0 += 8) value_sum(sc, v + i0, n, hd, o + i0, 1);
         return;
     }
 #endif
