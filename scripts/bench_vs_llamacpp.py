@@ -13,6 +13,9 @@ MODEL is a name from ``tsspec.hub.KNOWN_MODELS`` (default: all of them).
   alternating order (AB, BA, AB, ...) so drift on a shared machine hits both sides alike. Reported:
   the median over rounds of each side, the ratio of the medians (tsspec / llama.cpp) and the
   min / max of the per-round ratios.
+* Decode at depth (``--depth N``, off by default): the same decode after an N-token context,
+  where attention over the cache weighs in: llama-bench ``-p 0 -n TOKENS -d N`` (it prefills N
+  tokens untimed first), tsspec the same after an N-token prompt.
 * Prefill (``--prefill``, on by default): tsspec's prefill of a ``--prefill-tokens`` (512) prompt vs
   llama-bench ``-p 512 -n 0``, the same rounds and ratios.
 * Verify curve (``--curve``, tsspec only): ms per forward of r rows (r = 1..``--curve-rows``, all
@@ -120,10 +123,10 @@ def parse_llama_bench_json(text: str) -> list[LlamaBenchResult]:
 
 
 def llama_bench_argv(binary: str | Path, model: str | Path, threads: int, n_prompt: int, n_gen: int,
-                     reps: int, extra: Sequence[str] = ()) -> list[str]:
-    """The llama-bench command line for one test (``-p N -n M``), JSON on stdout."""
+                     reps: int, extra: Sequence[str] = (), depth: int = 0) -> list[str]:
+    """The llama-bench command line for one test (``-p N -n M``, ``-d D`` at a depth), JSON on stdout."""
     return [str(binary), "-m", str(model), "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
-            "-r", str(reps), "-o", "json", *extra]
+            *(["-d", str(depth)] if depth else []), "-r", str(reps), "-o", "json", *extra]
 
 
 def round_orders(rounds: int) -> list[tuple[str, str]]:
@@ -214,8 +217,8 @@ LLAMA_NO_REPACK = ("--repack", "0")
 
 
 def run_llama_bench(exe: Path, model: Path, threads: int, n_prompt: int, n_gen: int, reps: int,
-                    extra: Sequence[str]) -> LlamaBenchResult:
-    argv = llama_bench_argv(exe, model, threads, n_prompt, n_gen, reps, extra)
+                    extra: Sequence[str], depth: int = 0) -> LlamaBenchResult:
+    argv = llama_bench_argv(exe, model, threads, n_prompt, n_gen, reps, extra, depth)
     r = subprocess.run(argv, capture_output=True, text=True)
     if r.returncode != 0:
         tail = (r.stderr.strip().splitlines() or ["(no stderr)"])[-1]
@@ -330,25 +333,25 @@ def bench_model(name: str, args: argparse.Namespace, exe: Path, log: Callable[[s
 
     path = Path(ensure_model(name))
     log(f"{name}: loading {path}")
-    need = max(args.prompt_tokens, args.prefill_tokens if args.prefill else 0,
+    need = max(args.prompt_tokens, args.depth, args.prefill_tokens if args.prefill else 0,
                args.curve_context + args.curve_rows if args.curve else 0)
     tb = TsspecBench.load(name, path, need)
     out: dict[str, Any] = {"path": str(path), "sha256": recorded_sha256(path), "tsspec_weight_mb": tb.weight_mb,
                            "tsspec_weight_formats": provenance_.weight_formats(tb.target)}
     builds: list[LlamaBenchResult] = []
 
-    def llama(n_prompt: int, n_gen: int) -> list[float]:
-        kind = "decode" if n_prompt == 0 else "prefill"
+    def llama(n_prompt: int, n_gen: int, depth: int = 0) -> list[float]:
+        kind = "depth" if depth else "decode" if n_prompt == 0 else "prefill"
         fell_back = kind in out.get("llama_fallback", {})  # a test kind killed once runs LLAMA_NO_REPACK
         extra = [*args.llama_arg, *LLAMA_NO_REPACK] if fell_back else args.llama_arg
         try:
-            res = run_llama_bench(exe, path, args.threads, n_prompt, n_gen, args.reps, extra)
+            res = run_llama_bench(exe, path, args.threads, n_prompt, n_gen, args.reps, extra, depth)
         except LlamaBenchKilled as e:
             if fell_back:
                 raise
             log(f"  {e}; {kind} runs with {' '.join(LLAMA_NO_REPACK)} from here")
             out.setdefault("llama_fallback", {})[kind] = {"args": list(LLAMA_NO_REPACK), "why": str(e)}
-            return llama(n_prompt, n_gen)
+            return llama(n_prompt, n_gen, depth)
         builds.append(res)
         return list(res.samples_ts) or [res.avg_ts]
 
@@ -357,6 +360,11 @@ def bench_model(name: str, args: argparse.Namespace, exe: Path, log: Callable[[s
         args.rounds,
         lambda: [tb.decode_tok_s(args.prompt_tokens, args.tokens) for _ in range(args.reps)],
         lambda: llama(0, args.tokens), log, "decode")
+    if args.depth:
+        out["depth"] = paired_rounds(
+            args.rounds,
+            lambda: [tb.decode_tok_s(args.depth, args.tokens) for _ in range(args.reps)],
+            lambda: llama(0, args.tokens, args.depth), log, "depth")
     if args.prefill:
         tb.prefill_tok_s(args.prefill_tokens)  # warm-up
         out["prefill"] = paired_rounds(
@@ -389,6 +397,8 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
             con.print(f"{m}: llama.cpp build {b['build_number']} (commit {b['build_commit']}), "
                       f"{b['model_type']}; tsspec weights {r['tsspec_weight_mb']:.0f} MB")
     for kind, title in (("decode", f"decode, {args.tokens} tokens (llama-bench -p 0 -n {args.tokens})"),
+                        ("depth", f"decode at depth {args.depth}, {args.tokens} tokens "
+                                  f"(llama-bench -p 0 -n {args.tokens} -d {args.depth})"),
                         ("prefill", f"prefill, {args.prefill_tokens} tokens (llama-bench -p {args.prefill_tokens} -n 0)")):
         rows = [(m, r[kind]) for m, r in results.items() if kind in r]
         if not rows:
@@ -436,6 +446,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
                     help="extra llama-bench argument (repeatable), e.g. --llama-arg=-fa --llama-arg=on")
     ap.add_argument("--json", metavar="OUT", help="write all samples and provenance here")
+    ap.add_argument("--depth", type=int, default=0, metavar="N",
+                    help="also time decode after an N-token context (llama-bench -d N); 0: off (default)")
     ap.add_argument("--prefill", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--curve", action=argparse.BooleanOptionalAction, default=True)
@@ -448,6 +460,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1")
     if args.curve_context < 1:
         ap.error("--curve-context must be >= 1")
+    if args.depth < 0:
+        ap.error("--depth must be >= 0")
     return args
 
 

@@ -49,6 +49,15 @@ def test_llama_bench_argv():
     argv = bvl.llama_bench_argv("/b/llama-bench", "/m/x.gguf", 2, 0, 64, 3, ["-fa", "on"])
     assert argv == ["/b/llama-bench", "-m", "/m/x.gguf", "-t", "2", "-p", "0", "-n", "64", "-r", "3",
                     "-o", "json", "-fa", "on"]
+    argv = bvl.llama_bench_argv("/b/llama-bench", "/m/x.gguf", 2, 0, 64, 3, depth=512)
+    assert argv[argv.index("-d") + 1] == "512" and argv.index("-d") < argv.index("-o")
+
+
+def test_depth_flag_is_checked():
+    assert bvl.parse_args(["--depth", "256"]).depth == 256
+    assert bvl.parse_args([]).depth == 0
+    with pytest.raises(SystemExit):
+        bvl.parse_args(["--depth", "-1"])
 
 
 def test_round_orders_alternate():
