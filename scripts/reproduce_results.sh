@@ -28,8 +28,9 @@ LLAMA_BIN=$(bash ../shared/tools/build_llamacpp.sh | tail -1)
 for m in smollm2-135m gemma3-270m qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do tsspec pull "$m" >/dev/null; done
 
 if want plain; then
-  # plain decode, prefill and the verify curve beside llama-bench, AB/BA per round
-  python scripts/bench_vs_llamacpp.py --rounds 3 --reps 2 --curve-rows 16 --llama-bin "$LLAMA_BIN" \
+  # plain decode (from an empty cache and at depth 512), prefill and the verify curve beside
+  # llama-bench, AB/BA per round
+  python scripts/bench_vs_llamacpp.py --rounds 3 --reps 2 --curve-rows 16 --depth 512 --llama-bin "$LLAMA_BIN" \
     --json docs/results/vs-llamacpp.json | tee docs/results/vs-llamacpp.txt
 fi
 
