@@ -253,8 +253,6 @@ class Peer:
         self.model, self.exe, self.threads, self.ctx = Path(model), Path(exe), threads, ctx
         self.draft_model, self.startup_timeout = draft_model, startup_timeout
         self.servers: dict[str, LlamaServer] = {}
-        self.argv: dict[str, list[str]] = {}
-        self.fallback: dict[str, str] = {}  # config name -> why its server runs with NO_REPACK
         self._tmp: tempfile.TemporaryDirectory | None = None
 
     def __enter__(self) -> "Peer":
@@ -274,15 +272,21 @@ class Peer:
         srv = LlamaServer(argv, f"http://127.0.0.1:{port}", Path(self._tmp.name) / f"{c.algo}.log",
                           startup_timeout=self.startup_timeout)
         srv.__enter__()
-        if srv.fallback:
-            self.fallback[c.name] = srv.fallback
         self.servers[c.name] = srv
-        self.argv[c.name] = srv.argv
+
+    @property
+    def argv(self) -> dict[str, list[str]]:
+        """config name -> its server's command line (as started: NO_REPACK included if it fell back)"""
+        return {name: srv.argv for name, srv in self.servers.items()}
+
+    @property
+    def fallback(self) -> dict[str, str]:
+        """config name -> why its server runs with NO_REPACK, for those that do"""
+        return {name: srv.fallback for name, srv in self.servers.items() if srv.fallback}
 
     def __exit__(self, *exc) -> None:
-        for srv in self.servers.values():
+        for srv in self.servers.values():  # stopped, kept: their argv and fallback are the record
             srv.stop()
-        self.servers.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
