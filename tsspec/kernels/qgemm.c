@@ -54,6 +54,17 @@ typedef struct {
     float fs[8];  /* d * s (for Q4_1/Q4_K's float offsets) */
 } xgroup;
 
+/* Two input rows' group g side by side, for the 512-bit products: word j (bytes 64j..64j+63) is
+ * row a's word j then row b's, and each per-lane array holds row a's eight lanes then row b's. A
+ * weight group broadcast to both halves of a 512-bit register then meets two rows in each
+ * instruction, every lane doing what the 256-bit product does for its row alone. */
+typedef struct {
+    int8_t q[2 * QG];
+    float d[16];
+    int32_t s[16];
+    float fs[16];
+} xpair;
+
 static const int BLOCK_ELEMS[T_COUNT] = {1, 1, 1, 32, 32, 32, 32, 256, 256};
 static const int BLOCK_BYTES[T_COUNT] = {4, 2, 2, 18, 20, 22, 34, 144, 210};
 
@@ -177,6 +188,45 @@ static void quantize_row(const float *x, long k, xgroup *out) {
 
 /* bytes of one quantized input row of k elements */
 long tsq_xrow_bytes(long k) { return n_groups(k) * (long)sizeof(xgroup); }
+
+#if TSQ_SIMD
+/* rows 2p and 2p+1 of xq (m rows of ng groups) as pair p of out (m / 2 pairs of ng groups), each
+ * code sum s multiplied by 2^sh ahead (the weight type's offset, offset_shift): exact integers, the
+ * shift the 256-bit product does per row and group done once here */
+static void pair_rows(const xgroup *xq, long m, long ng, int sh, xpair *out) {
+    for (long p = 0; p < m / 2; p++)
+        for (long g = 0; g < ng; g++) {
+            const xgroup *a = xq + 2 * p * ng + g, *b = a + ng;
+            xpair *o = out + p * ng + g;
+            for (int j = 0; j < 4; j++) {
+                memcpy(o->q + 64 * j, a->q + 32 * j, 32);
+                memcpy(o->q + 64 * j + 32, b->q + 32 * j, 32);
+            }
+            memcpy(o->d, a->d, sizeof a->d);
+            memcpy(o->d + 8, b->d, sizeof b->d);
+            for (int L = 0; L < 8; L++) {
+                o->s[L] = a->s[L] * (1 << sh);
+                o->s[L + 8] = b->s[L] * (1 << sh);
+            }
+            memcpy(o->fs, a->fs, sizeof a->fs);
+            memcpy(o->fs + 8, b->fs, sizeof b->fs);
+        }
+}
+
+/* The calling thread's scratch for paired rows, kept between calls (a prefill chunk's pairs are
+ * ~0.5 MB on the widest products; allocating that per product went through mmap each time). NULL
+ * when memory runs out. */
+static xpair *pair_scratch(long n) {
+    static _Thread_local xpair *buf = NULL;
+    static _Thread_local long cap = 0;
+    if (n > cap) {
+        free(buf);
+        buf = aligned_alloc(64, (size_t)n * sizeof(xpair));
+        cap = buf ? n : 0;
+    }
+    return buf;
+}
+#endif
 
 void tsq_quantize(const float *x, long m, long k, xgroup *out) {
 #pragma omp parallel for schedule(static) if (m >= 4)
@@ -558,14 +608,19 @@ static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
 /* ------------------------------------------------------------------ AVX-512 VNNI products */
 #if TSQ_SIMD
 #define TILE 4
-/* A verify of 5..8 rows runs as ONE tile of that height when its input fits in L1: each weight
+/* A verify of up to 16 rows runs as ONE tile of that height when its input fits in L1: each weight
  * group is then unpacked once for all rows (as tiles of four, the fifth row paid a whole second
- * unpacking pass, ~0.6 of a one-row product). Longer inputs keep tiles of four: on Zen 4 an 8-row
- * tile over the 8960-wide down projection ran 1.15-1.48x slower (on the Intel kind a kernel
- * microbenchmark read it ~15% faster, not shown end to end). The tile height changes no output
- * element's operations. Chunked accumulator state (``state``) is laid out for TILE rows: a tile
- * taller than TILE is only ever run whole (kc = ng). */
-#define QTILE_MAX 8
+ * unpacking pass, ~0.6 of a one-row product). Longer inputs (prefill chunks) take tiles of 16 or 8
+ * rows where that many fit in L1 whole, else tiles of four: on Zen 4 an 8-row tile over the
+ * 8960-wide down projection ran 1.15-1.48x slower. Within a tile, rows go two to a 512-bit
+ * register (xpair): a dpbusd of 512 bits costs what one of 256 does on the Intel kind (two per
+ * cycle either way), so a pair of rows takes the instructions one row took. (On Zen 4, which
+ * splits 512-bit operations in two, pairing should gain nothing; not measured there.) The tile
+ * height changes no output element's operations. Chunked accumulator state (``state``) is laid
+ * out for TILE rows: a tile taller than TILE is only ever run whole (kc = ng). */
+#ifndef QTILE_MAX
+#define QTILE_MAX 16
+#endif
 /* Weight bytes ahead of the one being read that each step asks the cache to fetch. The hardware
  * prefetchers stop at every 4 KiB page and a verify's small matrices are a few pages per thread,
  * so without it a one-row product over smollm2's blocks read ~10 GB/s from memory on an Intel
@@ -689,36 +744,67 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
     }
 }
 
+/* the two 256-bit halves of a 512-bit register, and back */
+static inline __m512 cat_ps(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+static inline __m256 lo_ps(__m512 v) { return _mm512_castps512_ps256(v); }
+static inline __m256 hi_ps(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+static inline __m512 dup_ps(__m256 v) { return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v))); }
+
 /* nrows weight rows (rb bytes apart; results to y[0..nrows)) against the tr input rows of a tile
- * (rows xstride groups apart), over groups [g0, g1). With a state ([nrows][TILE * 16]) the
- * accumulators start from it unless g0 == 0 and are parked there unless g1 is the row's end, so
- * a product taken in k-chunks does the same float steps as one taken whole. */
+ * (rows xstride groups apart), over groups [g0, g1). Rows 0..2*(tr/2)-1 are read as pairs from xp
+ * (pair p xstride groups after pair p-1; pair_rows), two rows per 512-bit instruction; an odd last
+ * row from x, in 256 bits. Each lane does the same operations either way, so a row's result does
+ * not depend on whether it shared a register. With a state ([nrows][TILE * 16]) the accumulators
+ * start from it unless g0 == 0 and are parked there unless g1 is the row's end, so a product taken
+ * in k-chunks does the same float steps as one taken whole. */
 static inline __attribute__((always_inline)) void
-dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed, const xgroup *x, long xstride,
-             const int chunked, long g0, long g1, float *state, float *y, long ldy, long nrows, long rb) {
+dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed, const xgroup *x, const xpair *xp,
+             long xstride, const int chunked, long g0, long g1, float *state, float *y, long ldy, long nrows, long rb) {
     const long ng = n_groups(k), nblocks = k / QB;
+    const int np = tr / 2, odd = tr & 1, ro = tr - 1; /* pairs; the odd row, if any, is row ro */
     if (!chunked) { g0 = 0; g1 = ng; }
     const int first = !chunked || g0 == 0, last = !chunked || g1 == ng;
     for (long n = 0; n < nrows; n++, w += rb, y++, state += chunked ? TILE * 16 : 0) {
-    __m256 acc[QTILE_MAX], accm[QTILE_MAX];
-    for (int r = 0; r < tr; r++) {
-        acc[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 16 * r);
-        accm[r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(state + 16 * r + 8);
+    __m512 accz[QTILE_MAX / 2], accmz[QTILE_MAX / 2];
+    __m256 acc1 = _mm256_setzero_ps(), accm1 = _mm256_setzero_ps();
+    for (int p = 0; p < np; p++) {
+        accz[p] = first ? _mm512_setzero_ps() : cat_ps(_mm256_loadu_ps(state + 32 * p), _mm256_loadu_ps(state + 32 * p + 16));
+        accmz[p] = first ? _mm512_setzero_ps() : cat_ps(_mm256_loadu_ps(state + 32 * p + 8), _mm256_loadu_ps(state + 32 * p + 24));
+    }
+    if (odd && !first) {
+        acc1 = _mm256_loadu_ps(state + 16 * ro);
+        accm1 = _mm256_loadu_ps(state + 16 * ro + 8);
     }
     const int sh = offset_shift(type), mn = has_min(type);
-#define ROWS(W, a, mw, g)                                                                             \
-    for (int r = 0; r < tr; r++) {                                                                    \
-        const xgroup *xg = x + r * xstride + (g);                                                     \
+    /* W, a, mw: a weight group for one row (256 bits); Z, az, mwz: the same in both halves of 512 */
+#define ROWS(W, a, mw, Z, az, mwz, g)                                                                 \
+    if (np) {                                                                                         \
+        for (int p = 0; p < np; p++) {                                                                \
+            const xpair *xg = xp + p * xstride + (g);                                                 \
+            __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Z[0], _mm512_loadu_si512(xg->q)); \
+            is = _mm512_dpbusd_epi32(is, Z[1], _mm512_loadu_si512(xg->q + 64));                       \
+            is = _mm512_dpbusd_epi32(is, Z[2], _mm512_loadu_si512(xg->q + 128));                      \
+            is = _mm512_dpbusd_epi32(is, Z[3], _mm512_loadu_si512(xg->q + 192));                      \
+            if (sh) is = _mm512_sub_epi32(is, _mm512_loadu_si512(xg->s)); /* shifted by pair_rows */   \
+            accz[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(az, _mm512_loadu_ps(xg->d)), accz[p]); \
+            if (mn) accmz[p] = _mm512_fmadd_ps(mwz, _mm512_loadu_ps(xg->fs), accmz[p]);               \
+        }                                                                                             \
+    }                                                                                                 \
+    if (odd) {                                                                                        \
+        const xgroup *xg = x + ro * xstride + (g);                                                    \
         __m256i is = _mm256_dpbusd_epi32(_mm256_setzero_si256(), W[0], _mm256_loadu_si256((const __m256i *)xg->q)); \
         is = _mm256_dpbusd_epi32(is, W[1], _mm256_loadu_si256((const __m256i *)(xg->q + 32)));       \
         is = _mm256_dpbusd_epi32(is, W[2], _mm256_loadu_si256((const __m256i *)(xg->q + 64)));       \
         is = _mm256_dpbusd_epi32(is, W[3], _mm256_loadu_si256((const __m256i *)(xg->q + 96)));       \
         if (sh) is = _mm256_sub_epi32(is, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)xg->s), sh)); \
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(a, _mm256_loadu_ps(xg->d)), acc[r]); \
-        if (mn) accm[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xg->fs), accm[r]);                        \
+        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(a, _mm256_loadu_ps(xg->d)), acc1); \
+        if (mn) accm1 = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xg->fs), accm1);                         \
     }
     if (type == T_Q4_K) { /* a super-block (two groups) at a time: its scales unpacked once */
         const __m256i m4 = _mm256_set1_epi8(0x0F);
+        const __m512i m4z = _mm512_set1_epi8(0x0F);
         for (long sb = g0 / 2; sb < g1 / 2; sb++) {
             const uint8_t *p = w + sb * 144;
             _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0);
@@ -728,40 +814,110 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
             const __m128i sc0 = _mm_and_si128(A, c63), mn0 = _mm_and_si128(B, c63);
             const __m128i sc1 = _mm_or_si128(_mm_and_si128(C, _mm_set1_epi32(15)), _mm_slli_epi32(_mm_srli_epi32(A, 6), 4));
             const __m128i mn1 = _mm_or_si128(_mm_srli_epi32(C, 4), _mm_slli_epi32(_mm_srli_epi32(B, 6), 4));
-            const __m256 d = _mm256_set1_ps(_cvtsh_ss(rd16(p))), dm = _mm256_set1_ps(-_cvtsh_ss(rd16(p + 2)));
+            const float d1 = _cvtsh_ss(rd16(p)), dm1 = -_cvtsh_ss(rd16(p + 2));
             for (int gi = 0; gi < 2; gi++) {
                 const __m128i sc = gi ? sc1 : sc0, mnv = gi ? mn1 : mn0;
-                const __m256 a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(sc)));
-                const __m256 mw = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(mnv)));
                 const uint8_t *q = p + 16 + 64 * gi;
-                const __m256i q0 = _mm256_loadu_si256((const __m256i *)q), q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
-                __m256i W[4] = {_mm256_and_si256(q0, m4), _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4),
-                                _mm256_and_si256(q1, m4), _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4)};
-                if (!packed) transpose4(W[0], W[1], W[2], W[3], W);
-                ROWS(W, a, mw, 2 * sb + gi)
+                __m256i W[4];
+                __m256 a, mw;
+                __m512i Z[4];
+                __m512 az, mwz;
+                if (np && packed) { /* unpacked in 512 bits from broadcast loads: no shuffles */
+                    az = _mm512_mul_ps(_mm512_set1_ps(d1), _mm512_cvtepi32_ps(_mm512_broadcast_i32x4(sc)));
+                    mwz = _mm512_mul_ps(_mm512_set1_ps(dm1), _mm512_cvtepi32_ps(_mm512_broadcast_i32x4(mnv)));
+                    const __m512i q0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
+                    const __m512i q1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32)));
+                    Z[0] = _mm512_and_si512(q0, m4z);
+                    Z[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4z);
+                    Z[2] = _mm512_and_si512(q1, m4z);
+                    Z[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4z);
+                    for (int j = 0; j < 4; j++) W[j] = _mm512_castsi512_si256(Z[j]);
+                    a = lo_ps(az);
+                    mw = lo_ps(mwz);
+                } else {
+                    a = _mm256_mul_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(sc)));
+                    mw = _mm256_mul_ps(_mm256_set1_ps(dm1), _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(mnv)));
+                    const __m256i q0 = _mm256_loadu_si256((const __m256i *)q), q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
+                    W[0] = _mm256_and_si256(q0, m4);
+                    W[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
+                    W[2] = _mm256_and_si256(q1, m4);
+                    W[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
+                    if (!packed) transpose4(W[0], W[1], W[2], W[3], W);
+                    if (np) {
+                        for (int j = 0; j < 4; j++) Z[j] = _mm512_broadcast_i64x4(W[j]);
+                        az = dup_ps(a);
+                        mwz = dup_ps(mw);
+                    }
+                }
+                ROWS(W, a, mw, Z, az, mwz, 2 * sb + gi)
             }
         }
     } else {
+        const __m512i m4z = _mm512_set1_epi8(0x0F);
         for (long g = g0; g < g1; g++) {
             __m256i W[4];
             __m256 a, mw;
-            wgroup_simd(type, w, g, nblocks, packed, W, &a, &mw);
-            ROWS(W, a, mw, g)
+            __m512i Z[4];
+            __m512 az, mwz;
+            if (np && packed && group_major(type) && 4 * g + 4 <= nblocks) {
+                /* a record (tsq_repack) in 512 bits from broadcast loads, as wgroup_simd reads it */
+                const uint8_t *rec = w + g * 4L * BLOCK_BYTES[type];
+                _mm_prefetch((const char *)rec + PF_AHEAD, _MM_HINT_T0);
+                uint64_t sc8, mn8;
+                memcpy(&sc8, rec, 8);
+                memcpy(&mn8, rec + 8, 8);
+                az = _mm512_cvtph_ps(_mm256_set1_epi64x((long long)sc8));
+                mwz = type == T_Q4_1 ? _mm512_cvtph_ps(_mm256_set1_epi64x((long long)mn8)) : _mm512_setzero_ps();
+                const uint8_t *c = rec + gm_codes_at(type);
+                if (type == T_Q8_0) {
+                    for (int j = 0; j < 4; j++) Z[j] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(c + 32 * j)));
+                } else {
+                    const __m512i q0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)c));
+                    const __m512i q1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(c + 32)));
+                    Z[0] = _mm512_and_si512(q0, m4z);
+                    Z[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4z);
+                    Z[2] = _mm512_and_si512(q1, m4z);
+                    Z[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4z);
+                }
+                for (int j = 0; j < 4; j++) W[j] = _mm512_castsi512_si256(Z[j]);
+                a = lo_ps(az);
+                mw = lo_ps(mwz);
+            } else {
+                wgroup_simd(type, w, g, nblocks, packed, W, &a, &mw);
+                if (np) {
+                    for (int j = 0; j < 4; j++) Z[j] = _mm512_broadcast_i64x4(W[j]);
+                    az = dup_ps(a);
+                    mwz = dup_ps(mw);
+                }
+            }
+            ROWS(W, a, mw, Z, az, mwz, g)
         }
     }
 #undef ROWS
     if (!last) {
-        for (int r = 0; r < tr; r++) {
-            _mm256_storeu_ps(state + 16 * r, acc[r]);
-            _mm256_storeu_ps(state + 16 * r + 8, accm[r]);
+        for (int p = 0; p < np; p++) {
+            _mm256_storeu_ps(state + 32 * p, lo_ps(accz[p]));
+            _mm256_storeu_ps(state + 32 * p + 16, hi_ps(accz[p]));
+            _mm256_storeu_ps(state + 32 * p + 8, lo_ps(accmz[p]));
+            _mm256_storeu_ps(state + 32 * p + 24, hi_ps(accmz[p]));
+        }
+        if (odd) {
+            _mm256_storeu_ps(state + 16 * ro, acc1);
+            _mm256_storeu_ps(state + 16 * ro + 8, accm1);
         }
         continue;
     }
-    for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(mn ? _mm256_add_ps(acc[r], accm[r]) : acc[r]);
+    for (int p = 0; p < np; p++) {
+        const __m512 s = mn ? _mm512_add_ps(accz[p], accmz[p]) : accz[p];
+        y[2 * p * ldy] = hsum8(lo_ps(s));
+        y[(2 * p + 1) * ldy] = hsum8(hi_ps(s));
+    }
+    if (odd) y[ro * ldy] = hsum8(mn ? _mm256_add_ps(acc1, accm1) : acc1);
     }
 }
 
-/* The kernels are specialised for a compile-time tile height; this maps a runtime one onto them. */
+/* The kernels are specialised for a compile-time tile height; this maps a runtime one onto them.
+ * (A product in k-chunks only ever runs tiles of TILE rows or fewer: FOR_TILE_CHUNKED.) */
 #define FOR_TILE(tr, CALL)                                                                            \
     switch (tr) {                                                                                     \
     case 1: CALL(1); break;                                                                           \
@@ -771,35 +927,50 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     case 5: CALL(5); break;                                                                           \
     case 6: CALL(6); break;                                                                           \
     case 7: CALL(7); break;                                                                           \
-    default: CALL(8); break;                                                                          \
+    case 8: CALL(8); break;                                                                           \
+    case 9: CALL(9); break;                                                                           \
+    case 10: CALL(10); break;                                                                         \
+    case 11: CALL(11); break;                                                                         \
+    case 12: CALL(12); break;                                                                         \
+    case 13: CALL(13); break;                                                                         \
+    case 14: CALL(14); break;                                                                         \
+    case 15: CALL(15); break;                                                                         \
+    default: CALL(16); break;                                                                         \
+    }
+#define FOR_TILE_CHUNKED(tr, CALL)                                                                    \
+    switch (tr) {                                                                                     \
+    case 1: CALL(1); break;                                                                           \
+    case 2: CALL(2); break;                                                                           \
+    case 3: CALL(3); break;                                                                           \
+    default: CALL(4); break;                                                                          \
     }
 
-static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, long xs, int tr, long g0,
-                       long g1, float *st, float *y, long ldy, long nrows, long rb) {
-#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define Q4K(n) dot_simd_q_t(T_Q4_K, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define Q6K(n) dot_simd_q_t(T_Q6_K, n, w, k, pk, x, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define ALL_TYPES                                                                                     \
+static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, const xpair *xp, long xs, int tr,
+                       long g0, long g1, float *st, float *y, long ldy, long nrows, long rb) {
+#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q4K(n) dot_simd_q_t(T_Q4_K, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q6K(n) dot_simd_q_t(T_Q6_K, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+#define ALL_TYPES(FOR)                                                                                \
     switch (type) {                                                                                   \
-    case T_Q4_0: FOR_TILE(tr, Q40) break;                                                             \
-    case T_Q4_1: FOR_TILE(tr, Q41) break;                                                             \
-    case T_Q5_0: FOR_TILE(tr, Q50) break;                                                             \
-    case T_Q8_0: FOR_TILE(tr, Q80) break;                                                             \
-    case T_Q4_K: FOR_TILE(tr, Q4K) break;                                                             \
-    default: FOR_TILE(tr, Q6K) break;                                                                 \
+    case T_Q4_0: FOR(tr, Q40) break;                                                                  \
+    case T_Q4_1: FOR(tr, Q41) break;                                                                  \
+    case T_Q5_0: FOR(tr, Q50) break;                                                                  \
+    case T_Q8_0: FOR(tr, Q80) break;                                                                  \
+    case T_Q4_K: FOR(tr, Q4K) break;                                                                  \
+    default: FOR(tr, Q6K) break;                                                                      \
     }
     /* st: the product goes in k-chunks [g0, g1) (specialised apart: the whole-row kernel keeps
      * no bookkeeping) */
     if (st) {
 #define CH 1
-        ALL_TYPES
+        ALL_TYPES(FOR_TILE_CHUNKED)
 #undef CH
     } else {
 #define CH 0
-        ALL_TYPES
+        ALL_TYPES(FOR_TILE)
 #undef CH
     }
 #undef ALL_TYPES
@@ -840,8 +1011,8 @@ static void dot_simd_f(int type, const uint8_t *w, long k, const float *x, long 
 /* ------------------------------------------------------------------ driver */
 
 #if TSQ_SIMD
-static void matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
-                           const xgroup *xq, long m, float *y, long ldy, int n_threads);
+static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
+                          const xgroup *xq, long m, float *y, long ldy, int n_threads);
 #endif
 
 /* y[m, n] (row stride ldy) = x[m, :] . W[n, :] for W [n_rows, k] of `type` with rows row_bytes
@@ -859,11 +1030,14 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
 #endif
     if (n_threads < 1) n_threads = 1;
 #if TSQ_SIMD
-    if (use_simd && !fl && !one_q_tile(m, ng)) {
-        matmul_blocked(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
-        return 0;
-    }
+    if (use_simd && !fl && !one_q_tile(m, ng))
+        return matmul_blocked(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
     if (use_simd && !fl) { /* one tile: each thread takes a contiguous share of the weight rows */
+        xpair *xp = NULL;
+        if (m >= 2) {
+            if (!(xp = pair_scratch(m / 2 * ng))) return -3;
+            pair_rows(xq, m, ng, offset_shift(type), xp);
+        }
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
         {
             long n0 = 0, n1 = n_rows;
@@ -873,7 +1047,7 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
             n1 = n0 + per < n_rows ? n0 + per : n_rows;
 #endif
             if (n0 < n1)
-                dot_simd_q(type, w + n0 * row_bytes, k, packed, xq, ng, (int)m, 0, ng, NULL, y + n0, ldy, n1 - n0,
+                dot_simd_q(type, w + n0 * row_bytes, k, packed, xq, xp, ng, (int)m, 0, ng, NULL, y + n0, ldy, n1 - n0,
                            row_bytes);
         }
         return 0;
@@ -918,8 +1092,8 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
  * L1 (a down projection's 8960 inputs are 15.7 KB a row) goes over the block in k-chunks, its
  * accumulators parked in between. Only the loop order differs from tsq_matmul's: each output
  * element gets the same operations in the same order. */
-static void matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
-                           const xgroup *xq, long m, float *y, long ldy, int n_threads) {
+static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
+                          const xgroup *xq, long m, float *y, long ldy, int n_threads) {
     const long ng = n_groups(k);
     long nb = BLOCK_BYTES_L2 / row_bytes;
     nb = nb < 4 ? 4 : nb > MAX_BLOCK_ROWS ? MAX_BLOCK_ROWS : nb;
@@ -930,13 +1104,18 @@ static void matmul_blocked(int type, const uint8_t *w, int packed, long row_byte
         nblk = (nblk + n_threads - 1) / n_threads * n_threads;
         nb = (n_rows + nblk - 1) / nblk;
     }
-    /* tiles of eight rows where eight input rows fit in L1 whole (no k-chunks), else of four */
-    const long th = one_q_tile(QTILE_MAX, ng) ? QTILE_MAX : TILE;
+    /* tiles of 16 or 8 rows where that many input rows fit in L1 whole (no k-chunks), else of four
+     * (even heights: a tile's rows pair up from its first) */
+    long th = QTILE_MAX;
+    while (th > TILE && !one_q_tile(th, ng)) th /= 2;
     long kc = TILE_BYTES_L1 / (TILE * (long)sizeof(xgroup)); /* groups per k-chunk; even: Q4_K goes in pairs */
     kc = kc < 2 ? 2 : kc & ~1L;
     if (m < 2 * TILE || th > TILE) kc = ng; /* parking the accumulators would cost more than it saves */
+    xpair *xp = pair_scratch(ROW_CHUNK / 2 * ng);
+    if (!xp) return -3;
     for (long c0 = 0; c0 < m; c0 += ROW_CHUNK) {
         const long c1 = m - c0 < ROW_CHUNK ? m : c0 + ROW_CHUNK;
+        pair_rows(xq + c0 * ng, c1 - c0, ng, offset_shift(type), xp); /* tiles start at even rows of the chunk */
 #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
         for (long b0 = 0; b0 < n_rows; b0 += nb) {
             const long b1 = n_rows - b0 < nb ? n_rows : b0 + nb;
@@ -945,12 +1124,13 @@ static void matmul_blocked(int type, const uint8_t *w, int packed, long row_byte
                 const int tr = (int)(c1 - r < th ? c1 - r : th);
                 for (long g0 = 0; g0 < ng; g0 += kc) {
                     const long g1 = ng - g0 < kc ? ng : g0 + kc;
-                    dot_simd_q(type, w + b0 * row_bytes, k, packed, xq + r * ng, ng, tr, g0, g1,
+                    dot_simd_q(type, w + b0 * row_bytes, k, packed, xq + r * ng, xp + (r - c0) / 2 * ng, ng, tr, g0, g1,
                                kc < ng ? state[0] : NULL, y + r * ldy + b0, ldy, b1 - b0, row_bytes);
                 }
             }
         }
     }
+    return 0;
 }
 #endif
 
