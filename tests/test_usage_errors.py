@@ -95,3 +95,28 @@ def test_cuda_without_a_gpu_is_one_line(args, env, monkeypatch, capsys):
     line = one_line(err)
     assert line.startswith("error: ") and "cuda" in line and ("GPU" in line or "CUDA" in line), line
     assert "Traceback" not in err and out == ""
+
+
+def test_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
+    """Memory running out mid-run (torch's allocations, or the native kernels' scratch, which they
+    check and report as -2 rather than write through a null pointer): one error line, exit 1."""
+    from tiny import write_tiny_model
+
+    from tsspec import generate, kernels
+
+    with pytest.raises(MemoryError, match="out of memory"):
+        kernels._check_rc(-2, "unused")
+    with pytest.raises(ValueError, match="cannot multiply"):
+        kernels._check_rc(-1, "cannot multiply")
+    kernels._check_rc(0, "unused")
+
+    def starved(*a, **k):
+        kernels._check_rc(-2, "unused")
+
+    model = write_tiny_model(tmp_path / "tiny.gguf", arch="llama", seed=3)
+    monkeypatch.setattr(generate.Engine, "generate", starved)
+    assert run(["generate", "-m", str(model), "-p", "hi", "-n", "4"]) == 1
+    out, err = capsys.readouterr()
+    line = one_line(err)
+    assert line.startswith("error: out of memory") and "--ctx-size" in line, line
+    assert "Traceback" not in err

@@ -37,6 +37,11 @@ def user_errors() -> Iterator[None]:
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")
         raise typer.Exit(130) from None
+    except MemoryError as e:  # torch's allocations, or the native kernels' scratch (kernels._check_rc)
+        detail = f" ({e})" if str(e) else ""
+        err.print(f"[bold red]error:[/] out of memory{escape(detail)}; a smaller --ctx-size or model needs less",
+                  highlight=False, markup=True, soft_wrap=True)
+        raise typer.Exit(1) from None
 
 
 def warn(msg: str) -> None:

@@ -106,7 +106,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_row_bytes.argtypes = [c_int, c_long]
     lib.tsq_quantize.restype = None
     lib.tsq_quantize.argtypes = [vp, c_long, c_long, vp]
-    lib.tsq_dequant_rows.restype = None
+    lib.tsq_dequant_rows.restype = c_int
     lib.tsq_dequant_rows.argtypes = [c_int, vp, c_int, c_long, c_long, vp, c_long, vp]
     lib.tsq_matmul.restype = c_int
     lib.tsq_matmul.argtypes = [c_int, vp, c_int, c_long, c_long, c_long, vp, vp, c_long, vp, c_long, c_int, c_int]
@@ -272,8 +272,7 @@ def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Ten
     nt = threads if threads is not None else torch.get_num_threads()
     rc = h.tsq_matmul(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, rb, n, k, _ptr(x), 0 if xq is None else _ptr(xq), m,
                       _ptr(y) + 4 * col0, ldy, nt, 1 if use_simd else 0)
-    if rc != 0:
-        raise ValueError(f"{type_name}: cannot multiply rows of {k} elements")
+    _check_rc(rc, f"{type_name}: cannot multiply rows of {k} elements")
 
 
 def dequant_rows(type_name: str, w: np.ndarray, k: int, ids, *, packed: bool = False) -> torch.Tensor:
@@ -282,8 +281,18 @@ def dequant_rows(type_name: str, w: np.ndarray, k: int, ids, *, packed: bool = F
     h = lib()
     idx = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
     out = torch.empty(len(idx), k, dtype=torch.float32)
-    h.tsq_dequant_rows(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, w.shape[1], k, idx.ctypes.data, len(idx), _ptr(out))
+    _check_rc(h.tsq_dequant_rows(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, w.shape[1], k, idx.ctypes.data,
+                                 len(idx), _ptr(out)), "dequant_rows failed")
     return out
+
+
+def _check_rc(rc: int, what: str) -> None:
+    """A native call's status: 0 fine, -2 out of memory (the C side allocates its scratch and
+    says so rather than writing through a null pointer), anything else ``what``."""
+    if rc == -2:
+        raise MemoryError("native kernels: out of memory for their scratch buffers")
+    if rc != 0:
+        raise ValueError(what)
 
 
 # ----------------------------------------------------------------------------- fused blocks
@@ -355,6 +364,8 @@ class FusedBlocks:
         rc = h_lib.tsq_forward(ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], start,
                                k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[2], cos_p, sin_p,
                                torch.get_num_threads())
+        if rc == -2:
+            _check_rc(rc, "")
         if rc != 0:
             raise RuntimeError(f"native block forward failed ({rc})")
 
@@ -383,5 +394,7 @@ class FusedBlocks:
                                      (ctypes.c_long * (ns + 1))(*row0), longs(*starts),
                                      ptrs(*[k.data_ptr() for k in k_caches]), ptrs(*[v.data_ptr() for v in v_caches]),
                                      longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p, torch.get_num_threads())
+        if rc == -2:
+            _check_rc(rc, "")
         if rc != 0:
             raise RuntimeError(f"native batched block forward failed ({rc})")

@@ -493,9 +493,10 @@ int tsq_unpack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, 
 
 /* rows ids[0..n) of a [rows, K] weight (packed: stored by tsq_repack) to float32 out [n, K]
  * (embedding lookups: a tied output head and its embedding share one packed copy) */
-void tsq_dequant_rows(int type, const uint8_t *w, int packed, long row_bytes, long k, const int64_t *ids, long n,
-                      float *out) {
+int tsq_dequant_rows(int type, const uint8_t *w, int packed, long row_bytes, long k, const int64_t *ids, long n,
+                     float *out) {
     uint8_t *tmp = packed && !is_float_type(type) ? malloc(row_bytes) : NULL;
+    if (packed && !is_float_type(type) && !tmp) return -2;
     for (long i = 0; i < n; i++) {
         const uint8_t *row = w + ids[i] * row_bytes;
         if (tmp) {
@@ -506,6 +507,7 @@ void tsq_dequant_rows(int type, const uint8_t *w, int packed, long row_bytes, lo
         dequant_row(type, row, k, out + i * k);
     }
     free(tmp);
+    return 0;
 }
 
 /* group g of a weight row of nblocks 32-element blocks (packed: stored by tsq_repack) */
@@ -1035,7 +1037,7 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
     if (use_simd && !fl) { /* one tile: each thread takes a contiguous share of the weight rows */
         xpair *xp = NULL;
         if (m >= 2) {
-            if (!(xp = pair_scratch(m / 2 * ng))) return -3;
+            if (!(xp = pair_scratch(m / 2 * ng))) return -2;
             pair_rows(xq, m, ng, offset_shift(type), xp);
         }
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
@@ -1112,7 +1114,7 @@ static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes
     kc = kc < 2 ? 2 : kc & ~1L;
     if (m < 2 * TILE || th > TILE) kc = ng; /* parking the accumulators would cost more than it saves */
     xpair *xp = pair_scratch(ROW_CHUNK / 2 * ng);
-    if (!xp) return -3;
+    if (!xp) return -2;
     for (long c0 = 0; c0 < m; c0 += ROW_CHUNK) {
         const long c1 = m - c0 < ROW_CHUNK ? m : c0 + ROW_CHUNK;
         pair_rows(xq + c0 * ng, c1 - c0, ng, offset_shift(type), xp); /* tiles start at even rows of the chunk */
@@ -1386,6 +1388,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     float *y = malloc(sizeof(float) * m * d);
     xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
     long *rseq = malloc(sizeof(long) * m), *rpos = malloc(sizeof(long) * m);
+    float *scores = NULL; /* attention scratch, maxpos + 8 floats per thread */
     int rc = 0;
     if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos) { rc = -2; goto done; }
     long maxpos = 0;
@@ -1397,6 +1400,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
             if (rpos[r] > maxpos) maxpos = rpos[r];
         }
     }
+    if (!(scores = malloc(sizeof(float) * (maxpos + 8) * nt))) { rc = -2; goto done; }
     for (int li = l0; li < l1 && !rc; li++) {
         const tsq_layer *L = layers + li;
         const float *ct = cos_t[L->rope], *st = sin_t[L->rope];
@@ -1423,7 +1427,11 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
         }
 #pragma omp parallel num_threads(nt) if (nt > 1 && m * nh > 1)
         {
-            float *sc = malloc(sizeof(float) * (maxpos + 8));
+#ifdef _OPENMP
+            float *sc = scores + (maxpos + 8) * omp_get_thread_num();
+#else
+            float *sc = scores;
+#endif
 #pragma omp for schedule(static)
             for (long t = 0; t < m * nh; t++) {
                 long r = t / nh, hh = t % nh, g = hh / rep, pos = rpos[r];
@@ -1433,7 +1441,6 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
                 const float *kb = kc[s] + ((long)li * nkv + g) * cp * hd, *vb = vc[s] + ((long)li * nkv + g) * cp * hd;
                 attend_row(q, kb, vb, lo, pos, hd, sc, att + r * qd + hh * hd);
             }
-            free(sc);
         }
         if ((rc = linear_apply(&L->o, att, m, y, xq, nt))) break;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
@@ -1453,7 +1460,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
         }
     }
 done:
-    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos);
+    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(scores);
     return rc;
 }
 
