@@ -32,6 +32,9 @@ if want plain; then
   # llama-bench, AB/BA per round
   python scripts/bench_vs_llamacpp.py --rounds 3 --reps 2 --curve-rows 16 --depth 512 --llama-bin "$LLAMA_BIN" \
     --json docs/results/vs-llamacpp.json | tee docs/results/vs-llamacpp.txt
+  # smollm2's decode, the closest of the four to llama.cpp's, once more on its own with 6 rounds
+  python scripts/bench_vs_llamacpp.py smollm2-135m --rounds 6 --reps 2 --no-prefill --no-curve --llama-bin "$LLAMA_BIN" \
+    --json docs/results/vs-llamacpp-smollm2-decode.json | tee docs/results/vs-llamacpp-smollm2-decode.txt
 fi
 
 if want spec; then
