@@ -756,6 +756,28 @@ static inline __m256 lo_ps(__m512 v) { return _mm512_castps512_ps256(v); }
 static inline __m256 hi_ps(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
 static inline __m512 dup_ps(__m256 v) { return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v))); }
 
+/* 64 bytes of 4-bit codes at q as the four code vectors the products read (the low nibbles of bytes
+ * 0-31, their high nibbles, then the same of bytes 32-63), in both halves of Z from broadcast
+ * loads (no shuffles); W: the low halves, for a row that runs alone in 256 bits */
+static inline __attribute__((always_inline)) void nibbles2(const uint8_t *q, __m512i Z[4], __m256i W[4]) {
+    const __m512i m4z = _mm512_set1_epi8(0x0F);
+    const __m512i q0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
+    const __m512i q1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32)));
+    Z[0] = _mm512_and_si512(q0, m4z);
+    Z[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4z);
+    Z[2] = _mm512_and_si512(q1, m4z);
+    Z[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4z);
+    for (int j = 0; j < 4; j++) W[j] = _mm512_castsi512_si256(Z[j]);
+}
+
+/* a weight group unpacked in 256 bits, broadcast to both halves of 512 */
+static inline __attribute__((always_inline)) void dup_group(const __m256i W[4], __m256 a, __m256 mw, __m512i Z[4],
+                                                            __m512 *az, __m512 *mwz) {
+    for (int j = 0; j < 4; j++) Z[j] = _mm512_broadcast_i64x4(W[j]);
+    *az = dup_ps(a);
+    *mwz = dup_ps(mw);
+}
+
 /* nrows weight rows (rb bytes apart; results to y[0..nrows)) against the tr input rows of a tile
  * (rows xstride groups apart), over groups [g0, g1). Rows 0..2*(tr/2)-1 are read as pairs from xp
  * (pair p xstride groups after pair p-1; pair_rows), two rows per 512-bit instruction; an odd last
@@ -808,7 +830,6 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     }
     if (type == T_Q4_K) { /* a super-block (two groups) at a time: its scales unpacked once */
         const __m256i m4 = _mm256_set1_epi8(0x0F);
-        const __m512i m4z = _mm512_set1_epi8(0x0F);
         for (long sb = g0 / 2; sb < g1 / 2; sb++) {
             const uint8_t *p = w + sb * 144;
             _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0);
@@ -829,13 +850,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
                 if (np && packed) { /* unpacked in 512 bits from broadcast loads: no shuffles */
                     az = _mm512_mul_ps(_mm512_set1_ps(d1), _mm512_cvtepi32_ps(_mm512_broadcast_i32x4(sc)));
                     mwz = _mm512_mul_ps(_mm512_set1_ps(dm1), _mm512_cvtepi32_ps(_mm512_broadcast_i32x4(mnv)));
-                    const __m512i q0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
-                    const __m512i q1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32)));
-                    Z[0] = _mm512_and_si512(q0, m4z);
-                    Z[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4z);
-                    Z[2] = _mm512_and_si512(q1, m4z);
-                    Z[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4z);
-                    for (int j = 0; j < 4; j++) W[j] = _mm512_castsi512_si256(Z[j]);
+                    nibbles2(q, Z, W);
                     a = lo_ps(az);
                     mw = lo_ps(mwz);
                 } else {
@@ -847,17 +862,12 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
                     W[2] = _mm256_and_si256(q1, m4);
                     W[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
                     if (!packed) transpose4(W[0], W[1], W[2], W[3], W);
-                    if (np) {
-                        for (int j = 0; j < 4; j++) Z[j] = _mm512_broadcast_i64x4(W[j]);
-                        az = dup_ps(a);
-                        mwz = dup_ps(mw);
-                    }
+                    if (np) dup_group(W, a, mw, Z, &az, &mwz);
                 }
                 ROWS(W, a, mw, Z, az, mwz, 2 * sb + gi)
             }
         }
     } else {
-        const __m512i m4z = _mm512_set1_epi8(0x0F);
         for (long g = g0; g < g1; g++) {
             __m256i W[4];
             __m256 a, mw;
@@ -874,25 +884,18 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
                 mwz = type == T_Q4_1 ? _mm512_cvtph_ps(_mm256_set1_epi64x((long long)mn8)) : _mm512_setzero_ps();
                 const uint8_t *c = rec + gm_codes_at(type);
                 if (type == T_Q8_0) {
-                    for (int j = 0; j < 4; j++) Z[j] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(c + 32 * j)));
+                    for (int j = 0; j < 4; j++) {
+                        Z[j] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(c + 32 * j)));
+                        W[j] = _mm512_castsi512_si256(Z[j]);
+                    }
                 } else {
-                    const __m512i q0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)c));
-                    const __m512i q1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(c + 32)));
-                    Z[0] = _mm512_and_si512(q0, m4z);
-                    Z[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4z);
-                    Z[2] = _mm512_and_si512(q1, m4z);
-                    Z[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4z);
+                    nibbles2(c, Z, W);
                 }
-                for (int j = 0; j < 4; j++) W[j] = _mm512_castsi512_si256(Z[j]);
                 a = lo_ps(az);
                 mw = lo_ps(mwz);
             } else {
                 wgroup_simd(type, w, g, nblocks, packed, W, &a, &mw);
-                if (np) {
-                    for (int j = 0; j < 4; j++) Z[j] = _mm512_broadcast_i64x4(W[j]);
-                    az = dup_ps(a);
-                    mwz = dup_ps(mw);
-                }
+                if (np) dup_group(W, a, mw, Z, &az, &mwz);
             }
             ROWS(W, a, mw, Z, az, mwz, g)
         }
