@@ -610,6 +610,7 @@ static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
 /* ------------------------------------------------------------------ AVX-512 VNNI products */
 #if TSQ_SIMD
 #define TILE 4
+#define CTILE 8 /* the tallest tile a product takes in k-chunks */
 /* A verify of up to 16 rows runs as ONE tile of that height when its input fits in L1: each weight
  * group is then unpacked once for all rows (as tiles of four, the fifth row paid a whole second
  * unpacking pass, ~0.6 of a one-row product). Longer inputs (prefill chunks) take tiles of 16 or 8
@@ -619,7 +620,7 @@ static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
  * cycle either way), so a pair of rows takes the instructions one row took. (On Zen 4, which
  * splits 512-bit operations in two, pairing should gain nothing; not measured there.) The tile
  * height changes no output element's operations. Chunked accumulator state (``state``) is laid
- * out for TILE rows: a tile taller than TILE is only ever run whole (kc = ng). */
+ * out for CTILE rows: a tile taller than CTILE is only ever run whole (kc = ng). */
 #ifndef QTILE_MAX
 #define QTILE_MAX 16
 #endif
@@ -782,7 +783,7 @@ static inline __attribute__((always_inline)) void dup_group(const __m256i W[4], 
  * (rows xstride groups apart), over groups [g0, g1). Rows 0..2*(tr/2)-1 are read as pairs from xp
  * (pair p xstride groups after pair p-1; pair_rows), two rows per 512-bit instruction; an odd last
  * row from x, in 256 bits. Each lane does the same operations either way, so a row's result does
- * not depend on whether it shared a register. With a state ([nrows][TILE * 16]) the accumulators
+ * not depend on whether it shared a register. With a state ([nrows][CTILE * 16]) the accumulators
  * start from it unless g0 == 0 and are parked there unless g1 is the row's end, so a product taken
  * in k-chunks does the same float steps as one taken whole. */
 static inline __attribute__((always_inline)) void
@@ -792,7 +793,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     const int np = tr / 2, odd = tr & 1, ro = tr - 1; /* pairs; the odd row, if any, is row ro */
     if (!chunked) { g0 = 0; g1 = ng; }
     const int first = !chunked || g0 == 0, last = !chunked || g1 == ng;
-    for (long n = 0; n < nrows; n++, w += rb, y++, state += chunked ? TILE * 16 : 0) {
+    for (long n = 0; n < nrows; n++, w += rb, y++, state += chunked ? CTILE * 16 : 0) {
     __m512 accz[QTILE_MAX / 2], accmz[QTILE_MAX / 2];
     __m256 acc1 = _mm256_setzero_ps(), accm1 = _mm256_setzero_ps();
     for (int p = 0; p < np; p++) {
@@ -924,7 +925,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
 }
 
 /* The kernels are specialised for a compile-time tile height; this maps a runtime one onto them.
- * (A product in k-chunks only ever runs tiles of TILE rows or fewer: FOR_TILE_CHUNKED.) */
+ * (A product in k-chunks only ever runs tiles of CTILE rows or fewer: FOR_TILE_CHUNKED.) */
 #define FOR_TILE(tr, CALL)                                                                            \
     switch (tr) {                                                                                     \
     case 1: CALL(1); break;                                                                           \
@@ -949,7 +950,11 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     case 1: CALL(1); break;                                                                           \
     case 2: CALL(2); break;                                                                           \
     case 3: CALL(3); break;                                                                           \
-    default: CALL(4); break;                                                                          \
+    case 4: CALL(4); break;                                                                           \
+    case 5: CALL(5); break;                                                                           \
+    case 6: CALL(6); break;                                                                           \
+    case 7: CALL(7); break;                                                                           \
+    default: CALL(8); break;                                                                          \
     }
 
 static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, const xpair *xp, long xs, int tr,
@@ -1091,7 +1096,7 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
 #endif
 #define MAX_BLOCK_ROWS 256
 #ifndef TILE_BYTES_L1
-#define TILE_BYTES_L1 (16 * 1024) /* input bytes a tile may span and stay in L1 */
+#define TILE_BYTES_L1 (32 * 1024) /* input bytes a k-chunk of a tile may span and stay in L1 */
 #endif
 /* More than one tile of quantized rows (a prefill chunk, a long verify): weight rows in blocks that
  * stay in L2 while each tile of input rows, which stays in L1, passes over the block. (Taken the
@@ -1111,13 +1116,17 @@ static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes
         nblk = (nblk + n_threads - 1) / n_threads * n_threads;
         nb = (n_rows + nblk - 1) / nblk;
     }
-    /* tiles of 16 or 8 rows where that many input rows fit in L1 whole (no k-chunks), else of four
-     * (even heights: a tile's rows pair up from its first) */
+    /* tiles of 16 rows where that many input rows fit in L1 whole; else of 8 (even heights: a
+     * tile's rows pair up from its first), in k-chunks when 8 rows do not fit either (a down
+     * projection's 8960 inputs are 15.7 KB a row). With tiles of four and no chunks, a 5-row verify
+     * over such a matrix unpacked every weight group twice, the fifth row alone. */
     long th = QTILE_MAX;
-    while (th > TILE && !one_q_tile(th, ng)) th /= 2;
-    long kc = TILE_BYTES_L1 / (TILE * (long)sizeof(xgroup)); /* groups per k-chunk; even: Q4_K goes in pairs */
-    kc = kc < 2 ? 2 : kc & ~1L;
-    if (m < 2 * TILE || th > TILE) kc = ng; /* parking the accumulators would cost more than it saves */
+    while (th > CTILE && !one_q_tile(th, ng)) th /= 2;
+    long kc = ng;
+    if (!one_q_tile(th < m ? th : m, ng)) {
+        kc = TILE_BYTES_L1 / (th * (long)sizeof(xgroup)); /* groups per k-chunk; even: Q4_K goes in pairs */
+        kc = kc < 2 ? 2 : kc & ~1L;
+    }
     xpair *xp = pair_scratch(ROW_CHUNK / 2 * ng);
     if (!xp) return -2;
     for (long c0 = 0; c0 < m; c0 += ROW_CHUNK) {
@@ -1126,7 +1135,7 @@ static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes
 #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
         for (long b0 = 0; b0 < n_rows; b0 += nb) {
             const long b1 = n_rows - b0 < nb ? n_rows : b0 + nb;
-            float state[MAX_BLOCK_ROWS][TILE * 16];
+            float state[MAX_BLOCK_ROWS][CTILE * 16];
             for (long r = c0; r < c1; r += th) {
                 const int tr = (int)(c1 - r < th ? c1 - r : th);
                 for (long g0 = 0; g0 < ng; g0 += kc) {
