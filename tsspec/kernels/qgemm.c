@@ -926,15 +926,17 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
 
 /* The kernels are specialised for a compile-time tile height; this maps a runtime one onto them.
  * (A product in k-chunks only ever runs tiles of CTILE rows or fewer: FOR_TILE_CHUNKED.) */
-#define FOR_TILE(tr, CALL)                                                                            \
-    switch (tr) {                                                                                     \
+#define TILES_1_TO_7(CALL)                                                                            \
     case 1: CALL(1); break;                                                                           \
     case 2: CALL(2); break;                                                                           \
     case 3: CALL(3); break;                                                                           \
     case 4: CALL(4); break;                                                                           \
     case 5: CALL(5); break;                                                                           \
     case 6: CALL(6); break;                                                                           \
-    case 7: CALL(7); break;                                                                           \
+    case 7: CALL(7); break;
+#define FOR_TILE(tr, CALL)                                                                            \
+    switch (tr) {                                                                                     \
+    TILES_1_TO_7(CALL)                                                                                \
     case 8: CALL(8); break;                                                                           \
     case 9: CALL(9); break;                                                                           \
     case 10: CALL(10); break;                                                                         \
@@ -947,13 +949,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     }
 #define FOR_TILE_CHUNKED(tr, CALL)                                                                    \
     switch (tr) {                                                                                     \
-    case 1: CALL(1); break;                                                                           \
-    case 2: CALL(2); break;                                                                           \
-    case 3: CALL(3); break;                                                                           \
-    case 4: CALL(4); break;                                                                           \
-    case 5: CALL(5); break;                                                                           \
-    case 6: CALL(6); break;                                                                           \
-    case 7: CALL(7); break;                                                                           \
+    TILES_1_TO_7(CALL)                                                                                \
     default: CALL(8); break;                                                                          \
     }
 
