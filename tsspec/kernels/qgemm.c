@@ -894,6 +894,29 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
                 }
                 a = lo_ps(az);
                 mw = lo_ps(mwz);
+            } else if (np && packed && type == T_Q6_K) {
+                /* a stored-transposed Q6_K half super-block in 512 bits from broadcast loads, the
+                 * codes wgroup_simd makes; its scales made there and broadcast */
+                const uint8_t *p = w + (g >> 1) * 210;
+                const int gi = (int)(g & 1);
+                _mm_prefetch((const char *)p + PF_AHEAD + 105 * gi, _MM_HINT_T0);
+                const __m512i ql0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 64 * gi)));
+                const __m512i ql1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 64 * gi + 32)));
+                const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 128 + 32 * gi)));
+                const __m512i m4z = _mm512_set1_epi8(0x0F), m3z = _mm512_set1_epi8(3);
+                for (int u = 0; u < 4; u++) {
+                    const __m512i ql = (u & 1) ? ql1 : ql0;
+                    const __m512i lo = (u < 2) ? _mm512_and_si512(ql, m4z) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4z);
+                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * u), m3z);
+                    Z[u] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+                    W[u] = _mm512_castsi512_si256(Z[u]);
+                }
+                const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 192 + 8 * gi)));
+                const __m256i s8 = _mm256_permutevar8x32_epi32(sc, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+                a = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(rd16(p + 208))), _mm256_cvtepi32_ps(s8));
+                mw = _mm256_setzero_ps();
+                az = dup_ps(a);
+                mwz = _mm512_setzero_ps();
             } else {
                 wgroup_simd(type, w, g, nblocks, packed, W, &a, &mw);
                 if (np) dup_group(W, a, mw, Z, &az, &mwz);
