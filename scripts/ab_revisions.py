@@ -39,22 +39,12 @@ TEXTS = [
 
 
 def verify_curve(m, tok, rows: list[int], context: int = 128, passes: int = 7) -> dict[str, float]:
-    """ms per forward of r rows on a ``context``-token cache (median of ``passes``), r in ``rows``."""
-    import time
+    """ms per forward of r rows on a ``context``-token cache (median of ``passes``), r in ``rows``:
+    bench_vs_llamacpp's timing, beside this script."""
+    from bench_vs_llamacpp import time_forwards
 
     ids = tok.encode(" ".join(TEXTS) * 4)[: context + max(rows)]
-    c = m.make_cache()
-    c.reserve(len(ids) + 1)
-    m.forward(ids[:context], c)
-    ms: dict[int, list[float]] = {r: [] for r in rows}
-    for p in range(passes + 1):  # the first pass warms every shape up and is not kept
-        for r in rows:
-            t0 = time.perf_counter()
-            m.forward(ids[context : context + r], c, all_logits=True)
-            if p:
-                ms[r].append((time.perf_counter() - t0) * 1000.0)
-            c.trim(c.length - context)
-    return {str(r): statistics.median(v) for r, v in ms.items()}
+    return {str(r): statistics.median(v) for r, v in time_forwards(m, ids, context, rows, passes).items()}
 
 
 def run_one(model: str, tokens: int, rows: list[int] | None = None) -> dict:

@@ -281,24 +281,30 @@ class TsspecBench:
 
     def verify_curve(self, context: int, max_rows: int, reps: int) -> dict[int, list[float]]:
         """ms per ``forward(r rows, all_logits=True)`` after ``context`` cached tokens, r = 1..max_rows."""
-        t = self.target
-        c = t.make_cache()
-        c.reserve(context + max_rows + 1)
-        for i in range(0, context, 256):
-            t.forward(self.prompt[i:min(i + 256, context)], c)
-        rows = list(range(1, max_rows + 1))
-        draft = self.prompt[context : context + max_rows]
-        for r in rows:  # warm-up: one of each shape
-            t.forward(draft[:r], c, all_logits=True)
+        return time_forwards(self.target, self.prompt, context, list(range(1, max_rows + 1)), reps)
+
+
+def time_forwards(target, ids: Sequence[int], context: int, rows: Sequence[int], passes: int) -> dict[int, list[float]]:
+    """ms of each ``forward(ids[context:context + r], all_logits=True)`` (a verify of r rows) on a
+    ``context``-token cache, rewound after each, ``passes`` times over ``rows`` (each pass walks all
+    r, so drift spreads evenly); one untimed forward of each shape first. Also used by
+    scripts/ab_revisions.py."""
+    c = target.make_cache()
+    c.reserve(context + max(rows) + 1)
+    for i in range(0, context, 256):
+        target.forward(ids[i:min(i + 256, context)], c)
+    draft = ids[context : context + max(rows)]
+    for r in rows:  # warm-up: one of each shape
+        target.forward(draft[:r], c, all_logits=True)
+        c.trim(c.length - context)
+    ms: dict[int, list[float]] = {r: [] for r in rows}
+    for _ in range(passes):
+        for r in rows:
+            t0 = time.perf_counter()
+            target.forward(draft[:r], c, all_logits=True)
+            ms[r].append((time.perf_counter() - t0) * 1000.0)
             c.trim(c.length - context)
-        ms: dict[int, list[float]] = {r: [] for r in rows}
-        for _ in range(reps):
-            for r in rows:
-                t0 = time.perf_counter()
-                t.forward(draft[:r], c, all_logits=True)
-                ms[r].append((time.perf_counter() - t0) * 1000.0)
-                c.trim(c.length - context)
-        return ms
+    return ms
 
 
 def _loadavg() -> float | None:

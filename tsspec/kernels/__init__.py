@@ -286,13 +286,13 @@ def dequant_rows(type_name: str, w: np.ndarray, k: int, ids, *, packed: bool = F
     return out
 
 
-def _check_rc(rc: int, what: str) -> None:
+def _check_rc(rc: int, what: str, error: type[Exception] = ValueError) -> None:
     """A native call's status: 0 fine, -2 out of memory (the C side allocates its scratch and
-    says so rather than writing through a null pointer), anything else ``what``."""
+    says so rather than writing through a null pointer), anything else ``error(what)``."""
     if rc == -2:
         raise MemoryError("native kernels: out of memory for their scratch buffers")
     if rc != 0:
-        raise ValueError(what)
+        raise error(what)
 
 
 # ----------------------------------------------------------------------------- fused blocks
@@ -364,10 +364,7 @@ class FusedBlocks:
         rc = h_lib.tsq_forward(ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], start,
                                k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[2], cos_p, sin_p,
                                torch.get_num_threads())
-        if rc == -2:
-            _check_rc(rc, "")
-        if rc != 0:
-            raise RuntimeError(f"native block forward failed ({rc})")
+        _check_rc(rc, f"native block forward failed ({rc})", RuntimeError)
 
     def run_batch(self, h: torch.Tensor, l0: int, l1: int, row0: list[int], starts: list[int],
                   k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos: list[torch.Tensor],
@@ -394,7 +391,4 @@ class FusedBlocks:
                                      (ctypes.c_long * (ns + 1))(*row0), longs(*starts),
                                      ptrs(*[k.data_ptr() for k in k_caches]), ptrs(*[v.data_ptr() for v in v_caches]),
                                      longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p, torch.get_num_threads())
-        if rc == -2:
-            _check_rc(rc, "")
-        if rc != 0:
-            raise RuntimeError(f"native batched block forward failed ({rc})")
+        _check_rc(rc, f"native batched block forward failed ({rc})", RuntimeError)
