@@ -187,6 +187,35 @@ def test_repacked_weights_give_the_same_bits(type_name, k):
 
 
 @pytest.mark.parametrize("type_name", QUANT_TYPES)
+@pytest.mark.parametrize("k", [96, 576, 608])
+def test_lone_row_pairs_weight_rows_bitwise(type_name, k):
+    """A lone input row takes weight rows two to a 512-bit register (the record types): each lane
+    must still do the reference's steps, a short last group (576, 608, 96 < one group) and an odd
+    row at the end of a thread's share (97 rows) included, at one thread and two."""
+    if k % 256 and type_name in ("Q4_K", "Q6_K"):
+        k = 768
+    n = 97
+    raw = kernels.repack(type_name, random_blocks(type_name, n, k, seed=13), k)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(14))
+    xq = kernels.quantize(x)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            together = torch.zeros(3, n)
+            kernels.matmul(type_name, raw, k, x, xq, together, packed=True)
+            for i in range(3):
+                xi = x[i : i + 1].contiguous()
+                fast, ref = torch.zeros(1, n), torch.zeros(1, n)
+                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi), fast, packed=True)
+                kernels.matmul(type_name, raw, k, xi, kernels.quantize(xi), ref, packed=True, use_simd=False)
+                assert torch.equal(fast, ref), f"{type_name} k={k} row {i} at {threads} threads"
+                assert torch.equal(fast[0], together[i])
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES)
 def test_simd_equals_reference_bitwise(type_name):
     """The reference performs the SIMD path's float steps lane by lane, so the two agree exactly."""
     n, k = 33, 1024 if type_name in ("Q4_K", "Q6_K") else 608

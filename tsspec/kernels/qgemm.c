@@ -193,24 +193,29 @@ long tsq_xrow_bytes(long k) { return n_groups(k) * (long)sizeof(xgroup); }
 /* rows 2p and 2p+1 of xq (m rows of ng groups) as pair p of out (m / 2 pairs of ng groups), each
  * code sum s multiplied by 2^sh ahead (the weight type's offset, offset_shift): exact integers, the
  * shift the 256-bit product does per row and group done once here */
+static void pair_group(const xgroup *a, const xgroup *b, int sh, xpair *o) {
+    for (int j = 0; j < 4; j++) {
+        memcpy(o->q + 64 * j, a->q + 32 * j, 32);
+        memcpy(o->q + 64 * j + 32, b->q + 32 * j, 32);
+    }
+    memcpy(o->d, a->d, sizeof a->d);
+    memcpy(o->d + 8, b->d, sizeof b->d);
+    for (int L = 0; L < 8; L++) {
+        o->s[L] = a->s[L] * (1 << sh);
+        o->s[L + 8] = b->s[L] * (1 << sh);
+    }
+    memcpy(o->fs, a->fs, sizeof a->fs);
+    memcpy(o->fs + 8, b->fs, sizeof b->fs);
+}
+
 static void pair_rows(const xgroup *xq, long m, long ng, int sh, xpair *out) {
     for (long p = 0; p < m / 2; p++)
-        for (long g = 0; g < ng; g++) {
-            const xgroup *a = xq + 2 * p * ng + g, *b = a + ng;
-            xpair *o = out + p * ng + g;
-            for (int j = 0; j < 4; j++) {
-                memcpy(o->q + 64 * j, a->q + 32 * j, 32);
-                memcpy(o->q + 64 * j + 32, b->q + 32 * j, 32);
-            }
-            memcpy(o->d, a->d, sizeof a->d);
-            memcpy(o->d + 8, b->d, sizeof b->d);
-            for (int L = 0; L < 8; L++) {
-                o->s[L] = a->s[L] * (1 << sh);
-                o->s[L + 8] = b->s[L] * (1 << sh);
-            }
-            memcpy(o->fs, a->fs, sizeof a->fs);
-            memcpy(o->fs + 8, b->fs, sizeof b->fs);
-        }
+        for (long g = 0; g < ng; g++) pair_group(xq + 2 * p * ng + g, xq + (2 * p + 1) * ng + g, sh, out + p * ng + g);
+}
+
+/* one input row paired with itself: for a lone row, two weight rows share each 512-bit register */
+static void dup_row(const xgroup *xq, long ng, int sh, xpair *out) {
+    for (long g = 0; g < ng; g++) pair_group(xq + g, xq + g, sh, out + g);
 }
 
 /* The calling thread's scratch for paired rows, kept between calls (a prefill chunk's pairs are
@@ -1016,6 +1021,90 @@ static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup 
 #undef Q4K
 #undef Q6K
 }
+
+/* A lone input row against pairs of weight rows: rows n and n + 1 go side by side in the two halves
+ * of each 512-bit register (their records, tsq_repack, loaded into the halves), the input row
+ * duplicated into both (dup_row, xd). Each lane does what dot_simd_q_t's 256-bit product does
+ * for one row: the same integer sums, the same float steps in the same order, so a row's result
+ * does not depend on its neighbour (a row count that is odd ends with one row through that
+ * product). The row's last group, short of whole records (k = 576 leaves two blocks), goes in
+ * 256 bits per half, as there. For the record types (Q4_0, Q4_1, Q8_0). */
+static inline __attribute__((always_inline)) void
+dot_pairw_t(const int type, const uint8_t *w, long k, const xgroup *x, const xpair *xd, long nrows, long rb,
+            float *y) {
+    const long ng = n_groups(k), nblocks = k / QB, nrec = nblocks / 4;
+    const int sh = offset_shift(type), mn = has_min(type), bb = BLOCK_BYTES[type], c0 = gm_codes_at(type);
+    const __m512i m4z = _mm512_set1_epi8(0x0F);
+    long n = 0;
+    for (; n + 2 <= nrows; n += 2) {
+        const uint8_t *wa = w + n * rb, *wb = wa + rb;
+        __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
+        for (long g = 0; g < nrec; g++) {
+            const uint8_t *ra = wa + g * 4L * bb, *rc = wb + g * 4L * bb;
+            _mm_prefetch((const char *)ra + PF_AHEAD, _MM_HINT_T0);
+            _mm_prefetch((const char *)rc + PF_AHEAD, _MM_HINT_T0);
+            /* qwords: row a's scales, its offsets (Q4_1; else codes, unused), row b's, its offsets */
+            const __m256i hd = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)ra)),
+                                                       _mm_loadu_si128((const __m128i *)rc), 1);
+            const __m512 az = _mm512_cvtph_ps(_mm256_permute4x64_epi64(hd, 0xA0));
+            __m512i Z[4];
+            if (type == T_Q8_0) {
+                for (int j = 0; j < 4; j++)
+                    Z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0 + 32 * j))),
+                                              _mm256_loadu_si256((const __m256i *)(rc + c0 + 32 * j)), 1);
+            } else {
+                const __m512i q0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0))),
+                                                      _mm256_loadu_si256((const __m256i *)(rc + c0)), 1);
+                const __m512i q1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0 + 32))),
+                                                      _mm256_loadu_si256((const __m256i *)(rc + c0 + 32)), 1);
+                Z[0] = _mm512_and_si512(q0, m4z);
+                Z[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4z);
+                Z[2] = _mm512_and_si512(q1, m4z);
+                Z[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4z);
+            }
+            const xpair *xg = xd + g;
+            __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Z[0], _mm512_loadu_si512(xg->q));
+            is = _mm512_dpbusd_epi32(is, Z[1], _mm512_loadu_si512(xg->q + 64));
+            is = _mm512_dpbusd_epi32(is, Z[2], _mm512_loadu_si512(xg->q + 128));
+            is = _mm512_dpbusd_epi32(is, Z[3], _mm512_loadu_si512(xg->q + 192));
+            if (sh) is = _mm512_sub_epi32(is, _mm512_loadu_si512(xg->s));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(az, _mm512_loadu_ps(xg->d)), acc);
+            if (mn) accm = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_permute4x64_epi64(hd, 0xF5)), _mm512_loadu_ps(xg->fs), accm);
+        }
+        __m256 acc_a = lo_ps(acc), acc_b = hi_ps(acc), accm_a = lo_ps(accm), accm_b = hi_ps(accm);
+        for (long g = nrec; g < ng; g++) { /* the short last group, each row in 256 bits */
+            const xgroup *xg = x + g;
+            for (int h = 0; h < 2; h++) {
+                __m256i W[4];
+                __m256 a, mw;
+                wgroup_simd(type, h ? wb : wa, g, nblocks, 1, W, &a, &mw);
+                __m256i is = _mm256_dpbusd_epi32(_mm256_setzero_si256(), W[0], _mm256_loadu_si256((const __m256i *)xg->q));
+                is = _mm256_dpbusd_epi32(is, W[1], _mm256_loadu_si256((const __m256i *)(xg->q + 32)));
+                is = _mm256_dpbusd_epi32(is, W[2], _mm256_loadu_si256((const __m256i *)(xg->q + 64)));
+                is = _mm256_dpbusd_epi32(is, W[3], _mm256_loadu_si256((const __m256i *)(xg->q + 96)));
+                if (sh) is = _mm256_sub_epi32(is, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)xg->s), sh));
+                __m256 *ac = h ? &acc_b : &acc_a, *am = h ? &accm_b : &accm_a;
+                *ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(a, _mm256_loadu_ps(xg->d)), *ac);
+                if (mn) *am = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xg->fs), *am);
+            }
+        }
+        y[n] = hsum8(mn ? _mm256_add_ps(acc_a, accm_a) : acc_a);
+        y[n + 1] = hsum8(mn ? _mm256_add_ps(acc_b, accm_b) : acc_b);
+    }
+    if (n < nrows) dot_simd_q(type, w + n * rb, k, 1, x, NULL, ng, 1, 0, ng, NULL, y + n, 1, 1, rb);
+}
+
+static int pairs_weight_rows(int type) { return group_major(type); }
+
+static void dot_pairw(int type, const uint8_t *w, long k, const xgroup *x, const xpair *xd, long nrows, long rb,
+                      float *y) {
+    switch (type) {
+    case T_Q4_0: dot_pairw_t(T_Q4_0, w, k, x, xd, nrows, rb, y); break;
+    case T_Q4_1: dot_pairw_t(T_Q4_1, w, k, x, xd, nrows, rb, y); break;
+    default: dot_pairw_t(T_Q8_0, w, k, x, xd, nrows, rb, y); break;
+    }
+}
+
 static inline __m256 load8_f(int type, const uint8_t *w, long i) {
     if (type == T_F32) return _mm256_loadu_ps((const float *)w + i);
     __m128i h = _mm_loadu_si128((const __m128i *)(w + 2 * i));
@@ -1069,9 +1158,13 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
         return matmul_blocked(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
     if (use_simd && !fl) { /* one tile: each thread takes a contiguous share of the weight rows */
         xpair *xp = NULL;
-        if (m >= 2) {
-            if (!(xp = pair_scratch(m / 2 * ng))) return -2;
-            pair_rows(xq, m, ng, offset_shift(type), xp);
+        const int pairw = m == 1 && packed && pairs_weight_rows(type);
+        if (m >= 2 || pairw) {
+            if (!(xp = pair_scratch((m + 1) / 2 * ng))) return -2;
+            if (pairw)
+                dup_row(xq, ng, offset_shift(type), xp);
+            else
+                pair_rows(xq, m, ng, offset_shift(type), xp);
         }
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
         {
@@ -1081,7 +1174,9 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
             n0 = omp_get_thread_num() * per;
             n1 = n0 + per < n_rows ? n0 + per : n_rows;
 #endif
-            if (n0 < n1)
+            if (n0 < n1 && pairw)
+                dot_pairw(type, w + n0 * row_bytes, k, xq, xp, n1 - n0, row_bytes, y + n0);
+            else if (n0 < n1)
                 dot_simd_q(type, w + n0 * row_bytes, k, packed, xq, xp, ng, (int)m, 0, ng, NULL, y + n0, ldy, n1 - n0,
                            row_bytes);
         }
