@@ -118,6 +118,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
     lib.tsq_forward_batch.restype = c_int
     lib.tsq_forward_batch.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, vp, vp, vp, vp, vp, c_int]
+    lib.tsq_output.restype = c_int
+    lib.tsq_output.argtypes = [vp, vp, ctypes.c_float, vp, c_long, vp, c_int]
 
 
 def _enabled() -> bool:
@@ -347,13 +349,34 @@ def c_linear(lin) -> CLinear | None:
     return c
 
 
-class FusedBlocks:
-    """Every block of a llama-family trunk as one C call per forward (``tsq_forward``)."""
+class FusedOutput:
+    """A llama-family trunk's final norm and LM head as one native call (``tsq_output``)."""
 
-    def __init__(self, config: CConfig, layers: list[CLayer], keep: list):
+    def __init__(self, head: CLinear, norm: torch.Tensor, eps: float, keep: list):
+        self.head = head
+        self.norm = norm  # float32, contiguous
+        self.eps = eps
+        self._keep = keep
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits [m, vocab] of the residual rows ``h`` [m, d] (float32)."""
+        h = h.contiguous()
+        y = torch.empty(h.shape[0], self.head.n_total, dtype=torch.float32)
+        rc = lib().tsq_output(ctypes.byref(self.head), self.norm.data_ptr(), self.eps, h.data_ptr(), h.shape[0],
+                              y.data_ptr(), torch.get_num_threads())
+        _check_rc(rc, f"native output failed ({rc})", RuntimeError)
+        return y
+
+
+class FusedBlocks:
+    """Every block of a llama-family trunk as one C call per forward (``tsq_forward``), and its
+    ``output`` (``FusedOutput``) where the head runs natively too."""
+
+    def __init__(self, config: CConfig, layers: list[CLayer], keep: list, output: FusedOutput | None = None):
         self.config = config
         self.layers = (CLayer * len(layers))(*layers)
         self._keep = keep  # the tensors whose addresses the structures hold
+        self.output = output  # the final norm and LM head, where the head is native too
 
     def run(self, h: torch.Tensor, l0: int, l1: int, start: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
             cos: list[torch.Tensor], sin: list[torch.Tensor]) -> None:

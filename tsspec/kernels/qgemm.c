@@ -1596,6 +1596,27 @@ done:
     return rc;
 }
 
+/* The trunk's output: the final norm and the head's product over m rows of the residual h (d =
+ * head->k wide) into logits [m, head->n_total]. One native call where the final norm (torch) and
+ * the head (a second call) were: after the blocks have streamed their weights through the caches,
+ * torch's few small operations on a lone row cost ~0.1 ms a token, a norm here ~2 us. */
+int tsq_output(const tsq_linear *head, const float *norm_w, float eps, const float *h, long m, float *logits, int nt) {
+    const long d = head->k;
+    float *x = malloc(sizeof(float) * m * d);
+    xgroup *xq = malloc((size_t)tsq_xrow_bytes(d) * m);
+    int rc = 0;
+    if (!x || !xq) {
+        rc = -2;
+    } else {
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
+        for (long r = 0; r < m; r++) rms_norm_row(h + r * d, norm_w, d, eps, x + r * d);
+        rc = linear_apply(head, x, m, logits, xq, nt);
+    }
+    free(x);
+    free(xq);
+    return rc;
+}
+
 /* One sequence: blocks [l0, l1) on m rows at positions start.. of the cache kc/vc. */
 int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long start,
                 float *kc, float *vc, long cap, const float *const *cos_t, const float *const *sin_t,

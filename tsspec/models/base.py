@@ -392,7 +392,11 @@ class TransformerModel:
             idx = [r for s, it in enumerate(items)
                    for r in (range(row0[s], row0[s + 1]) if it.all_logits else (row0[s + 1] - 1,))]
             x = h[torch.tensor(idx, device=h.device)]
-        logits = self.lm_head(rms_norm(x, self.out_norm, cfg.rms_eps))
+        native = self.fused.output if self.fused is not None else None
+        if native is not None:
+            logits = native(x)
+        else:
+            logits = self.lm_head(rms_norm(x, self.out_norm, cfg.rms_eps))
         if cfg.final_softcap:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         if self.triton:  # the loop, the samplers and the drafters take host tensors
@@ -520,7 +524,19 @@ def fused_blocks(model: "TransformerModel"):
     c = kernels.CConfig(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.rope_dim // 2,
                         1 if cfg.rope_neox else 0, 1 if cfg.activation == "gelu_tanh" else 0, cfg.rms_eps,
                         model.q_scale)
-    return kernels.FusedBlocks(c, layers, keep)
+    return kernels.FusedBlocks(c, layers, keep, output=fused_output(model))
+
+
+def fused_output(model: "TransformerModel"):
+    """The native form of the final norm and LM head, or None when the head is off the gguf
+    backend (the torch path then runs them)."""
+    from .. import kernels
+
+    head = kernels.c_linear(model.lm_head)
+    if head is None:
+        return None
+    norm = model.out_norm.float().contiguous()
+    return kernels.FusedOutput(head, norm, model.cfg.rms_eps, [model.lm_head, norm])
 
 
 def _shares_storage(head: Linear, embed: Embedding) -> bool:
