@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Paired speed of two builds of the native kernels (tsspec/kernels/qgemm.c) in ONE process.
+
+    python scripts/ab_kernels.py --base REV [--new REV] [--models smollm2-135m ...] [--rows 1,5]
+                                 [--rounds 200] [--steps 8] [--no-head] [--json FILE]
+
+Both sources are compiled with the flags tsspec uses and loaded side by side; one model is loaded
+once and its fused blocks (plus the LM head, unless --no-head) are run through each build in turn,
+``--steps`` forwards of r rows at a time, the order flipped every round. The machine's slow and
+fast phases (minutes long on a shared host) then fall on both builds alike, which two processes
+run one after the other (ab_revisions.py) cannot promise: a same-source pair reads 0.99-1.00 here
+where process pairs wandered by +-10%. The report gives each build's median ms per forward and the
+median and quartiles over rounds of the new/base ratio.
+
+Before timing, both builds must give the same logits bit for bit (a kernel change is meant to move
+no output bit; --allow-different times a deliberate numerics change anyway). The two sources must
+share the C structures' layouts (tsq_sizeof_*): a change to those is compared with ab_revisions.py.
+``--new`` defaults to the working tree's source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SOURCE = "tsspec/kernels/qgemm.c"
+
+
+class ScriptError(Exception):
+    pass
+
+
+def source_at(rev: str | None) -> bytes:
+    """qgemm.c at a git revision (None: the working tree)."""
+    if rev is None:
+        return (ROOT / SOURCE).read_bytes()
+    r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{SOURCE}"], capture_output=True)
+    if r.returncode != 0:
+        raise ScriptError(f"no {SOURCE} at {rev!r}: {r.stderr.decode().strip()}")
+    return r.stdout
+
+
+def build(src: bytes, out_dir: Path) -> ctypes.CDLL:
+    """Compile ``src`` with tsspec's flags and load it, its functions declared as tsspec declares them."""
+    from tsspec import kernels
+
+    cc = kernels._compiler()
+    if cc is None:
+        raise ScriptError("no C compiler")
+    key = hashlib.sha256(src).hexdigest()[:16]
+    c_file, so = out_dir / f"{key}.c", out_dir / f"{key}.so"
+    if src == kernels.SOURCE.read_bytes():
+        so = kernels._build(cc)  # this tree's own build, from tsspec's kernel cache
+    elif not so.exists():
+        c_file.write_bytes(src)
+        r = subprocess.run([cc, *kernels.CFLAGS, "-o", str(so), str(c_file), "-lm"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise ScriptError(f"{cc} failed: {(r.stderr or r.stdout).strip().splitlines()[:1]}")
+    lib = ctypes.CDLL(str(so))
+    for name in ("tsq_sizeof_linear", "tsq_sizeof_layer", "tsq_sizeof_config"):
+        fn = getattr(lib, name)
+        fn.restype = ctypes.c_int
+        want = {"tsq_sizeof_linear": kernels.CLinear, "tsq_sizeof_layer": kernels.CLayer,
+                "tsq_sizeof_config": kernels.CConfig}[name]
+        if fn() != ctypes.sizeof(want):
+            raise ScriptError(f"{name}: the build's C structures differ from this tree's; use ab_revisions.py")
+    try:
+        kernels._declare(lib)
+    except AttributeError:
+        pass  # an older source lacks a later function; the ones timed here are declared first
+    return lib
+
+
+class Stepper:
+    """One model's fused forward of r rows (and its head) through a given build."""
+
+    def __init__(self, model: str, rows: int, head: bool, threads: int):
+        import torch
+
+        from tsspec.hub import resolve_model
+        from tsspec.models import load_model
+
+        torch.set_num_threads(threads)
+        self.t = t = load_model(resolve_model(model))
+        if t.fused is None:
+            raise ScriptError(f"{model}: no fused native path on this machine (kernels off or unsupported weights)")
+        self.rows, self.head, self.threads = rows, head, threads
+        self.cache = t.make_cache()
+        self.context = 64
+        t.forward(list(range(100, 100 + self.context)), self.cache)
+        self.cache.reserve(self.context + 16 * rows)
+        cos = [t._rope[b][0] for b in t._rope_bases]
+        sin = [t._rope[b][1] for b in t._rope_bases]
+        self._keep = (cos, sin)
+        self.cos_p = (ctypes.c_void_p * len(cos))(*[x.data_ptr() for x in cos])
+        self.sin_p = (ctypes.c_void_p * len(sin))(*[x.data_ptr() for x in sin])
+        self.h0 = t._token_rows(list(range(5, 5 + rows))).contiguous()
+        from tsspec import kernels
+
+        self.head_c = kernels.c_linear(t.lm_head) if head else None
+        if head and self.head_c is None:
+            raise ScriptError(f"{model}: its head is not on the native path; use --no-head")
+        self.norm = t.out_norm.float().contiguous()
+
+    def step(self, lib: ctypes.CDLL, pos: int):
+        import torch
+
+        t, c, fb = self.t, self.cache, self.t.fused
+        h = self.h0.clone()
+        rc = lib.tsq_forward(ctypes.byref(fb.config), fb.layers, 0, t.n_layers, h.data_ptr(), self.rows, pos,
+                             c.k.data_ptr(), c.v.data_ptr(), c.k.shape[2], self.cos_p, self.sin_p, self.threads)
+        if rc:
+            raise ScriptError(f"tsq_forward returned {rc}")
+        if not self.head:
+            return h
+        # the head as every build can run it: norm in torch, then the product
+        from tsspec.models.base import rms_norm
+
+        x = rms_norm(h, self.norm, t.cfg.rms_eps).contiguous()
+        xq = torch.empty(self.rows * lib.tsq_xrow_bytes(x.shape[1]), dtype=torch.uint8)
+        y = torch.empty(self.rows, self.head_c.n_total)
+        col = 0
+        hc = self.head_c
+        for i in range(hc.nparts):
+            if i == 0:
+                lib.tsq_quantize(x.data_ptr(), self.rows, x.shape[1], xq.data_ptr())
+            rc = lib.tsq_matmul(hc.type[i], hc.w[i], hc.packed[i], hc.row_bytes[i], hc.n[i], hc.k, x.data_ptr(),
+                                xq.data_ptr(), self.rows, y.data_ptr() + 4 * col, hc.n_total, self.threads, 1)
+            if rc:
+                raise ScriptError(f"tsq_matmul returned {rc}")
+            col += hc.n[i]
+        return y
+
+
+def compare(model: str, rows: int, libs: list, rounds: int, steps: int, head: bool, threads: int,
+            allow_different: bool) -> dict:
+    import torch
+
+    st = Stepper(model, rows, head, threads)
+    outs = [st.step(lib, st.context) for lib in libs]
+    same = torch.equal(outs[0], outs[1])
+    if not same and not allow_different:
+        raise ScriptError(f"{model}, {rows} rows: the builds' outputs differ (--allow-different to time them anyway)")
+    ms: list[list[float]] = [[], []]
+    for i in range(rounds):
+        for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+            t0 = time.perf_counter()
+            for s in range(steps):
+                st.step(libs[j], st.context + s * rows)
+            ms[j].append((time.perf_counter() - t0) * 1000 / steps)
+    ratios = sorted(n / b for b, n in zip(ms[0], ms[1]))
+    q = statistics.quantiles(ratios, n=4)
+    return {"model": model, "rows": rows, "head": head, "identical": same, "rounds": rounds, "steps": steps,
+            "base_ms": statistics.median(ms[0]), "new_ms": statistics.median(ms[1]),
+            "ratio": statistics.median(ratios), "ratio_q1": q[0], "ratio_q3": q[2]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", required=True, help="git revision of the base source")
+    ap.add_argument("--new", help="git revision of the new source (default: the working tree)")
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m"], help="catalogue names or GGUF paths")
+    ap.add_argument("--rows", default="1", help="rows per forward, e.g. 1,5,9 (decode, verify)")
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=8, help="forwards per build per round")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-head", action="store_true", help="time the blocks alone")
+    ap.add_argument("--allow-different", action="store_true", help="time builds whose outputs differ")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    try:
+        rows = [int(r) for r in args.rows.split(",") if r.strip()]
+        if not rows or min(rows) < 1 or args.rounds < 4 or args.steps < 1 or args.threads < 1:
+            raise ScriptError("--rows must be positive integers, --rounds at least 4, --steps and --threads at least 1")
+        with tempfile.TemporaryDirectory(prefix="ab-kernels-") as tmp:
+            libs = [build(source_at(args.base), Path(tmp)), build(source_at(args.new), Path(tmp))]
+            results = []
+            for model in args.models:
+                for r in rows:
+                    res = compare(model, r, libs, args.rounds, args.steps, not args.no_head, args.threads,
+                                  args.allow_different)
+                    results.append(res)
+                    print(f"{model} rows={r}{'' if res['head'] else ' (blocks)'}: base {res['base_ms']:.3f} ms, "
+                          f"new {res['new_ms']:.3f} ms, new/base {res['ratio']:.3f} "
+                          f"(quartiles {res['ratio_q1']:.3f}-{res['ratio_q3']:.3f}, {res['rounds']} rounds)"
+                          f"{'' if res['identical'] else '  [outputs differ]'}", flush=True)
+    except ScriptError as e:
+        sys.exit(f"ab_kernels: {e}")
+    if args.json:
+        args.json.write_text(json.dumps({"base": args.base, "new": args.new or "working tree", "results": results},
+                                        indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""scripts/ab_kernels.py: two builds of the native kernels timed in one process."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tiny import write_tiny_model
+from tsspec import kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import ab_kernels  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not kernels.simd(), reason="the native kernels are not built on this machine")
+
+
+def test_same_source_twice_is_identical_and_timed(tmp_path):
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", quant="Q4_0", d_model=64, ffn_dim=128, vocab_size=320)
+    src = ab_kernels.source_at(None)
+    libs = [ab_kernels.build(src, tmp_path), ab_kernels.build(src, tmp_path)]
+    for rows in (1, 3):
+        res = ab_kernels.compare(str(path), rows, libs, rounds=4, steps=2, head=True, threads=2, allow_different=False)
+        assert res["identical"] and res["rows"] == rows
+        assert res["base_ms"] > 0 and res["new_ms"] > 0
+        assert res["ratio_q1"] <= res["ratio"] <= res["ratio_q3"]
+
+
+def test_unknown_revision_is_one_clear_error():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_kernels.py"), "--base", "no-such-rev-xyz"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "no tsspec/kernels/qgemm.c at 'no-such-rev-xyz'" in r.stderr
+    assert "Traceback" not in r.stderr
