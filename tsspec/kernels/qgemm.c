@@ -766,17 +766,21 @@ static inline __m256 lo_ps(__m512 v) { return _mm512_castps512_ps256(v); }
 static inline __m256 hi_ps(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
 static inline __m512 dup_ps(__m256 v) { return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v))); }
 
-/* 64 bytes of 4-bit codes at q as the four code vectors the products read (the low nibbles of bytes
- * 0-31, their high nibbles, then the same of bytes 32-63), in both halves of Z from broadcast
- * loads (no shuffles); W: the low halves, for a row that runs alone in 256 bits */
-static inline __attribute__((always_inline)) void nibbles2(const uint8_t *q, __m512i Z[4], __m256i W[4]) {
+/* 64 bytes of 4-bit codes, bytes 0-31 in q0 and 32-63 in q1 (per 256-bit half), as the four code
+ * vectors the products read: the low nibbles of bytes 0-31, their high nibbles, then the same of
+ * bytes 32-63. nibbles2: the codes at q in both halves of Z from broadcast loads (no shuffles);
+ * W: the low halves, for a row that runs alone in 256 bits */
+static inline __attribute__((always_inline)) void nibbles512(__m512i q0, __m512i q1, __m512i Z[4]) {
     const __m512i m4z = _mm512_set1_epi8(0x0F);
-    const __m512i q0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
-    const __m512i q1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32)));
     Z[0] = _mm512_and_si512(q0, m4z);
     Z[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4z);
     Z[2] = _mm512_and_si512(q1, m4z);
     Z[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4z);
+}
+
+static inline __attribute__((always_inline)) void nibbles2(const uint8_t *q, __m512i Z[4], __m256i W[4]) {
+    nibbles512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q)),
+               _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32))), Z);
     for (int j = 0; j < 4; j++) W[j] = _mm512_castsi512_si256(Z[j]);
 }
 
@@ -786,6 +790,34 @@ static inline __attribute__((always_inline)) void dup_group(const __m256i W[4], 
     for (int j = 0; j < 4; j++) Z[j] = _mm512_broadcast_i64x4(W[j]);
     *az = dup_ps(a);
     *mwz = dup_ps(mw);
+}
+
+/* The one step every product takes per weight group and input row: four vpdpbusd give each lane
+ * the exact integer sum over its half-block, the weight offset comes off as an exact integer
+ * (sh: offset_shift), then one float step (the scale product, one fma) and, for types with
+ * minimums, one more fma. step256 is one row in 256 bits (its code sums shifted here); step512 two
+ * rows side by side (an xpair, sums shifted ahead by pair_rows / dup_row), each lane doing exactly
+ * step256's operations: whichever a row goes through, it gets the same bits. */
+static inline __attribute__((always_inline)) void step256(const int sh, const int mn, const __m256i W[4], __m256 a,
+                                                          __m256 mw, const xgroup *xg, __m256 *acc, __m256 *accm) {
+    __m256i is = _mm256_dpbusd_epi32(_mm256_setzero_si256(), W[0], _mm256_loadu_si256((const __m256i *)xg->q));
+    is = _mm256_dpbusd_epi32(is, W[1], _mm256_loadu_si256((const __m256i *)(xg->q + 32)));
+    is = _mm256_dpbusd_epi32(is, W[2], _mm256_loadu_si256((const __m256i *)(xg->q + 64)));
+    is = _mm256_dpbusd_epi32(is, W[3], _mm256_loadu_si256((const __m256i *)(xg->q + 96)));
+    if (sh) is = _mm256_sub_epi32(is, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)xg->s), sh));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(a, _mm256_loadu_ps(xg->d)), *acc);
+    if (mn) *accm = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xg->fs), *accm);
+}
+
+static inline __attribute__((always_inline)) void step512(const int sh, const int mn, const __m512i Z[4], __m512 az,
+                                                          __m512 mwz, const xpair *xg, __m512 *acc, __m512 *accm) {
+    __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Z[0], _mm512_loadu_si512(xg->q));
+    is = _mm512_dpbusd_epi32(is, Z[1], _mm512_loadu_si512(xg->q + 64));
+    is = _mm512_dpbusd_epi32(is, Z[2], _mm512_loadu_si512(xg->q + 128));
+    is = _mm512_dpbusd_epi32(is, Z[3], _mm512_loadu_si512(xg->q + 192));
+    if (sh) is = _mm512_sub_epi32(is, _mm512_loadu_si512(xg->s));
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(az, _mm512_loadu_ps(xg->d)), *acc);
+    if (mn) *accm = _mm512_fmadd_ps(mwz, _mm512_loadu_ps(xg->fs), *accm);
 }
 
 /* nrows weight rows (rb bytes apart; results to y[0..nrows)) against the tr input rows of a tile
@@ -816,28 +848,8 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     const int sh = offset_shift(type), mn = has_min(type);
     /* W, a, mw: a weight group for one row (256 bits); Z, az, mwz: the same in both halves of 512 */
 #define ROWS(W, a, mw, Z, az, mwz, g)                                                                 \
-    if (np) {                                                                                         \
-        for (int p = 0; p < np; p++) {                                                                \
-            const xpair *xg = xp + p * xstride + (g);                                                 \
-            __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Z[0], _mm512_loadu_si512(xg->q)); \
-            is = _mm512_dpbusd_epi32(is, Z[1], _mm512_loadu_si512(xg->q + 64));                       \
-            is = _mm512_dpbusd_epi32(is, Z[2], _mm512_loadu_si512(xg->q + 128));                      \
-            is = _mm512_dpbusd_epi32(is, Z[3], _mm512_loadu_si512(xg->q + 192));                      \
-            if (sh) is = _mm512_sub_epi32(is, _mm512_loadu_si512(xg->s)); /* shifted by pair_rows */   \
-            accz[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(az, _mm512_loadu_ps(xg->d)), accz[p]); \
-            if (mn) accmz[p] = _mm512_fmadd_ps(mwz, _mm512_loadu_ps(xg->fs), accmz[p]);               \
-        }                                                                                             \
-    }                                                                                                 \
-    if (odd) {                                                                                        \
-        const xgroup *xg = x + ro * xstride + (g);                                                    \
-        __m256i is = _mm256_dpbusd_epi32(_mm256_setzero_si256(), W[0], _mm256_loadu_si256((const __m256i *)xg->q)); \
-        is = _mm256_dpbusd_epi32(is, W[1], _mm256_loadu_si256((const __m256i *)(xg->q + 32)));       \
-        is = _mm256_dpbusd_epi32(is, W[2], _mm256_loadu_si256((const __m256i *)(xg->q + 64)));       \
-        is = _mm256_dpbusd_epi32(is, W[3], _mm256_loadu_si256((const __m256i *)(xg->q + 96)));       \
-        if (sh) is = _mm256_sub_epi32(is, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)xg->s), sh)); \
-        acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(a, _mm256_loadu_ps(xg->d)), acc1); \
-        if (mn) accm1 = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xg->fs), accm1);                         \
-    }
+    for (int p = 0; p < np; p++) step512(sh, mn, Z, az, mwz, xp + p * xstride + (g), &accz[p], &accmz[p]); \
+    if (odd) step256(sh, mn, W, a, mw, x + ro * xstride + (g), &acc1, &accm1);
     if (type == T_Q4_K) { /* a super-block (two groups) at a time: its scales unpacked once */
         const __m256i m4 = _mm256_set1_epi8(0x0F);
         for (long sb = g0 / 2; sb < g1 / 2; sb++) {
@@ -1034,7 +1046,6 @@ dot_pairw_t(const int type, const uint8_t *w, long k, const xgroup *x, const xpa
             float *y) {
     const long ng = n_groups(k), nblocks = k / QB, nrec = nblocks / 4;
     const int sh = offset_shift(type), mn = has_min(type), bb = BLOCK_BYTES[type], c0 = gm_codes_at(type);
-    const __m512i m4z = _mm512_set1_epi8(0x0F);
     long n = 0;
     for (; n + 2 <= nrows; n += 2) {
         const uint8_t *wa = w + n * rb, *wb = wa + rb;
@@ -1053,40 +1064,23 @@ dot_pairw_t(const int type, const uint8_t *w, long k, const xgroup *x, const xpa
                     Z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0 + 32 * j))),
                                               _mm256_loadu_si256((const __m256i *)(rc + c0 + 32 * j)), 1);
             } else {
-                const __m512i q0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0))),
-                                                      _mm256_loadu_si256((const __m256i *)(rc + c0)), 1);
-                const __m512i q1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0 + 32))),
-                                                      _mm256_loadu_si256((const __m256i *)(rc + c0 + 32)), 1);
-                Z[0] = _mm512_and_si512(q0, m4z);
-                Z[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4z);
-                Z[2] = _mm512_and_si512(q1, m4z);
-                Z[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4z);
+                nibbles512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0))),
+                                              _mm256_loadu_si256((const __m256i *)(rc + c0)), 1),
+                           _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0 + 32))),
+                                              _mm256_loadu_si256((const __m256i *)(rc + c0 + 32)), 1), Z);
             }
-            const xpair *xg = xd + g;
-            __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Z[0], _mm512_loadu_si512(xg->q));
-            is = _mm512_dpbusd_epi32(is, Z[1], _mm512_loadu_si512(xg->q + 64));
-            is = _mm512_dpbusd_epi32(is, Z[2], _mm512_loadu_si512(xg->q + 128));
-            is = _mm512_dpbusd_epi32(is, Z[3], _mm512_loadu_si512(xg->q + 192));
-            if (sh) is = _mm512_sub_epi32(is, _mm512_loadu_si512(xg->s));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(az, _mm512_loadu_ps(xg->d)), acc);
-            if (mn) accm = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_permute4x64_epi64(hd, 0xF5)), _mm512_loadu_ps(xg->fs), accm);
+            /* the offsets (Q4_1) as the scales above: [a, a, b, b] */
+            const __m512 mwz = mn ? _mm512_cvtph_ps(_mm256_permute4x64_epi64(hd, 0xF5)) : _mm512_setzero_ps();
+            step512(sh, mn, Z, az, mwz, xd + g, &acc, &accm);
         }
         __m256 acc_a = lo_ps(acc), acc_b = hi_ps(acc), accm_a = lo_ps(accm), accm_b = hi_ps(accm);
         for (long g = nrec; g < ng; g++) { /* the short last group, each row in 256 bits */
-            const xgroup *xg = x + g;
-            for (int h = 0; h < 2; h++) {
-                __m256i W[4];
-                __m256 a, mw;
-                wgroup_simd(type, h ? wb : wa, g, nblocks, 1, W, &a, &mw);
-                __m256i is = _mm256_dpbusd_epi32(_mm256_setzero_si256(), W[0], _mm256_loadu_si256((const __m256i *)xg->q));
-                is = _mm256_dpbusd_epi32(is, W[1], _mm256_loadu_si256((const __m256i *)(xg->q + 32)));
-                is = _mm256_dpbusd_epi32(is, W[2], _mm256_loadu_si256((const __m256i *)(xg->q + 64)));
-                is = _mm256_dpbusd_epi32(is, W[3], _mm256_loadu_si256((const __m256i *)(xg->q + 96)));
-                if (sh) is = _mm256_sub_epi32(is, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)xg->s), sh));
-                __m256 *ac = h ? &acc_b : &acc_a, *am = h ? &accm_b : &accm_a;
-                *ac = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(a, _mm256_loadu_ps(xg->d)), *ac);
-                if (mn) *am = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xg->fs), *am);
-            }
+            __m256i W[4];
+            __m256 a, mw;
+            wgroup_simd(type, wa, g, nblocks, 1, W, &a, &mw);
+            step256(sh, mn, W, a, mw, x + g, &acc_a, &accm_a);
+            wgroup_simd(type, wb, g, nblocks, 1, W, &a, &mw);
+            step256(sh, mn, W, a, mw, x + g, &acc_b, &accm_b);
         }
         y[n] = hsum8(mn ? _mm256_add_ps(acc_a, accm_a) : acc_a);
         y[n + 1] = hsum8(mn ? _mm256_add_ps(acc_b, accm_b) : acc_b);
@@ -1094,8 +1088,7 @@ dot_pairw_t(const int type, const uint8_t *w, long k, const xgroup *x, const xpa
     if (n < nrows) dot_simd_q(type, w + n * rb, k, 1, x, NULL, ng, 1, 0, ng, NULL, y + n, 1, 1, rb);
 }
 
-static int pairs_weight_rows(int type) { return group_major(type); }
-
+/* dot_pairw_t for a record type (group_major) */
 static void dot_pairw(int type, const uint8_t *w, long k, const xgroup *x, const xpair *xd, long nrows, long rb,
                       float *y) {
     switch (type) {
@@ -1158,9 +1151,9 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
         return matmul_blocked(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
     if (use_simd && !fl) { /* one tile: each thread takes a contiguous share of the weight rows */
         xpair *xp = NULL;
-        const int pairw = m == 1 && packed && pairs_weight_rows(type);
+        const int pairw = m == 1 && packed && group_major(type); /* weight rows pair up (dot_pairw) */
         if (m >= 2 || pairw) {
-            if (!(xp = pair_scratch((m + 1) / 2 * ng))) return -2;
+            if (!(xp = pair_scratch((pairw ? 1 : m / 2) * ng))) return -2;
             if (pairw)
                 dup_row(xq, ng, offset_shift(type), xp);
             else
