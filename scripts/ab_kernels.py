@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import hashlib
 import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -50,30 +48,19 @@ def source_at(rev: str | None) -> bytes:
     return r.stdout
 
 
-def build(src: bytes, out_dir: Path) -> ctypes.CDLL:
-    """Compile ``src`` with tsspec's flags and load it, its functions declared as tsspec declares them."""
+def build(src: bytes) -> ctypes.CDLL:
+    """``src`` built and cached as tsspec builds its own kernels, loaded, its functions declared as
+    tsspec declares them."""
     from tsspec import kernels
 
     cc = kernels._compiler()
     if cc is None:
         raise ScriptError("no C compiler")
-    key = hashlib.sha256(src).hexdigest()[:16]
-    c_file, so = out_dir / f"{key}.c", out_dir / f"{key}.so"
-    if src == kernels.SOURCE.read_bytes():
-        so = kernels._build(cc)  # this tree's own build, from tsspec's kernel cache
-    elif not so.exists():
-        c_file.write_bytes(src)
-        r = subprocess.run([cc, *kernels.CFLAGS, "-o", str(so), str(c_file), "-lm"], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise ScriptError(f"{cc} failed: {(r.stderr or r.stdout).strip().splitlines()[:1]}")
-    lib = ctypes.CDLL(str(so))
-    for name in ("tsq_sizeof_linear", "tsq_sizeof_layer", "tsq_sizeof_config"):
-        fn = getattr(lib, name)
-        fn.restype = ctypes.c_int
-        want = {"tsq_sizeof_linear": kernels.CLinear, "tsq_sizeof_layer": kernels.CLayer,
-                "tsq_sizeof_config": kernels.CConfig}[name]
-        if fn() != ctypes.sizeof(want):
-            raise ScriptError(f"{name}: the build's C structures differ from this tree's; use ab_revisions.py")
+    try:
+        lib = ctypes.CDLL(str(kernels._build(cc, src)))
+        kernels._check_layouts(lib)
+    except RuntimeError as e:  # a compile error, or C structures that differ from this tree's
+        raise ScriptError(f"{e} (a change to the C structures is compared with ab_revisions.py)") from None
     try:
         kernels._declare(lib)
     except AttributeError:
@@ -182,18 +169,17 @@ def main() -> None:
         rows = [int(r) for r in args.rows.split(",") if r.strip()]
         if not rows or min(rows) < 1 or args.rounds < 4 or args.steps < 1 or args.threads < 1:
             raise ScriptError("--rows must be positive integers, --rounds at least 4, --steps and --threads at least 1")
-        with tempfile.TemporaryDirectory(prefix="ab-kernels-") as tmp:
-            libs = [build(source_at(args.base), Path(tmp)), build(source_at(args.new), Path(tmp))]
-            results = []
-            for model in args.models:
-                for r in rows:
-                    res = compare(model, r, libs, args.rounds, args.steps, not args.no_head, args.threads,
-                                  args.allow_different)
-                    results.append(res)
-                    print(f"{model} rows={r}{'' if res['head'] else ' (blocks)'}: base {res['base_ms']:.3f} ms, "
-                          f"new {res['new_ms']:.3f} ms, new/base {res['ratio']:.3f} "
-                          f"(quartiles {res['ratio_q1']:.3f}-{res['ratio_q3']:.3f}, {res['rounds']} rounds)"
-                          f"{'' if res['identical'] else '  [outputs differ]'}", flush=True)
+        libs = [build(source_at(args.base)), build(source_at(args.new))]
+        results = []
+        for model in args.models:
+            for r in rows:
+                res = compare(model, r, libs, args.rounds, args.steps, not args.no_head, args.threads,
+                              args.allow_different)
+                results.append(res)
+                print(f"{model} rows={r}{'' if res['head'] else ' (blocks)'}: base {res['base_ms']:.3f} ms, "
+                      f"new {res['new_ms']:.3f} ms, new/base {res['ratio']:.3f} "
+                      f"(quartiles {res['ratio_q1']:.3f}-{res['ratio_q3']:.3f}, {res['rounds']} rounds)"
+                      f"{'' if res['identical'] else '  [outputs differ]'}", flush=True)
     except ScriptError as e:
         sys.exit(f"ab_kernels: {e}")
     if args.json:

@@ -71,8 +71,11 @@ def _cpu_flags() -> str:
     return ""
 
 
-def _build(cc: str) -> Path:
-    src = SOURCE.read_bytes()
+def _build(cc: str, source: bytes | None = None) -> Path:
+    """The cached shared library of ``source`` (default: this tree's qgemm.c), compiled on first use;
+    keyed by the source, the flags, the compiler and the CPU. (scripts/ab_kernels.py builds other
+    revisions' sources through it.)"""
+    src = SOURCE.read_bytes() if source is None else source
     try:
         ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -84,8 +87,11 @@ def _build(cc: str) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".qgemm-", suffix=".so", dir=out.parent)
     os.close(fd)
+    c_file = SOURCE if source is None else out.with_suffix(".c")
     try:
-        r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+        if source is not None:
+            c_file.write_bytes(source)
+        r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(c_file), "-lm"], capture_output=True, text=True,
                            timeout=300)
         if r.returncode != 0:
             msg = (r.stderr or r.stdout).strip().splitlines()
@@ -94,6 +100,8 @@ def _build(cc: str) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if source is not None and c_file.exists():
+            c_file.unlink()
     return out
 
 
