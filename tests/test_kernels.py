@@ -22,6 +22,7 @@ from gguf.quants import dequantize
 from tiny import write_tiny_model
 from tsspec import kernels
 from tsspec.models import load_model
+from tsspec.models.base import rms_norm
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"native kernels: {kernels.unavailable_reason()}")
 
@@ -253,6 +254,24 @@ def test_fused_forward_matches_torch_blocks(tiny_q):
     # int8 inputs: the two paths round a few inputs differently, nothing more
     assert float((fused - ref).abs().max()) <= 0.05 * scale, arch
     assert float((fused.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
+
+
+def test_native_output_matches_torch_norm_and_head(tiny_q):
+    """The fused path's final norm and LM head (one native call) against torch's norm and the
+    head's own product: the same weights and input quantization, so only the norm's rounding
+    (a double sum natively) separates them; every row alone gives the bits it gives among others."""
+    arch, path = tiny_q
+    m = load_model(path, n_ctx=256)
+    out = m.fused.output
+    assert out is not None, arch
+    h = torch.randn(7, m.hidden_size, generator=torch.Generator().manual_seed(21))
+    native = out(h)
+    ref = m.lm_head(rms_norm(h, m.out_norm, m.cfg.rms_eps))
+    assert native.shape == ref.shape
+    # measured ~2e-7 of the largest logit; a norm weight off by 1% moves them by 1e-2
+    assert float((native - ref).abs().max()) <= 1e-3 * float(ref.abs().max()), arch
+    for i in range(7):
+        assert torch.equal(out(h[i : i + 1]), native[i : i + 1]), f"{arch} row {i}"
 
 
 def test_fused_rows_equal_single_steps(tiny_q):
