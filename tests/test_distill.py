@@ -117,6 +117,56 @@ def test_q8_0_file_is_close_to_f32(world, trained, tmp_path):
     assert torch.allclose(ha, hb, atol=0.05) and not torch.equal(ha, hb)
 
 
+@pytest.fixture(scope="module")
+def native_head(world, trained, tmp_path_factory):
+    """The trained head as Q8_0 on a Q8_0 trunk, where its step runs as one native call."""
+    from tsspec import kernels
+
+    if not kernels.simd():
+        pytest.skip(f"the native draft head step needs the AVX-512 kernels: {kernels.unavailable_reason() or 'no SIMD'}")
+    result, _ = trained
+    d = tmp_path_factory.mktemp("native")
+    trunk = write_tiny_model(d / "trunk-q8.gguf", arch="llama", vocab_size=300, d_model=64, n_layers=2, quant="Q8_0")
+    target = load_model(trunk)
+    m = HeadModule(64, 128, float(target.cfg.rms_eps), target.out_norm, 0)
+    m.load_state_dict(torch.load(str(result.out) + ".ckpt", weights_only=False)["head"])
+    out = d / "head-q8.gguf"
+    d2t = load_drafter(result.out, load_model(world["trunk"], fmt="f32")).draft_head.d2t.numpy()
+    export_gguf(out, m, d2t, trunk_identity(GGUFFile(trunk), target), {}, weights="q8_0")
+    return target, load_drafter(out, target).draft_head
+
+
+def test_native_head_step_matches_the_torch_reference(native_head):
+    target, head = native_head
+    assert head.native is not None  # Q8_0 matrices on a Q8_0 trunk: the one native call
+    torch.manual_seed(3)
+    h = torch.randn(7, 64)
+    toks = [5, 77, 123, 9, 0, 299, 41]
+    logits, h_out = head.step_rows(toks, h)
+    native, head.native = head.native, None  # the torch reference: head_step and the head rows' product
+    try:
+        ref_logits, ref_h = head.step_rows(toks, h)
+    finally:
+        head.native = native
+    # the same products (batch invariant kernels), norms summed in double here and in float in torch
+    assert (h_out - ref_h).abs().max() <= 1e-4 * ref_h.abs().max()
+    assert (logits - ref_logits).abs().max() <= 1e-3 * ref_logits.abs().max()
+    # a row's bits do not depend on how many rows share the call
+    for r in range(len(toks)):
+        lr, hr = head.step_rows([toks[r]], h[r : r + 1])
+        assert torch.equal(lr[0], logits[r]) and torch.equal(hr[0], h_out[r])
+
+
+def test_native_head_drafts_and_output_equals_plain(native_head):
+    target, head = native_head
+    prompt = [ord(c) % 256 for c in TEXT[:40]]
+    plain = decode(target, Sampler(SamplingParams()), prompt, 40)
+    stats = SpecStats()
+    spec = DraftHeadSpeculator(head, target.n_layers, max_draft_tokens=4, min_draft_prob=0.0)
+    assert decode(target, Sampler(SamplingParams()), prompt, 40, speculator=spec, window=4, stats=stats) == plain
+    assert stats.drafted > 0 and stats.accepted > 0
+
+
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=7)],
                          ids=["greedy", "seeded"])
 def test_speculative_output_equals_plain_with_the_trained_head(world, trained, params):

@@ -136,6 +136,14 @@ class EagleHead:
         self.d2t = torch.as_tensor(np.asarray(d2t, np.int64))
         self.lm_head = lm_head
         self.eps = float(target.cfg.rms_eps)
+        # the same step as one native call where every matrix is on the gguf backend; None: the
+        # torch reference (head_step), which the tests compare it with
+        self.native = None
+        from .. import kernels
+
+        mats = [self.w[n] for n in MATRICES] + [lm_head]
+        if kernels.FusedEagle.usable(*mats):
+            self.native = kernels.FusedEagle(*mats, norms={n: self.w[n] for n in NORMS}, eps=self.eps)
 
     def pick(self, logits: torch.Tensor) -> tuple[int, float]:
         """Draft-vocabulary logits [V] -> (the trunk id of the head's top draft, its probability)."""
@@ -162,7 +170,10 @@ class EagleHead:
         """(logits over the draft vocabulary [n, V] (column i is trunk token ``d2t[i]``; ``pick``
         maps them), h' [n, d])."""
         e = self.target.embed[list(tokens)].float()
-        h = head_step(self.w, e, hidden.float().reshape(len(tokens), -1), self.eps)
+        hidden = hidden.float().reshape(len(tokens), -1)
+        if self.native is not None:
+            return self.native(e, hidden)
+        h = head_step(self.w, e, hidden, self.eps)
         return self.lm_head(h), h
 
     def draft_step(self, token: int, hidden: torch.Tensor, position: int, state) -> tuple[torch.Tensor, torch.Tensor]:

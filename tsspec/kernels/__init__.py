@@ -128,6 +128,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_forward_batch.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, vp, vp, vp, vp, vp, c_int]
     lib.tsq_output.restype = c_int
     lib.tsq_output.argtypes = [vp, vp, ctypes.c_float, vp, c_long, vp, c_int]
+    lib.tsq_eagle_step.restype = c_int
+    lib.tsq_eagle_step.argtypes = [vp, vp, vp, c_long, vp, vp, c_int]
 
 
 def _enabled() -> bool:
@@ -324,6 +326,12 @@ class CLayer(ctypes.Structure):
                 ("post_ffn_norm", ctypes.c_void_p), ("window", ctypes.c_long), ("rope", ctypes.c_int)]
 
 
+class CEagle(ctypes.Structure):
+    _fields_ = [("fc", CLinear), ("gate_up", CLinear), ("down", CLinear), ("head", CLinear),
+                ("enorm", ctypes.c_void_p), ("hnorm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p),
+                ("out_norm", ctypes.c_void_p), ("ffn", ctypes.c_long), ("eps", ctypes.c_float), ("act", ctypes.c_int)]
+
+
 class CConfig(ctypes.Structure):
     _fields_ = [("d_model", ctypes.c_long), ("n_heads", ctypes.c_long), ("n_kv", ctypes.c_long),
                 ("head_dim", ctypes.c_long), ("ffn_dim", ctypes.c_long), ("rope_half", ctypes.c_long),
@@ -332,28 +340,36 @@ class CConfig(ctypes.Structure):
 
 
 def _check_layouts(h: ctypes.CDLL) -> None:
-    for fn, cls in (("tsq_sizeof_linear", CLinear), ("tsq_sizeof_layer", CLayer), ("tsq_sizeof_config", CConfig)):
+    for fn, cls in (("tsq_sizeof_linear", CLinear), ("tsq_sizeof_layer", CLayer), ("tsq_sizeof_config", CConfig),
+                    ("tsq_sizeof_eagle", CEagle)):
         f = getattr(h, fn)
         f.restype = ctypes.c_int
         if f() != ctypes.sizeof(cls):
             raise RuntimeError(f"{fn}: C and Python layouts differ ({f()} vs {ctypes.sizeof(cls)})")
 
 
-def c_linear(lin) -> CLinear | None:
-    """The C view of a ``Linear`` on the gguf backend (None when it is not one the block takes)."""
-    if getattr(lin, "fmt", None) != "gguf" or len(lin.parts) > MAX_PARTS:
+def c_linear(*lins) -> CLinear | None:
+    """The C view of a ``Linear`` on the gguf backend, or of several stacked along N (their parts in
+    order, one product's output columns after another's; no copy), or None when one is not on that
+    backend, their widths differ or they hold more than ``MAX_PARTS`` parts."""
+    parts = []
+    for lin in lins:
+        if getattr(lin, "fmt", None) != "gguf" or lin.in_features != lins[0].in_features:
+            return None
+        parts += lin.parts
+    if len(parts) > MAX_PARTS or (len(lins) > 1 and any(lin.bias is not None for lin in lins)):
         return None
     c = CLinear()
-    c.nparts = len(lin.parts)
-    for i, p in enumerate(lin.parts):
+    c.nparts = len(parts)
+    for i, p in enumerate(parts):
         c.type[i] = TYPE_IDS[p.type_name]
         c.packed[i] = 1 if p.packed else 0
         c.w[i] = p.raw.ctypes.data
         c.row_bytes[i] = p.raw.shape[1]
         c.n[i] = p.shape[0]
-    c.k = lin.in_features
-    c.n_total = lin.out_features
-    c.bias = lin.bias.data_ptr() if lin.bias is not None else None
+    c.k = lins[0].in_features
+    c.n_total = sum(lin.out_features for lin in lins)
+    c.bias = lins[0].bias.data_ptr() if lins[0].bias is not None else None
     return c
 
 
@@ -374,6 +390,49 @@ class FusedOutput:
                               y.data_ptr(), torch.get_num_threads())
         _check_rc(rc, f"native output failed ({rc})", RuntimeError)
         return y
+
+
+class FusedEagle:
+    """A trained per-token draft head's step (``tsspec.drafters.eagle.head_step``) and its draft
+    vocabulary's logits as one native call (``tsq_eagle_step``)."""
+
+    def __init__(self, fc, gate, up, down, head, norms: dict[str, torch.Tensor], eps: float, act: int = 0):
+        """``fc``/``gate``/``up``/``down``/``head``: ``Linear``s on the gguf backend (``usable``
+        says whether they are); ``norms``: enorm, hnorm, ffn_norm, out_norm ([d] float32)."""
+        lins = (c_linear(fc), c_linear(gate, up), c_linear(down), c_linear(head))
+        if any(x is None for x in lins):
+            raise ValueError("draft head: a matrix is off the native (gguf) backend")
+        c = CEagle()
+        c.fc, c.gate_up, c.down, c.head = lins
+        norms = {n: t.float().contiguous() for n, t in norms.items()}
+        for n in ("enorm", "hnorm", "ffn_norm", "out_norm"):
+            setattr(c, n, norms[n].data_ptr())
+        c.ffn = gate.out_features
+        c.eps = eps
+        c.act = act
+        self.c = c
+        self.d = fc.out_features
+        self.vocab = head.out_features
+        self._keep = [fc, gate, up, down, head, norms]
+
+    @staticmethod
+    def usable(*lins) -> bool:
+        """Whether these ``Linear``s can run natively (each on the gguf backend, with SIMD)."""
+        return simd() and all(c_linear(x) is not None for x in lins)
+
+    def __call__(self, e: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [m, vocab], h' [m, d]) for embedding rows ``e`` and hidden rows ``h`` [m, d]."""
+        e = e.float().contiguous()
+        h = h.float().contiguous()
+        m = e.shape[0]
+        if e.shape != (m, self.d) or h.shape != (m, self.d):
+            raise ValueError(f"draft head step: rows of width {self.d} expected, got {tuple(e.shape)}, {tuple(h.shape)}")
+        out = torch.empty(m, self.d, dtype=torch.float32)
+        logits = torch.empty(m, self.vocab, dtype=torch.float32)
+        rc = lib().tsq_eagle_step(ctypes.byref(self.c), e.data_ptr(), h.data_ptr(), m, out.data_ptr(),
+                                  logits.data_ptr(), torch.get_num_threads())
+        _check_rc(rc, f"native draft head step failed ({rc})", RuntimeError)
+        return logits, out
 
 
 class FusedBlocks:

@@ -93,8 +93,10 @@ class DraftHeadSpeculator:
         return (self.n_layers,)
 
     # -- state: exact trunk rows not yet folded into the head ------------------------------------
+    # Rows are kept as the trunk tapped them and mapped by the head's ``from_trunk`` only when a
+    # proposal takes them: a parked stretch pays one list append per token, not a norm.
     def reset(self) -> None:
-        self._rows: list[torch.Tensor] = []  # head-space trunk rows for positions _base, _base+1, ...
+        self._rows: list[torch.Tensor] = []  # tapped trunk rows for positions _base, _base+1, ...
         self._base = 0
         self.head_len = 0  # head-cache rows 0..head_len-1 are exact
         self._gap = False
@@ -105,16 +107,16 @@ class DraftHeadSpeculator:
         if hidden is None:
             self._gap = True
             return
-        self._rows = list(self._from_trunk(hidden))
+        self._rows = list(hidden)
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         if hidden is None or start_pos != self._base + len(self._rows):
             self._gap = True  # a position the head never saw: stop drafting until the next begin
             return
-        self._rows.extend(self._from_trunk(hidden))
+        self._rows.extend(hidden)  # as tapped; mapped into the head's space when a proposal takes them
 
     def _take(self, lo: int, hi: int) -> torch.Tensor:
-        return torch.stack(self._rows[lo - self._base : hi - self._base])
+        return self._from_trunk(torch.stack(self._rows[lo - self._base : hi - self._base]))
 
     # -- proposing ------------------------------------------------------------------------------
     def propose(self, ctx: DraftContext) -> Draft:
