@@ -773,9 +773,17 @@ static inline __m512 dup_ps(__m256 v) { return _mm512_castpd_ps(_mm512_broadcast
 static inline __attribute__((always_inline)) void nibbles512(__m512i q0, __m512i q1, __m512i Z[4]) {
     const __m512i m4z = _mm512_set1_epi8(0x0F);
     Z[0] = _mm512_and_si512(q0, m4z);
-    Z[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4z);
     Z[2] = _mm512_and_si512(q1, m4z);
+#ifdef __GFNI__
+    /* each byte's high nibble in one instruction: an affine map over GF(2) whose matrix moves bits
+     * 4-7 to 0-3 and clears the rest (the shift and mask below, one uop instead of two) */
+    const __m512i hi = _mm512_set1_epi64(0x1020408000000000LL);
+    Z[1] = _mm512_gf2p8affine_epi64_epi8(q0, hi, 0);
+    Z[3] = _mm512_gf2p8affine_epi64_epi8(q1, hi, 0);
+#else
+    Z[1] = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4z);
     Z[3] = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4z);
+#endif
 }
 
 static inline __attribute__((always_inline)) void nibbles2(const uint8_t *q, __m512i Z[4], __m256i W[4]) {
@@ -1057,7 +1065,14 @@ dot_pairw_t(const int type, const uint8_t *w, long k, const xgroup *x, const xpa
             /* qwords: row a's scales, its offsets (Q4_1; else codes, unused), row b's, its offsets */
             const __m256i hd = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)ra)),
                                                        _mm_loadu_si128((const __m128i *)rc), 1);
-            const __m512 az = _mm512_cvtph_ps(_mm256_permute4x64_epi64(hd, 0xA0));
+            __m512 az, mwz = _mm512_setzero_ps();
+            if (mn) { /* the offsets too: all sixteen converted at once, then each set put in place */
+                const __m512 f = _mm512_cvtph_ps(hd);
+                az = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 8, 9, 10, 11, 8, 9, 10, 11), f);
+                mwz = _mm512_permutexvar_ps(_mm512_setr_epi32(4, 5, 6, 7, 4, 5, 6, 7, 12, 13, 14, 15, 12, 13, 14, 15), f);
+            } else {
+                az = _mm512_cvtph_ps(_mm256_permute4x64_epi64(hd, 0xA0));
+            }
             __m512i Z[4];
             if (type == T_Q8_0) {
                 for (int j = 0; j < 4; j++)
@@ -1069,8 +1084,6 @@ dot_pairw_t(const int type, const uint8_t *w, long k, const xgroup *x, const xpa
                            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0 + 32))),
                                               _mm256_loadu_si256((const __m256i *)(rc + c0 + 32)), 1), Z);
             }
-            /* the offsets (Q4_1) as the scales above: [a, a, b, b] */
-            const __m512 mwz = mn ? _mm512_cvtph_ps(_mm256_permute4x64_epi64(hd, 0xF5)) : _mm512_setzero_ps();
             step512(sh, mn, Z, az, mwz, xd + g, &acc, &accm);
         }
         __m256 acc_a = lo_ps(acc), acc_b = hi_ps(acc), accm_a = lo_ps(accm), accm_b = hi_ps(accm);
