@@ -33,3 +33,17 @@ def test_unknown_revision_is_one_clear_error():
     assert r.returncode != 0
     assert "no tsspec/kernels/qgemm.c at 'no-such-rev-xyz'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_gfni_nibbles_give_the_shift_and_mask_bits(tmp_path):
+    """nibbles512 takes high nibbles with gf2p8affineqb where the compiler targets GFNI; the same
+    source built without it (the shift and mask) gives every logit the same bits. (Every type's
+    SIMD product is also held to the plain C reference in test_kernels.)"""
+    quant = "Q4_0"
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", quant=quant, d_model=64, ffn_dim=128, vocab_size=320)
+    src = ab_kernels.source_at(None)
+    assert b"#ifdef __GFNI__" in src
+    libs = [ab_kernels.build(b"#undef __GFNI__\n" + src), ab_kernels.build(src)]
+    for rows in (1, 2, 5):
+        res = ab_kernels.compare(str(path), rows, libs, rounds=2, steps=1, head=True, threads=2, allow_different=True)
+        assert res["identical"], (quant, rows)
