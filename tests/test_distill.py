@@ -151,6 +151,8 @@ def test_native_head_step_matches_the_torch_reference(native_head):
     # the same products (batch invariant kernels), norms summed in double here and in float in torch
     assert (h_out - ref_h).abs().max() <= 1e-4 * ref_h.abs().max()
     assert (logits - ref_logits).abs().max() <= 1e-3 * ref_logits.abs().max()
+    with pytest.raises(ValueError, match="rows of width 64"):
+        head.native(torch.zeros(1, 32), torch.zeros(1, 32))
     # a row's bits do not depend on how many rows share the call
     for r in range(len(toks)):
         lr, hr = head.step_rows([toks[r]], h[r : r + 1])
