@@ -345,3 +345,18 @@ def test_runs_without_prefill_timing_keep_decode_only():
     res = run_bench(_configs("fast=ngram"), [_wl("w", 4)], run_one=FakeEngine(), reps=2)
     fast = {c.config.name: c for c in res.workloads[0].configs}["fast"]
     assert fast.end_to_end is None and fast.first_token is None and fast.headline is fast.comparison
+
+
+def test_a_long_config_name_folds_and_the_figures_stay_whole(monkeypatch):
+    """A drafter path makes a long config name; at 80 columns it folds over lines and every
+    figure still prints whole (the name used to take the width and leave the other columns empty)."""
+    path = "/home/someone/.cache/tsspec/heads/smollm2-135m-head-trained-for-a-long-time.gguf"
+    monkeypatch.setitem(SPEED, f"draft-head:path={path}", 1.2)
+    res = run_bench(parse_configs([f"draft-head:path={path}"]), [_wl("w", 3)], run_one=FakeEngine(), reps=2)
+    console = Console(record=True, width=80)
+    report.render_table(res, console)
+    text = console.export_text()
+    (w,) = res.workloads
+    for cr in w.configs:
+        assert f"{cr.spread.median:.2f}" in text
+    assert "smollm2-135m" in text.replace("\n", "").replace(" ", "").replace("│", "")

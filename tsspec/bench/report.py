@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 from rich.panel import Panel
 from rich.table import Table
 
@@ -130,28 +131,15 @@ def render_table(result: BenchResult, console: Console) -> None:
             )
         )
     for w in result.workloads:
-        table = Table(
-            title=escape(f"workload: {w.name}  (baseline: {result.baseline})"),
-            caption=_noise_caption(w, result.reps),
-            title_justify="left",
-            caption_justify="left",
-        )
-        table.add_column("config", no_wrap=True)
-        table.add_column("decode tok/s median [IQR]", justify="right")
+        title = escape(f"workload: {w.name}  (baseline: {result.baseline})")
         timed_prefill = any(cr.end_to_end is not None for cr in w.configs)
+        headers = ["decode tok/s median [IQR]"]
         if timed_prefill:
-            table.add_column(f"end-to-end ratio [{_conf(result)}% CI]", justify="right")
-            table.add_column("per prompt", justify="right")
-            table.add_column("decode-only ratio", justify="right")
-            table.add_column("first token", justify="right")
+            headers += [f"end-to-end ratio [{_conf(result)}% CI]", "per prompt", "decode-only ratio", "first token"]
         else:
-            table.add_column(f"ratio vs baseline [{_conf(result)}% CI]", justify="right")
-            table.add_column("per prompt min-max", justify="right")
-        table.add_column("verdict")
-        table.add_column("accept", justify="right")
-        table.add_column("tok/verify", justify="right")
-        table.add_column("parks", justify="right")
-        table.add_column("identical", justify="center")
+            headers += [f"ratio vs baseline [{_conf(result)}% CI]", "per prompt min-max"]
+        headers += ["verdict", "accept", "tok/verify", "parks", "identical"]
+        rows = []
         for cr in w.configs:
             verdict, vstyle = _verdict_text(cr)
             ident, istyle = _identical_text(cr)
@@ -164,8 +152,7 @@ def render_table(result: BenchResult, console: Console) -> None:
                           "-" if cr.first_token is None else f"{cr.first_token.ratio.estimate:.3f}"]
             else:
                 ratios = [ratio, _prompt_range(cr.per_prompt)]
-            table.add_row(
-                escape(cr.config.name),
+            rows.append((escape(cr.config.name), [
                 f"{cr.spread.median:.2f} [{cr.spread.iqr:.2f}]",
                 *ratios,
                 f"[{vstyle}]{verdict}[/]" if vstyle else verdict,
@@ -173,7 +160,31 @@ def render_table(result: BenchResult, console: Console) -> None:
                 _opt(tokens_per_verify(cr), ".2f"),
                 _opt(parks(cr), "d"),
                 f"[{istyle}]{ident}[/]",
-            )
+            ]))
+        table = Table(
+            title=title,
+            caption=_noise_caption(w, result.reps),
+            title_justify="left",
+            caption_justify="left",
+        )
+        table.add_column("config", no_wrap=True)
+        for h in headers:
+            table.add_column(h, justify="center" if h == "identical" else "left" if h == "verdict" else "right")
+        for name, cells in rows:
+            table.add_row(name, *cells)
+        # the width the rows need unwrapped (headers may wrap; the config name does not)
+        need = 1 + 3 * (len(headers) + 1) + max(Text.from_markup(n).cell_len for n, _ in rows) + sum(
+            max(Text.from_markup(cells[i]).cell_len for _, cells in rows) for i in range(len(headers)))
+        if need > console.width:
+            # a terminal too narrow for the table (ten columns, and a drafter's path in a config
+            # name can fill 80 alone; rich then printed the other columns empty): one block per
+            # configuration, its figures labelled
+            console.print(f"[bold]{title}[/]")
+            for name, cells in rows:
+                console.print(f"  [bold]{name}[/]")
+                console.print("    " + "; ".join(f"{h} {v}" for h, v in zip(headers, cells)))
+            console.print(_noise_caption(w, result.reps))
+            continue
         console.print(table)
     render_engines(result, console)
     if result.mismatches:
