@@ -45,6 +45,10 @@ FAKE = textwrap.dedent('''\
     if sigill and "sigill-request" not in model_name:
         import os, signal
         os.kill(os.getpid(), signal.SIGILL)
+    # *segv*: SIGSEGV while starting, as the same buffers die on other hosts of that kind
+    if "segv" in model_name and "--no-repack" not in argv:
+        import os, signal
+        os.kill(os.getpid(), signal.SIGSEGV)
 
     class H(BaseHTTPRequestHandler):
         def _send(self, obj):
@@ -190,6 +194,27 @@ def test_a_server_killed_by_sigill_while_starting_is_started_again_without_repac
     starts = [e["argv"] for e in _log(log) if "argv" in e]
     assert [a.count("--no-repack") for a in starts] == [0, 1, 0, 1]
     assert set(peer.fallback) == {c.name for c in cfgs}  # the record outlives the servers (bench prints it after)
+
+
+def test_a_server_killed_by_sigsegv_while_starting_is_started_again_without_repacking(fake_bin, tmp_path):
+    d, log = fake_bin
+    cfgs = llama_server.peer_configs([])
+    with llama_server.Peer(cfgs, tmp_path / "segv.gguf", exe=d / "llama-server", threads=2, ctx=512) as peer:
+        assert peer.run(cfgs[0], [3, 4, 5], 6, ignore_eos=True)["tokens"]
+        assert all("killed by SIGSEGV while starting" in w for w in peer.fallback.values()) and peer.fallback
+    starts = [e["argv"] for e in _log(log) if "argv" in e]
+    assert [a.count("--no-repack") for a in starts] == [0, 1]
+
+
+def test_a_server_that_exits_with_an_error_status_is_not_started_again(fake_bin, tmp_path):
+    d, log = fake_bin
+    cfgs = llama_server.peer_configs(["ngram-cache"])  # the fake exits with status 3 in this mode
+    with pytest.raises(TsspecError, match="exited with 3 while starting"):
+        with llama_server.Peer(cfgs, tmp_path / "m.gguf", exe=d / "llama-server", threads=2, ctx=512) as peer:
+            for c in cfgs:
+                peer.run(c, [3, 4, 5], 6, ignore_eos=True)
+    starts = [e["argv"] for e in _log(log) if "argv" in e]
+    assert all(a.count("--no-repack") == 0 for a in starts)
 
 
 def test_a_server_killed_by_sigill_at_a_request_is_one_error_line(fake_bin, tmp_path):

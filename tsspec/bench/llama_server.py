@@ -158,15 +158,17 @@ class LlamaServer:
 
     def __enter__(self) -> "LlamaServer":
         """Start it and wait until it answers. On a virtual machine that advertises AMX without
-        granting it, llama.cpp's repacked CPU buffers die with SIGILL (b11434: in the warm-up while
-        starting); its plain buffers run, so a server killed by SIGILL is started once more with
-        NO_REPACK and ``fallback`` says so."""
+        granting it, llama.cpp's repacked CPU buffers die while starting (b11434, in the warm-up:
+        SIGILL on some hosts of this kind, SIGSEGV on others); its plain buffers run, so a server
+        killed by one of those signals while starting is started once more with NO_REPACK and
+        ``fallback`` says so."""
         try:
             self._launch()
         except TsspecError:
-            if not self.killed_by_sigill() or NO_REPACK in self.argv:
+            sig = self.killed_by_fault()
+            if sig is None or NO_REPACK in self.argv:
                 raise
-            self.fallback = f"llama-server was killed by SIGILL while starting; started again with {NO_REPACK}"
+            self.fallback = f"llama-server was killed by {sig} while starting; started again with {NO_REPACK}"
             self.argv = [*self.argv, NO_REPACK]
             self._launch()
         return self
@@ -181,8 +183,12 @@ class LlamaServer:
             self.stop()
             raise
 
-    def killed_by_sigill(self) -> bool:
-        return self.proc is not None and self.proc.poll() == -signal.SIGILL
+    def killed_by_fault(self) -> str | None:
+        """The signal's name when the server died of an illegal instruction, a segmentation fault or
+        a bus error (what the repacked buffers' AMX path does where AMX is not granted), else None."""
+        rc = self.proc.poll() if self.proc is not None else None
+        faults = {-signal.SIGILL: "SIGILL", -signal.SIGSEGV: "SIGSEGV", -signal.SIGBUS: "SIGBUS"}
+        return faults.get(rc)
 
     def __exit__(self, *exc) -> None:
         self.stop()
