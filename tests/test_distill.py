@@ -83,6 +83,7 @@ def test_the_file_loads_and_matches_the_trained_module(world, trained):
     assert dr.speculator_name == "draft-head" and isinstance(dr.draft_head, EagleHead)
     assert "held-out first-token acceptance" in dr.notes[0]
     head = dr.draft_head
+    assert head.native is None  # f32 weights: no native step, the torch head_step runs
     # the loaded head's step is the trained math on the written weights
     ck = torch.load(str(result.out) + ".ckpt", weights_only=False)
     m = HeadModule(64, 128, float(target.cfg.rms_eps), target.out_norm, 0)

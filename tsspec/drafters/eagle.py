@@ -140,12 +140,10 @@ class EagleHead:
         self.eps = float(target.cfg.rms_eps)
         # the same step as one native call where every matrix is on the gguf backend; None: the
         # torch reference (head_step), which the tests compare it with
-        self.native = None
         from .. import kernels
 
-        mats = [self.w[n] for n in MATRICES] + [lm_head]
-        if kernels.FusedEagle.usable(*mats):
-            self.native = kernels.FusedEagle(*mats, norms={n: self.w[n] for n in NORMS}, eps=self.eps)
+        self.native = kernels.FusedEagle.build(*(self.w[n] for n in MATRICES), lm_head,
+                                               norms={n: self.w[n] for n in NORMS}, eps=self.eps)
 
     def pick(self, logits: torch.Tensor) -> tuple[int, float]:
         """Draft-vocabulary logits [V] -> (the trunk id of the head's top draft, its probability)."""

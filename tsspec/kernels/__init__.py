@@ -398,32 +398,32 @@ class FusedOutput:
 
 
 class FusedEagle:
-    """A trained per-token draft head's step (``tsspec.drafters.eagle.head_step``) and its draft
-    vocabulary's logits as one native call (``tsq_eagle_step``)."""
+    """A trained per-token draft head's step (``tsspec.drafters.eagle.head_step``, silu MLP) and its
+    draft vocabulary's logits as one native call (``tsq_eagle_step``). ``build`` makes one."""
 
-    def __init__(self, fc, gate, up, down, head, norms: dict[str, torch.Tensor], eps: float, act: int = 0):
-        """``fc``/``gate``/``up``/``down``/``head``: ``Linear``s on the gguf backend (``usable``
-        says whether they are); ``norms``: enorm, hnorm, ffn_norm, out_norm ([d] float32)."""
+    def __init__(self, c: CEagle, d: int, vocab: int, keep: list):
+        self.c, self.d, self.vocab = c, d, vocab
+        self._keep = keep  # the weights and norms whose addresses ``c`` holds
+
+    @classmethod
+    def build(cls, fc, gate, up, down, head, norms: dict[str, torch.Tensor], eps: float) -> "FusedEagle | None":
+        """The native step over these ``Linear``s (gate and up run as one product, without a copy)
+        and the norms enorm, hnorm, ffn_norm, out_norm ([d]); None where a matrix is off the gguf
+        backend or the SIMD kernels are missing (the torch step then runs)."""
+        if not simd():
+            return None
         lins = (c_linear(fc), c_linear(gate, up), c_linear(down), c_linear(head))
         if any(x is None for x in lins):
-            raise ValueError("draft head: a matrix is off the native (gguf) backend")
+            return None
         c = CEagle()
         c.fc, c.gate_up, c.down, c.head = lins
-        norms = {n: t.float().contiguous() for n, t in norms.items()}
-        for n in ("enorm", "hnorm", "ffn_norm", "out_norm"):
-            setattr(c, n, norms[n].data_ptr())
+        norms = {n: norms[n].float().contiguous() for n in ("enorm", "hnorm", "ffn_norm", "out_norm")}
+        for n, t in norms.items():
+            setattr(c, n, t.data_ptr())
         c.ffn = gate.out_features
         c.eps = eps
-        c.act = act
-        self.c = c
-        self.d = fc.out_features
-        self.vocab = head.out_features
-        self._keep = [fc, gate, up, down, head, norms]
-
-    @staticmethod
-    def usable(*lins) -> bool:
-        """Whether these ``Linear``s can run natively (each on the gguf backend, with SIMD)."""
-        return simd() and all(c_linear(x) is not None for x in lins)
+        c.act = 0  # head_step's silu
+        return cls(c, fc.out_features, head.out_features, [fc, gate, up, down, head, norms])
 
     def __call__(self, e: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [m, vocab], h' [m, d]) for embedding rows ``e`` and hidden rows ``h`` [m, d]."""
