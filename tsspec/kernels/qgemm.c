@@ -1042,6 +1042,12 @@ static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup 
 #undef Q6K
 }
 
+/* 32 bytes of row a in the low half of a 512-bit register, the same bytes of row b in the high half */
+static inline __attribute__((always_inline)) __m512i side_by_side(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
 /* A lone input row against pairs of weight rows: rows n and n + 1 go side by side in the two halves
  * of each 512-bit register (their records, tsq_repack, loaded into the halves), the input row
  * duplicated into both (dup_row, xd). Each lane does what dot_simd_q_t's 256-bit product does
@@ -1075,14 +1081,9 @@ dot_pairw_t(const int type, const uint8_t *w, long k, const xgroup *x, const xpa
             }
             __m512i Z[4];
             if (type == T_Q8_0) {
-                for (int j = 0; j < 4; j++)
-                    Z[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0 + 32 * j))),
-                                              _mm256_loadu_si256((const __m256i *)(rc + c0 + 32 * j)), 1);
+                for (int j = 0; j < 4; j++) Z[j] = side_by_side(ra + c0 + 32 * j, rc + c0 + 32 * j);
             } else {
-                nibbles512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0))),
-                                              _mm256_loadu_si256((const __m256i *)(rc + c0)), 1),
-                           _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ra + c0 + 32))),
-                                              _mm256_loadu_si256((const __m256i *)(rc + c0 + 32)), 1), Z);
+                nibbles512(side_by_side(ra + c0, rc + c0), side_by_side(ra + c0 + 32, rc + c0 + 32), Z);
             }
             step512(sh, mn, Z, az, mwz, xd + g, &acc, &accm);
         }
