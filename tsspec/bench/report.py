@@ -161,17 +161,6 @@ def render_table(result: BenchResult, console: Console) -> None:
                 _opt(parks(cr), "d"),
                 f"[{istyle}]{ident}[/]",
             ]))
-        table = Table(
-            title=title,
-            caption=_noise_caption(w, result.reps),
-            title_justify="left",
-            caption_justify="left",
-        )
-        table.add_column("config", no_wrap=True)
-        for h in headers:
-            table.add_column(h, justify="center" if h == "identical" else "left" if h == "verdict" else "right")
-        for name, cells in rows:
-            table.add_row(name, *cells)
         # the width the rows need unwrapped (headers may wrap; the config name does not)
         need = 1 + 3 * (len(headers) + 1) + max(Text.from_markup(n).cell_len for n, _ in rows) + sum(
             max(Text.from_markup(cells[i]).cell_len for _, cells in rows) for i in range(len(headers)))
@@ -185,6 +174,13 @@ def render_table(result: BenchResult, console: Console) -> None:
                 console.print("    " + "; ".join(f"{h} {v}" for h, v in zip(headers, cells)))
             console.print(_noise_caption(w, result.reps))
             continue
+        table = Table(title=title, caption=_noise_caption(w, result.reps), title_justify="left",
+                      caption_justify="left")
+        table.add_column("config", no_wrap=True)
+        for h in headers:
+            table.add_column(h, justify="center" if h == "identical" else "left" if h == "verdict" else "right")
+        for name, cells in rows:
+            table.add_row(name, *cells)
         console.print(table)
     render_engines(result, console)
     if result.mismatches:
