@@ -71,7 +71,7 @@ def build(src: bytes) -> ctypes.CDLL:
 class Stepper:
     """One model's fused forward of r rows (and its head) through a given build."""
 
-    def __init__(self, model: str, rows: int, head: bool, threads: int):
+    def __init__(self, model: str, rows: int, head: bool, threads: int, steps: int = 16):
         import torch
 
         from tsspec.hub import resolve_model
@@ -85,7 +85,7 @@ class Stepper:
         self.cache = t.make_cache()
         self.context = 64
         t.forward(list(range(100, 100 + self.context)), self.cache)
-        self.cache.reserve(self.context + 16 * rows)
+        self.cache.reserve(self.context + steps * rows)  # each round's steps go to new positions
         cos = [t._rope[b][0] for b in t._rope_bases]
         sin = [t._rope[b][1] for b in t._rope_bases]
         self._keep = (cos, sin)
@@ -133,7 +133,7 @@ def compare(model: str, rows: int, libs: list, rounds: int, steps: int, head: bo
             allow_different: bool) -> dict:
     import torch
 
-    st = Stepper(model, rows, head, threads)
+    st = Stepper(model, rows, head, threads, steps)
     outs = [st.step(lib, st.context) for lib in libs]
     same = torch.equal(outs[0], outs[1])
     if not same and not allow_different:
