@@ -6,8 +6,10 @@
  * needs no shuffles; it changes no value.) For the quantized types the input rows are quantized
  * per 32-element block to int8 with a float scale (as llama.cpp quantizes activations for its
  * legacy types) and laid out in groups of 128 (xgroup); each 16-element half-block contributes
- * dx * a * sum(qw * qx) (+ m * dx * sum(qx) for Q4_1/Q4_K) with the integer sum exact, and the float
- * terms are accumulated in eight lanes in a fixed order. Float types multiply the float32 input.
+ * dx * a * sum(qw * qx) with the integer sum exact, and each 32-element block of Q4_1/Q4_K
+ * m * dx * sum(qx), the float terms accumulated in eight lanes in a fixed order (Q4_K's offsets
+ * once per super-block, ahead of its products, in the same lanes). Float types multiply the
+ * float32 input.
  *
  * Batch invariance: y[m, n] is computed by one fixed sequence of operations on row m of x and
  * row n of W, whatever the number of rows M, the tile a row lands in, or the thread that owns n.
@@ -51,7 +53,11 @@ typedef struct {
     int8_t q[QG];
     float d[8];   /* lane L: its block's scale */
     int32_t s[8]; /* lane L: the sum of its 16 codes (for the weight offsets) */
-    float fs[8];  /* d * s (for Q4_1/Q4_K's float offsets) */
+    /* for Q4_1/Q4_K's float offsets, per block: fs[b] = d * (sum of block b's 32 codes) for this
+     * group's blocks b = 0..3; fs[4 + b] the next group's fs[b] in an even group (0 past the row's
+     * end), 0 in an odd one. So a Q4_K super-block (an even group and the next) has its eight
+     * sub-blocks' sums in one vector, and takes its offsets in one step instead of two. */
+    float fs[8];
 } xgroup;
 
 /* Two input rows' group g side by side, for the 512-bit products: word j (bytes 64j..64j+63) is
@@ -157,6 +163,7 @@ static void quantize_row(const float *x, long k, xgroup *out) {
             _mm_storel_epi64((__m128i *)(words + 4 * h), _mm256_cvtepi32_epi8(q0));
             _mm_storel_epi64((__m128i *)(words + 4 * h + 2), _mm256_cvtepi32_epi8(q1));
         }
+        int bsum = 0;
         for (int h = 0; h < 2; h++) {
             const int L = 4 * h + b;
             for (int j = 0; j < 4; j++) memcpy(g->q + 32 * j + 4 * L, words + 4 * h + j, 4);
@@ -166,9 +173,11 @@ static void quantize_row(const float *x, long k, xgroup *out) {
             const int sum = _mm_cvtsi128_si32(s4);
             g->d[L] = d;
             g->s[L] = sum;
-            g->fs[L] = d * (float)sum;
+            bsum += sum;
         }
+        g->fs[b] = d * (float)bsum;
 #else
+        int bsum = 0;
         for (int h = 0; h < 2; h++) {
             const int L = 4 * h + b;
             int sum = 0;
@@ -180,10 +189,15 @@ static void quantize_row(const float *x, long k, xgroup *out) {
             }
             g->d[L] = d;
             g->s[L] = sum;
-            g->fs[L] = d * (float)sum;
+            bsum += sum;
         }
+        g->fs[b] = d * (float)bsum;
 #endif
     }
+    /* lanes 4..7 of fs: the next group's block sums in an even group, zero in an odd one */
+    const long ng = n_groups(k);
+    for (long gi = 0; gi < ng; gi++)
+        for (int b = 0; b < 4; b++) out[gi].fs[4 + b] = (gi % 2 == 0 && gi + 1 < ng) ? out[gi + 1].fs[b] : 0.f;
 }
 
 /* bytes of one quantized input row of k elements */
@@ -314,11 +328,12 @@ static void dequant_row(int type, const uint8_t *w, long k, float *y) {
  * c - 8 is read as c with offset 8, Q5_0's as offset 16, Q8_0's as c + 128 with offset 128, Q6_K's
  * as offset 32. The offset comes back exactly, in integers, through the input's half-block sums:
  * sum((c - o) q) = sum(c q) - o sum(q), o a power of two. Per lane L (= 4h + b, as in xgroup) a
- * group has a float scale a[L] (Q4_K: d * sc, Q6_K: d * sc of that 16-element half) and, for
- * Q4_1 and Q4_K, a float offset m[L] that multiplies the input's d * s. */
+ * group has a float scale a[L] (Q4_K: d * sc, Q6_K: d * sc of that 16-element half). Q4_1 and
+ * Q4_K have float offsets per block that multiply the input's d * (its block's code sum),
+ * xgroup.fs: Q4_1's four in lanes 0-3 of m (per group), Q4_K's super-block's eight in m[0..7]. */
 typedef struct {
     uint8_t c[QG]; /* unsigned codes in element order; zero for blocks past the row's end */
-    float a[8], m[8];
+    float a[8], m[8]; /* m: Q4_1 block b's offset in lane b (4..7 zero); Q4_K the super-block's eight */
 } wgroup;
 
 static inline int offset_shift(int type) {
@@ -529,7 +544,7 @@ static void get_wgroup(int type, const uint8_t *w, long g, long nblocks, int pac
         for (int i = 0; type == T_Q8_0 && i < QG; i++) o->c[i] ^= 0x80;
         for (int b = 0; b < 4; b++) {
             o->a[b] = o->a[b + 4] = f16_to_f32(rd16(rec + 2 * b));
-            if (type == T_Q4_1) o->m[b] = o->m[b + 4] = f16_to_f32(rd16(rec + 8 + 2 * b));
+            if (type == T_Q4_1) o->m[b] = f16_to_f32(rd16(rec + 8 + 2 * b));
         }
         return;
     }
@@ -553,7 +568,11 @@ static void get_wgroup(int type, const uint8_t *w, long g, long nblocks, int pac
             int sc, mn;
             scale_min_k4(4 * (int)(g % 2) + b, p + 4, &sc, &mn);
             o->a[b] = o->a[b + 4] = d * (float)sc;
-            o->m[b] = o->m[b + 4] = -(dmin * (float)mn);
+        }
+        for (int j = 0; j < 8; j++) { /* the super-block's eight offsets (its even group takes them) */
+            int sc, mn;
+            scale_min_k4(j, p + 4, &sc, &mn);
+            o->m[j] = -(dmin * (float)mn);
         }
         return;
     }
@@ -570,7 +589,7 @@ static void get_wgroup(int type, const uint8_t *w, long g, long nblocks, int pac
     for (int b = 0; b < 4 && 4 * g + b < nblocks; b++) {
         const uint8_t *p = w + (4 * g + b) * BLOCK_BYTES[type];
         o->a[b] = o->a[b + 4] = f16_to_f32(rd16(p));
-        if (type == T_Q4_1) o->m[b] = o->m[b + 4] = f16_to_f32(rd16(p + 2));
+        if (type == T_Q4_1) o->m[b] = f16_to_f32(rd16(p + 2));
     }
 }
 
@@ -585,20 +604,23 @@ static inline float sum8(const float *v) {
 /* The SIMD product's arithmetic, one lane at a time (the same float steps, so the same result) */
 static float dot_ref_q(int type, const uint8_t *w, long k, int packed, const xgroup *x) {
     float acc[8] = {0}, accm[8] = {0};
-    const int sh = offset_shift(type), mn = has_min(type);
+    const int sh = offset_shift(type);
     wgroup wg;
     for (long g = 0; g < n_groups(k); g++) {
         get_wgroup(type, w, g, k / QB, packed, &wg);
+        if (type == T_Q4_K && g % 2 == 0) /* a super-block's offsets, into acc ahead of its products */
+            for (int L = 0; L < 8; L++) acc[L] = fmaf(wg.m[L], x[g].fs[L], acc[L]);
         for (int L = 0; L < 8; L++) {
             const int b = L % 4, h = L / 4;
             int isum = 0;
             for (int e = 0; e < 16; e++) isum += wg.c[32 * b + 16 * h + e] * x[g].q[(e / 4) * 32 + 4 * L + e % 4];
             if (sh) isum -= x[g].s[L] * (1 << sh);
             acc[L] = fmaf((float)isum, wg.a[L] * x[g].d[L], acc[L]);
-            if (mn) accm[L] = fmaf(wg.m[L], x[g].fs[L], accm[L]);
         }
+        if (type == T_Q4_1) /* offsets per group, apart (lanes 4..7 of m are zero) */
+            for (int L = 0; L < 8; L++) accm[L] = fmaf(wg.m[L], x[g].fs[L], accm[L]);
     }
-    if (mn)
+    if (type == T_Q4_1)
         for (int L = 0; L < 8; L++) acc[L] += accm[L];
     return sum8(acc);
 }
@@ -697,8 +719,8 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
         _mm_prefetch((const char *)rec + PF_AHEAD, _MM_HINT_T0);
         /* lanes 0-3 and 4-7 both take blocks 0..3: the record's 8 bytes of scales, loaded twice */
         *a = _mm256_cvtph_ps(_mm_castpd_si128(_mm_loaddup_pd((const double *)rec)));
-        *mw = type == T_Q4_1 ? _mm256_cvtph_ps(_mm_castpd_si128(_mm_loaddup_pd((const double *)(rec + 8))))
-                             : _mm256_setzero_ps();
+        /* Q4_1's offsets in lanes 0-3 only (xgroup.fs: lanes 4-7 belong to the next group) */
+        *mw = type == T_Q4_1 ? _mm256_cvtph_ps(_mm_loadl_epi64((const __m128i *)(rec + 8))) : _mm256_setzero_ps();
         const uint8_t *c = rec + gm_codes_at(type);
         if (type == T_Q8_0) {
             for (int j = 0; j < 4; j++) W[j] = _mm256_loadu_si256((const __m256i *)(c + 32 * j));
@@ -749,7 +771,7 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
 #undef LEGACY_BLOCK
         /* lanes 0-3 and 4-7 both take blocks 0..3 */
         *a = _mm256_cvtph_ps(_mm_set1_epi64x((long long)hs));
-        *mw = type == T_Q4_1 ? _mm256_cvtph_ps(_mm_set1_epi64x((long long)ho)) : _mm256_setzero_ps();
+        *mw = type == T_Q4_1 ? _mm256_cvtph_ps(_mm_cvtsi64_si128((long long)ho)) : _mm256_setzero_ps();
     }
     if (packed && (type == T_Q6_K || 4 * g + 4 <= nblocks)) { /* stored transposed */
         W[0] = B[0]; W[1] = B[1]; W[2] = B[2]; W[3] = B[3];
@@ -802,8 +824,10 @@ static inline __attribute__((always_inline)) void dup_group(const __m256i W[4], 
 
 /* The one step every product takes per weight group and input row: four vpdpbusd give each lane
  * the exact integer sum over its half-block, the weight offset comes off as an exact integer
- * (sh: offset_shift), then one float step (the scale product, one fma) and, for types with
- * minimums, one more fma. step256 is one row in 256 bits (its code sums shifted here); step512 two
+ * (sh: offset_shift), then one float step (the scale product, one fma) and, for Q4_1 (mn), one
+ * more fma into a second set of accumulators for its offsets. (Q4_K's offsets take one fma per
+ * super-block in dot_simd_q_t instead: with one per group, paired in 512 bits with 16-row tiles,
+ * its products ran 1.1x slower.) step256 is one row in 256 bits (its code sums shifted here); step512 two
  * rows side by side (an xpair, sums shifted ahead by pair_rows / dup_row), each lane doing exactly
  * step256's operations: whichever a row goes through, it gets the same bits. */
 static inline __attribute__((always_inline)) void step256(const int sh, const int mn, const __m256i W[4], __m256 a,
@@ -853,11 +877,12 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
         acc1 = _mm256_loadu_ps(state + 16 * ro);
         accm1 = _mm256_loadu_ps(state + 16 * ro + 8);
     }
-    const int sh = offset_shift(type), mn = has_min(type);
+    /* mg: offsets taken per group (Q4_1); Q4_K takes its super-block's at once, below */
+    const int sh = offset_shift(type), mg = type == T_Q4_1;
     /* W, a, mw: a weight group for one row (256 bits); Z, az, mwz: the same in both halves of 512 */
 #define ROWS(W, a, mw, Z, az, mwz, g)                                                                 \
-    for (int p = 0; p < np; p++) step512(sh, mn, Z, az, mwz, xp + p * xstride + (g), &accz[p], &accmz[p]); \
-    if (odd) step256(sh, mn, W, a, mw, x + ro * xstride + (g), &acc1, &accm1);
+    for (int p = 0; p < np; p++) step512(sh, mg, Z, az, mwz, xp + p * xstride + (g), &accz[p], &accmz[p]); \
+    if (odd) step256(sh, mg, W, a, mw, x + ro * xstride + (g), &acc1, &accm1);
     if (type == T_Q4_K) { /* a super-block (two groups) at a time: its scales unpacked once */
         const __m256i m4 = _mm256_set1_epi8(0x0F);
         for (long sb = g0 / 2; sb < g1 / 2; sb++) {
@@ -870,22 +895,29 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
             const __m128i sc1 = _mm_or_si128(_mm_and_si128(C, _mm_set1_epi32(15)), _mm_slli_epi32(_mm_srli_epi32(A, 6), 4));
             const __m128i mn1 = _mm_or_si128(_mm_srli_epi32(C, 4), _mm_slli_epi32(_mm_srli_epi32(B, 6), 4));
             const float d1 = _cvtsh_ss(rd16(p)), dm1 = -_cvtsh_ss(rd16(p + 2));
+            { /* the eight sub-blocks' offsets against the input's eight block sums (the even group's
+               * fs), into the same accumulators, ahead of the super-block's products: one step per
+               * super-block and no second set of accumulators */
+                const __m256 mw8 = _mm256_mul_ps(_mm256_set1_ps(dm1),
+                    _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(mn0), mn1, 1)));
+                const __m512 mwz8 = dup_ps(mw8);
+                for (int q = 0; q < np; q++)
+                    accz[q] = _mm512_fmadd_ps(mwz8, _mm512_loadu_ps(xp[q * xstride + 2 * sb].fs), accz[q]);
+                if (odd) acc1 = _mm256_fmadd_ps(mw8, _mm256_loadu_ps(x[ro * xstride + 2 * sb].fs), acc1);
+            }
             for (int gi = 0; gi < 2; gi++) {
-                const __m128i sc = gi ? sc1 : sc0, mnv = gi ? mn1 : mn0;
+                const __m128i sc = gi ? sc1 : sc0;
                 const uint8_t *q = p + 16 + 64 * gi;
                 __m256i W[4];
-                __m256 a, mw;
+                __m256 a, mw = _mm256_setzero_ps();
                 __m512i Z[4];
-                __m512 az, mwz;
+                __m512 az, mwz = _mm512_setzero_ps();
                 if (np && packed) { /* unpacked in 512 bits from broadcast loads: no shuffles */
                     az = _mm512_mul_ps(_mm512_set1_ps(d1), _mm512_cvtepi32_ps(_mm512_broadcast_i32x4(sc)));
-                    mwz = _mm512_mul_ps(_mm512_set1_ps(dm1), _mm512_cvtepi32_ps(_mm512_broadcast_i32x4(mnv)));
                     nibbles2(q, Z, W);
                     a = lo_ps(az);
-                    mw = lo_ps(mwz);
                 } else {
                     a = _mm256_mul_ps(_mm256_set1_ps(d1), _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(sc)));
-                    mw = _mm256_mul_ps(_mm256_set1_ps(dm1), _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(mnv)));
                     const __m256i q0 = _mm256_loadu_si256((const __m256i *)q), q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
                     W[0] = _mm256_and_si256(q0, m4);
                     W[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
@@ -911,7 +943,8 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
                 memcpy(&sc8, rec, 8);
                 memcpy(&mn8, rec + 8, 8);
                 az = _mm512_cvtph_ps(_mm256_set1_epi64x((long long)sc8));
-                mwz = type == T_Q4_1 ? _mm512_cvtph_ps(_mm256_set1_epi64x((long long)mn8)) : _mm512_setzero_ps();
+                mwz = type == T_Q4_1 ? _mm512_cvtph_ps(_mm256_setr_epi64x((long long)mn8, 0, (long long)mn8, 0))
+                                     : _mm512_setzero_ps();
                 const uint8_t *c = rec + gm_codes_at(type);
                 if (type == T_Q8_0) {
                     for (int j = 0; j < 4; j++) {
@@ -968,11 +1001,11 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
         continue;
     }
     for (int p = 0; p < np; p++) {
-        const __m512 s = mn ? _mm512_add_ps(accz[p], accmz[p]) : accz[p];
+        const __m512 s = mg ? _mm512_add_ps(accz[p], accmz[p]) : accz[p];
         y[2 * p * ldy] = hsum8(lo_ps(s));
         y[(2 * p + 1) * ldy] = hsum8(hi_ps(s));
     }
-    if (odd) y[ro * ldy] = hsum8(mn ? _mm256_add_ps(acc1, accm1) : acc1);
+    if (odd) y[ro * ldy] = hsum8(mg ? _mm256_add_ps(acc1, accm1) : acc1);
     }
 }
 
@@ -1075,7 +1108,7 @@ dot_pairw_t(const int type, const uint8_t *w, long k, const xgroup *x, const xpa
             if (mn) { /* the offsets too: all sixteen converted at once, then each set put in place */
                 const __m512 f = _mm512_cvtph_ps(hd);
                 az = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 8, 9, 10, 11, 8, 9, 10, 11), f);
-                mwz = _mm512_permutexvar_ps(_mm512_setr_epi32(4, 5, 6, 7, 4, 5, 6, 7, 12, 13, 14, 15, 12, 13, 14, 15), f);
+                mwz = _mm512_maskz_permutexvar_ps(0x0F0F, _mm512_setr_epi32(4, 5, 6, 7, 0, 0, 0, 0, 12, 13, 14, 15, 0, 0, 0, 0), f);
             } else {
                 az = _mm512_cvtph_ps(_mm256_permute4x64_epi64(hd, 0xA0));
             }
