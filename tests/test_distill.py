@@ -9,7 +9,7 @@ import torch
 from tests.tiny import write_tiny_model
 from tsspec.distill import corpus as C
 from tsspec.distill.head import HeadModule, export_gguf
-from tsspec.distill.train import DistillConfig, distill, lr_at
+from tsspec.distill.train import DistillConfig, distill, lr_at, resolve_precision
 from tsspec.drafters import load_drafter
 from tsspec.drafters.eagle import EagleHead, head_step, trunk_identity
 from tsspec.gguf_file import GGUFFile
@@ -42,7 +42,7 @@ def world(tmp_path_factory):
 def _cfg(world, out, **kw):
     base = dict(model=str(world["trunk"]), out=str(out), corpus=(str(world["corpus"]),), tokens=4096,
                 heldout_tokens=512, steps=60, batch=32, chunk=64, draft_vocab=128, eval_every=20, lr=3e-3,
-                weights="f32")
+                weights="f32", precision="f32")
     base.update(kw)
     return DistillConfig(**base)
 
@@ -277,11 +277,37 @@ def test_same_seed_same_head(world, tmp_path):
     (dict(unroll=64), "--unroll 64 must be smaller than --chunk 64"),
     (dict(lr=0.0), "--lr must be in"),
     (dict(weights="q4"), "--weights 'q4'"),
+    (dict(precision="fp16"), "--precision 'fp16'"),
     (dict(corpus=("/no/such/dir",)), "no such file"),
 ])
 def test_bad_settings_are_one_clear_error(world, tmp_path, kw, msg):
     with pytest.raises(BadInput, match=msg.replace("(", r"\(").replace("'", "'")):
         distill(_cfg(world, tmp_path / "x.gguf", **kw))
+
+
+def test_bf16_training_learns_and_says_so_in_the_file(world, tmp_path):
+    """--precision bf16 runs the training forward under bfloat16 autocast (parameters, optimiser
+    and held-out checks stay f32): it still learns, the file loads, and it records the precision."""
+    events = []
+    r = distill(_cfg(world, tmp_path / "h.gguf", steps=80, eval_every=40, precision="bf16"),
+                lambda kind, **d: events.append((kind, d)))
+    assert r.precision == "bf16"
+    losses = [d["loss"] for k, d in events if k == "advance" and "loss" in d]
+    assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10])
+    assert r.heldout["first"] > r.curve[0][2]
+    assert GGUFFile(r.out).get("tsspec-eagle.training.precision") == "bf16"
+    head = load_drafter(r.out, load_model(world["trunk"], fmt="f32")).draft_head
+    assert torch.isfinite(head.step_rows([3, 4], torch.randn(2, 64))[1]).all()
+    # another precision is another run: its checkpoint does not resume this one
+    assert not _cfg(world, r.out, precision="bf16").resumable_with(_cfg(world, r.out, precision="f32"))
+
+
+def test_auto_precision_is_bf16_only_where_the_device_has_it():
+    flags = "flags\t\t: fpu vme avx512f avx512_vnni"
+    assert resolve_precision("auto", "cpu", flags) == "f32"
+    assert resolve_precision("auto", "cpu", flags + " avx512_bf16 amx_tile") == "bf16"
+    assert resolve_precision("f32", "cpu", flags + " avx512_bf16") == "f32"
+    assert resolve_precision("bf16", "cpu", flags) == "bf16"
 
 
 # ----------------------------------------------------------------------------- pure pieces

@@ -35,7 +35,7 @@ def world(tmp_path_factory):
 def _cfg(world, out, **kw):
     base = dict(model=str(world["trunk"]), out=str(out), kind="block", corpus=(str(world["corpus"]),), tokens=4096,
                 heldout_tokens=512, steps=60, batch=32, chunk=64, draft_vocab=128, eval_every=20, lr=3e-3,
-                weights="f32", block_size=5, taps=2)
+                weights="f32", precision="f32", block_size=5, taps=2)
     base.update(kw)
     return DistillConfig(**base)
 

@@ -39,7 +39,7 @@ def world(tmp_path_factory):
     corpus = write_corpus(d / "corpus")
     cfg = DistillConfig(model=str(trunk), out=str(d / "block.gguf"), kind="block", corpus=(str(corpus),), tokens=4096,
                         heldout_tokens=512, steps=20, batch=32, chunk=64, draft_vocab=128, eval_every=20, lr=3e-3,
-                        weights="f32", block_size=5, taps=3, layers=2)
+                        weights="f32", precision="f32", block_size=5, taps=3, layers=2)
     # grouped-query attention (4 query heads over 2 KV heads), which the default shape for a
     # 64-wide trunk does not have: the export's head order must survive it
     mp = pytest.MonkeyPatch()

@@ -555,6 +555,8 @@ def distill(
     taps: int = typer.Option(4, "--taps", help="--kind block: trunk layers whose residual it reads (spread over the trunk)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the corpus order, the initial weights and every batch."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    precision: str = typer.Option("auto", "--precision", help="The training forward's products: f32, bf16, or auto "
+                                  "(bf16 where the device has it natively: AVX512_BF16 CPUs, CUDA)."),
     weights: str = typer.Option("q8_0", "--weights", help="Matrix format in the written file: q8_0 or f32."),
     eval_every: int = typer.Option(200, "--eval-every", help="Steps between held-out measurements (and checkpoints)."),
 ):
@@ -572,7 +574,8 @@ def distill(
         path = resolve_model(model, console=err)
         cfg = DistillConfig(model=str(path), out=str(out), kind=kind, corpus=tuple(str(c) for c in corpus or ()),
                             tokens=tokens, answers=answers, steps=steps, batch=batch, lr=lr, unroll=unroll, draft_vocab=draft_vocab,
-                            block_size=block_size, layers=layers, taps=taps, seed=seed, device=device, weights=weights, eval_every=eval_every)
+                            block_size=block_size, layers=layers, taps=taps, seed=seed, device=device, precision=precision, weights=weights,
+                            eval_every=eval_every)
         cfg.check()
         if out.is_dir():
             raise BadInput(f"-o {out}: is a directory; give a file name")
@@ -589,7 +592,8 @@ def distill(
                 err.print(f"[yellow]interrupted[/]: checkpoint saved to {out}.ckpt; run the same command to continue")
                 raise typer.Exit(130) from None
         h = result.heldout
-        err.print(f"wrote {result.out}: {result.steps} steps on {result.train_tokens} tokens in {result.seconds / 60:.1f} min; "
+        err.print(f"wrote {result.out}: {result.steps} steps ({result.precision}) on {result.train_tokens} tokens in "
+                  f"{result.seconds / 60:.1f} min; "
                   f"draft vocabulary {result.draft_vocab} covers {result.coverage:.1%} of the trunk's held-out greedy tokens")
         n = len(h["accept"])
         err.print(f"held-out acceptance (greedy path, {h['anchors']} positions): first token {h['first']:.1%}, "

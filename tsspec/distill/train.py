@@ -24,6 +24,7 @@ from .features import Features, collect, features_key
 from .head import HeadModule, anchors, choose_draft_vocab, coverage, evaluate, export_gguf, loss_fn, make_batch
 
 KINDS = ("head", "block")
+PRECISIONS = ("auto", "f32", "bf16")
 CHARS_PER_TOKEN = 3.0  # a generous guess: text read per wanted token (chunks are then cut to the budget)
 
 
@@ -50,6 +51,7 @@ class DistillConfig:
     taps: int = 4  # --kind block: trunk layers whose entering residual it reads
     seed: int = 0
     device: str = "cpu"
+    precision: str = "auto"  # the training forward's matrix products: f32, bf16 (autocast), auto (bf16 where native)
     weights: str = "q8_0"
     eval_every: int = 200
 
@@ -75,6 +77,8 @@ class DistillConfig:
             raise BadInput(f"--weights {self.weights!r}: choose q8_0 or f32")
         if self.device not in ("cpu", "cuda"):
             raise BadInput(f"--device {self.device!r}: choose cpu or cuda")
+        if self.precision not in PRECISIONS:
+            raise BadInput(f"--precision {self.precision!r}: choose auto, f32 or bf16")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise BadInput("--device cuda: torch sees no CUDA device on this machine")
 
@@ -99,6 +103,7 @@ class DistillResult:
     heldout: dict
     curve: list = field(default_factory=list)  # (step, anchors seen, held-out first-token acceptance, tokens/verify)
     seconds: float = 0.0
+    precision: str = "f32"
 
 
 Events = Callable[..., None]  # events(kind, **data): "phase" (name, total), "advance" (n), "metrics" (...)
@@ -106,6 +111,26 @@ Events = Callable[..., None]  # events(kind, **data): "phase" (name, total), "ad
 
 def _noop(kind: str, **data) -> None:
     pass
+
+
+def native_bf16(device: str, cpu_flags: str | None = None) -> bool:
+    """Whether ``device`` multiplies bfloat16 natively: a CUDA device that supports it, or a CPU
+    with AVX512_BF16 (``cpu_flags``: /proc/cpuinfo's flags line, read when not given)."""
+    if device == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if cpu_flags is None:
+        try:
+            cpu_flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+        except OSError:
+            cpu_flags = ""
+    return "avx512_bf16" in cpu_flags.split()
+
+
+def resolve_precision(precision: str, device: str, cpu_flags: str | None = None) -> str:
+    """``auto`` -> ``bf16`` where the device multiplies it natively, else ``f32``."""
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device, cpu_flags) else "f32"
 
 
 def lr_at(step: int, steps: int, base: float, warmup: int = 100) -> float:
@@ -240,6 +265,7 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
     from .block import choose_taps
 
     cfg.check()
+    precision = resolve_precision(cfg.precision, cfg.device)
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     g = GGUFFile(cfg.model)
@@ -288,12 +314,14 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
         curve.append((0, 0, m["first"], m["tokens_per_verify"]))
         events("metrics", step=0, **m)
     events("phase", name="training", total=cfg.steps, completed=step)
+    bf16 = precision == "bf16"  # the training forward only: parameters, optimiser and held-out checks stay f32
     try:
         while step < cfg.steps:
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg.steps, cfg.lr)
-            loss, parts = task.loss(gen)
+            with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=bf16):
+                loss, parts = task.loss(gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
@@ -315,10 +343,10 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
     task.export(g, trunk, {
         "steps": step, "tokens": train.n_tokens, "seed": cfg.seed,
         "heldout_accept": float(final["first"]), "heldout_tokens_per_verify": float(final["tokens_per_verify"]),
-        "corpus": "user" if cfg.corpus else "default",
+        "corpus": "user" if cfg.corpus else "default", "precision": precision,
     })
     return DistillResult(Path(cfg.out), step, train.n_tokens, held.n_tokens, len(d2t), cov, final, curve,
-                         time.perf_counter() - t_start)
+                         time.perf_counter() - t_start, precision)
 
 
 def _to(f: Features, dev: torch.device) -> Features:
