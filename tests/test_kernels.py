@@ -326,6 +326,33 @@ def test_fused_taps_equal_torch_taps_layout(tiny_q):
     assert torch.equal(out.hidden[:, : m.hidden_size], emb)  # tap 0 is the embedding row
 
 
+def test_taps_copied_by_the_one_native_call_equal_runs_split_at_each_tap(tiny_q):
+    """The fused forward copies the residual entering each tapped layer (and after the last) out of
+    ONE native call; the same rows as running the blocks in stretches between the taps and
+    cloning the residual at each cut (the way taps were taken before), bit for bit, with the same
+    final residual; taps outside [l0, l1] are refused before anything runs."""
+    arch, path = tiny_q
+    m = load_model(path, n_ctx=256)
+    f, L, d = m.fused, m.n_layers, m.hidden_size
+    cos = [m._rope[b][0] for b in m._rope_bases]
+    sin = [m._rope[b][1] for b in m._rope_bases]
+    ids = list(range(3, 12))
+    taps = [0, 1, L]
+    c1, c2 = m.make_cache(), m.make_cache()
+    c1.reserve(len(ids)); c2.reserve(len(ids))
+    h1 = m._token_rows(ids).contiguous()
+    h2 = h1.clone()
+    rows = f.run(h1, 0, L, 0, c1.k, c1.v, cos, sin, taps)
+    split = []
+    for a, b in zip([0, 1], [1, L]):
+        split.append(h2.clone())
+        f.run(h2, a, b, 0, c2.k, c2.v, cos, sin)
+    split.append(h2.clone())
+    assert torch.equal(rows, torch.cat(split, dim=-1)) and torch.equal(h1, h2)
+    with pytest.raises(ValueError, match="outside layers"):
+        f.run(h1.clone(), 0, 1, 0, c1.k, c1.v, cos, sin, [2])
+
+
 # ----------------------------------------------------------------------------- without a compiler
 
 

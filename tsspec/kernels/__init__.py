@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -126,6 +127,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
     lib.tsq_forward_batch.restype = c_int
     lib.tsq_forward_batch.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, vp, vp, vp, vp, vp, c_int]
+    lib.tsq_forward_batch_taps.restype = c_int
+    lib.tsq_forward_batch_taps.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, vp, vp, vp, vp, vp, c_int,
+                                           vp, c_int, vp]
     lib.tsq_output.restype = c_int
     lib.tsq_output.argtypes = [vp, vp, ctypes.c_float, vp, c_long, vp, c_int]
     lib.tsq_eagle_step.restype = c_int
@@ -451,8 +455,12 @@ class FusedBlocks:
         self.output = output  # the final norm and LM head, where the head is native too
 
     def run(self, h: torch.Tensor, l0: int, l1: int, start: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            cos: list[torch.Tensor], sin: list[torch.Tensor]) -> None:
-        """Blocks [l0, l1) on the residual ``h`` [m, d] (float32, contiguous, updated in place)."""
+            cos: list[torch.Tensor], sin: list[torch.Tensor], taps: Sequence[int] = ()) -> torch.Tensor | None:
+        """Blocks [l0, l1) on the residual ``h`` [m, d] (float32, contiguous, updated in place).
+        ``taps`` (layers in [l0, l1]; l1: after the last): the residual entering each, copied out
+        in the same call -> [m, len(taps) * d], tap j of a row in columns j*d..(j+1)*d."""
+        if taps:
+            return self.run_batch(h, l0, l1, [0, h.shape[0]], [start], [k_cache], [v_cache], cos, sin, taps)
         h_lib = lib()
         cos_p = (ctypes.c_void_p * len(cos))(*[t.data_ptr() for t in cos])
         sin_p = (ctypes.c_void_p * len(sin))(*[t.data_ptr() for t in sin])
@@ -463,13 +471,15 @@ class FusedBlocks:
 
     def run_batch(self, h: torch.Tensor, l0: int, l1: int, row0: list[int], starts: list[int],
                   k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos: list[torch.Tensor],
-                  sin: list[torch.Tensor]) -> None:
+                  sin: list[torch.Tensor], taps: Sequence[int] = ()) -> torch.Tensor | None:
         """Blocks [l0, l1) on the rows of several sequences, ``h`` [m, d] updated in place: rows
         ``row0[s]:row0[s + 1]`` are sequence s's, at positions ``starts[s]..`` of its own cache
         (``k_caches[s]``/``v_caches[s]`` [layers, n_kv, capacity, head_dim], float32, contiguous).
         The products run once over all rows; each row attends over its own sequence only, and gets
-        the bits a lone ``run`` gives it."""
+        the bits a lone ``run`` gives it. ``taps``: as ``run``'s."""
         ns = len(starts)
+        if any(not l0 <= t <= l1 for t in taps):
+            raise ValueError(f"run_batch: taps {list(taps)} outside layers [{l0}, {l1}]")
         if not (len(row0) == ns + 1 and len(k_caches) == len(v_caches) == ns and row0[0] == 0
                 and row0[-1] == h.shape[0]):
             raise ValueError("run_batch: row offsets, starts and caches disagree")
@@ -482,8 +492,15 @@ class FusedBlocks:
         ptrs = ctypes.c_void_p * ns
         cos_p = (ctypes.c_void_p * len(cos))(*[t.data_ptr() for t in cos])
         sin_p = (ctypes.c_void_p * len(sin))(*[t.data_ptr() for t in sin])
-        rc = h_lib.tsq_forward_batch(ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], ns,
-                                     (ctypes.c_long * (ns + 1))(*row0), longs(*starts),
-                                     ptrs(*[k.data_ptr() for k in k_caches]), ptrs(*[v.data_ptr() for v in v_caches]),
-                                     longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p, torch.get_num_threads())
+        args = (ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], ns,
+                (ctypes.c_long * (ns + 1))(*row0), longs(*starts),
+                ptrs(*[k.data_ptr() for k in k_caches]), ptrs(*[v.data_ptr() for v in v_caches]),
+                longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p, torch.get_num_threads())
+        if not taps:
+            rc = h_lib.tsq_forward_batch(*args)
+            _check_rc(rc, f"native batched block forward failed ({rc})", RuntimeError)
+            return None
+        out = torch.empty(h.shape[0], len(taps) * h.shape[1], dtype=torch.float32)
+        rc = h_lib.tsq_forward_batch_taps(*args, (ctypes.c_int * len(taps))(*taps), len(taps), out.data_ptr())
         _check_rc(rc, f"native batched block forward failed ({rc})", RuntimeError)
+        return out

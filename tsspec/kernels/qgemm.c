@@ -1544,13 +1544,24 @@ static void attend_row(const float *q, const float *kb, const float *vb, long lo
  * Every product runs once over all m rows (batch invariant: a row's result never depends on the
  * others); each row's rope, cache write and attention read only its own sequence's positions. A
  * lone forward is the case ns = 1, so both run exactly this code. */
+/* Row r's residual entering layer tap_at[j] (tap_at[j] == l1: after the last) into tap_out at
+ * (r * ntap + j) * d: a drafter's tapped rows without splitting the forward into several calls */
+static void copy_taps(const float *h, long m, long d, int li, const int *tap_at, int ntap, float *tap_out) {
+    for (int j = 0; j < ntap; j++)
+        if (tap_at[j] == li)
+            for (long r = 0; r < m; r++) memcpy(tap_out + (r * ntap + j) * d, h + r * d, sizeof(float) * d);
+}
+
 static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
                         const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
-                        const float *const *cos_t, const float *const *sin_t, int nt) {
+                        const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at, int ntap,
+                        float *tap_out) {
     const long d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv, f = c->ffn_dim;
     const long qd = nh * hd, kvd = nkv * hd, rep = nh / nkv;
     if (nt < 1) nt = 1;
-    if (ns < 1 || row0[0] != 0 || row0[ns] != m) return -3;
+    if (ns < 1 || row0[0] != 0 || row0[ns] != m || ntap < 0 || (ntap > 0 && !tap_out)) return -3;
+    for (int j = 0; j < ntap; j++)
+        if (tap_at[j] < l0 || tap_at[j] > l1) return -3;
     long kmax = d > qd ? d : qd;
     if (f > kmax) kmax = f;
     float *x = malloc(sizeof(float) * m * kmax);
@@ -1576,6 +1587,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     for (int li = l0; li < l1 && !rc; li++) {
         const tsq_layer *L = layers + li;
         const float *ct = cos_t[L->rope], *st = sin_t[L->rope];
+        copy_taps(h, m, d, li, tap_at, ntap, tap_out);
         #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
         for (long r = 0; r < m; r++) rms_norm_row(h + r * d, L->attn_norm, d, c->eps, x + r * d);
         if ((rc = linear_apply(&L->qkv, x, m, qkv, xq, nt))) break;
@@ -1631,6 +1643,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
             for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
         }
     }
+    if (!rc) copy_taps(h, m, d, l1, tap_at, ntap, tap_out);
 done:
     free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(scores);
     return rc;
@@ -1663,14 +1676,24 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
                 int nt) {
     const long row0[2] = {0, m};
     float *const k1[1] = {kc}, *const v1[1] = {vc};
-    return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt);
+    return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt, NULL, 0, NULL);
 }
 
 /* Several sequences' rows in one pass (see forward_rows): row0[ns + 1], start/kc/vc/cap[ns]. */
 int tsq_forward_batch(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
                       const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
                       const float *const *cos_t, const float *const *sin_t, int nt) {
-    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt);
+    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, NULL, 0, NULL);
+}
+
+/* tsq_forward_batch that also copies the residual entering each layer of tap_at[0..ntap) (in
+ * [l0, l1]; l1: after the last) into tap_out [m, ntap * d], tap j of row r at (r * ntap + j) * d */
+int tsq_forward_batch_taps(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
+                           const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
+                           const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at,
+                           int ntap, float *tap_out) {
+    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
+                        tap_out);
 }
 
 /* A trained per-token draft head (tsspec-eagle; tsspec/drafters/eagle.py's head_step is the
