@@ -119,10 +119,9 @@ def native_bf16(device: str, cpu_flags: str | None = None) -> bool:
     if device == "cuda":
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     if cpu_flags is None:
-        try:
-            cpu_flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
-        except OSError:
-            cpu_flags = ""
+        from ..kernels import cpu_flags as read_flags
+
+        cpu_flags = read_flags()
     return "avx512_bf16" in cpu_flags.split()
 
 

@@ -62,7 +62,8 @@ def _compiler() -> str | None:
     return None
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """/proc/cpuinfo's flags line (empty where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -81,7 +82,7 @@ def _build(cc: str, source: bytes | None = None) -> Path:
         ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         ver = ""
-    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + ver.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + ver.encode() + cpu_flags().encode()).hexdigest()[:16]
     out = cache_dir() / f"qgemm-{key}.so"
     if out.exists():
         return out
@@ -125,8 +126,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_unpack.argtypes = [c_int, vp, c_long, c_long, c_long, vp]
     lib.tsq_forward.restype = c_int
     lib.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
-    lib.tsq_forward_batch.restype = c_int
-    lib.tsq_forward_batch.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, vp, vp, vp, vp, vp, c_int]
     lib.tsq_forward_batch_taps.restype = c_int
     lib.tsq_forward_batch_taps.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, vp, vp, vp, vp, vp, c_int,
                                            vp, c_int, vp]
@@ -492,15 +491,12 @@ class FusedBlocks:
         ptrs = ctypes.c_void_p * ns
         cos_p = (ctypes.c_void_p * len(cos))(*[t.data_ptr() for t in cos])
         sin_p = (ctypes.c_void_p * len(sin))(*[t.data_ptr() for t in sin])
-        args = (ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], ns,
-                (ctypes.c_long * (ns + 1))(*row0), longs(*starts),
-                ptrs(*[k.data_ptr() for k in k_caches]), ptrs(*[v.data_ptr() for v in v_caches]),
-                longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p, torch.get_num_threads())
-        if not taps:
-            rc = h_lib.tsq_forward_batch(*args)
-            _check_rc(rc, f"native batched block forward failed ({rc})", RuntimeError)
-            return None
-        out = torch.empty(h.shape[0], len(taps) * h.shape[1], dtype=torch.float32)
-        rc = h_lib.tsq_forward_batch_taps(*args, (ctypes.c_int * len(taps))(*taps), len(taps), out.data_ptr())
+        out = torch.empty(h.shape[0], len(taps) * h.shape[1], dtype=torch.float32) if taps else None
+        rc = h_lib.tsq_forward_batch_taps(ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], ns,
+                                          (ctypes.c_long * (ns + 1))(*row0), longs(*starts),
+                                          ptrs(*[k.data_ptr() for k in k_caches]), ptrs(*[v.data_ptr() for v in v_caches]),
+                                          longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p, torch.get_num_threads(),
+                                          (ctypes.c_int * len(taps))(*taps), len(taps),
+                                          None if out is None else out.data_ptr())
         _check_rc(rc, f"native batched block forward failed ({rc})", RuntimeError)
         return out

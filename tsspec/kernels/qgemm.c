@@ -1679,15 +1679,9 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
     return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt, NULL, 0, NULL);
 }
 
-/* Several sequences' rows in one pass (see forward_rows): row0[ns + 1], start/kc/vc/cap[ns]. */
-int tsq_forward_batch(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
-                      const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
-                      const float *const *cos_t, const float *const *sin_t, int nt) {
-    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, NULL, 0, NULL);
-}
-
-/* tsq_forward_batch that also copies the residual entering each layer of tap_at[0..ntap) (in
- * [l0, l1]; l1: after the last) into tap_out [m, ntap * d], tap j of row r at (r * ntap + j) * d */
+/* Several sequences' rows in one pass (see forward_rows): row0[ns + 1], start/kc/vc/cap[ns]; and
+ * the residual entering each layer of tap_at[0..ntap) (in [l0, l1]; l1: after the last) copied
+ * into tap_out [m, ntap * d], tap j of row r at (r * ntap + j) * d (ntap 0: no taps, tap_out NULL) */
 int tsq_forward_batch_taps(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
                            const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
                            const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at,
