@@ -42,6 +42,26 @@ def test_families_disagree_spec_wins_with_warning():
     assert len(warnings) == 1 and "TS_SPEC_DRAFT" in warnings[0] and "TS_MTP_DRAFT" in warnings[0]
 
 
+def test_unknown_family_variable_is_warned_with_the_nearest_setting():
+    opts, warnings = resolve(flags(), {"TS_SPEC_DRAFTS": "abc", "TS_MTP_PMN": "0.2", "TS_SPEC_QUANTUM_FLUX": "1"})
+    assert opts == SpecOptions()  # none of them is read
+    assert len(warnings) == 3
+    by_name = {w.split()[0]: w for w in warnings}
+    assert "did you mean TS_SPEC_DRAFT?" in by_name["TS_SPEC_DRAFTS"]
+    assert "did you mean TS_MTP_PMIN?" in by_name["TS_MTP_PMN"]
+    assert "TS_SPEC_ADAPTIVE" in by_name["TS_SPEC_QUANTUM_FLUX"]  # nothing close: the list of settings
+
+
+def test_other_engines_variable_says_why_it_is_not_read():
+    _, warnings = resolve(flags(), {"TS_MTP_FOLD_CATCHUP": "0"})
+    assert len(warnings) == 1 and "not read by tsspec" in warnings[0] and "folds" in warnings[0]
+
+
+def test_empty_unknown_variable_counts_as_unset():
+    _, warnings = resolve(flags(), {"TS_SPEC_NOPE": "", "TSSPEC_OTHER": "1", "TS_SPECX": "1"})
+    assert warnings == []
+
+
 def test_families_agree_no_warning():
     _, warnings = resolve(flags(), {"TS_SPEC_DRAFT": "4", "TS_MTP_DRAFT": "4"})
     assert warnings == []

@@ -11,6 +11,7 @@ under both names for child processes. This module never touches ``os.environ`` i
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from difflib import get_close_matches
 from typing import Any, Mapping, MutableMapping
 
 from .errors import BadInput
@@ -101,8 +102,36 @@ def _parse(setting: str, name: str, raw: Any) -> Any:
     raise AssertionError(setting)
 
 
+# names of the two families that other engines of the same contract read and tsspec does not, and why
+NOT_READ = {
+    "FOLD_CATCHUP": "tsspec always folds a draft head's catch-up into its first draft step",
+}
+
+
+def unknown_env(env: Mapping[str, str]) -> list[str]:
+    """One warning per set variable of the two families that is not a setting (a typo is otherwise
+    silently ignored), naming the nearest setting where one is close."""
+    known = [fam + suffix for fam in FAMILIES for suffix, _flag in SETTINGS.values()]
+    out = []
+    for name in sorted(env):
+        fam = next((f for f in FAMILIES if name.startswith(f)), None)
+        if fam is None or name in known or env[name] == "":
+            continue
+        why = NOT_READ.get(name[len(fam):])
+        if why:
+            out.append(f"{name} is not read by tsspec ({why}); ignored")
+            continue
+        suffixes = [s for s, _f in SETTINGS.values()]
+        near = get_close_matches(name[len(fam):], suffixes, n=1, cutoff=0.6)  # the shared prefix says nothing
+        hint = f"did you mean {fam}{near[0]}?" if near else f"the settings are {', '.join(fam + s for s in suffixes)}"
+        out.append(f"{name} is not a tsspec setting; ignored ({hint})")
+    return out
+
+
 def read_env(env: Mapping[str, str], warnings: list[str]) -> dict[str, Any]:
-    """Settings found in the environment, validated; TS_SPEC_* wins over a disagreeing TS_MTP_*."""
+    """Settings found in the environment, validated; TS_SPEC_* wins over a disagreeing TS_MTP_*; a
+    variable of either family that is no setting is warned about (``unknown_env``)."""
+    warnings.extend(unknown_env(env))
     out: dict[str, Any] = {}
     for setting, (suffix, _flag) in SETTINGS.items():
         vals = {fam + suffix: env[fam + suffix] for fam in FAMILIES if env.get(fam + suffix, "") != ""}
