@@ -329,8 +329,14 @@ def test_non_language_model_and_missing_files_are_refused(files, trunk, tmp_path
 def test_registry_entry(files, trunk):
     opts = SpecOptions(draft=5, pmin=0.25)
     spec, why = REGISTRY.try_create("draft-model", trunk, opts, None)
-    assert spec is None and "no draft model attached" in why
+    assert spec is None and "no draft model attached" in why and "attached drafter" not in why
     drafter = load_drafter(files["related"], trunk)
+    # the other algorithms name the drafter that is attached, and the --spec-type that takes it
+    for other in ("block", "draft-head"):
+        spec, why = REGISTRY.try_create(other, trunk, opts, drafter)
+        assert spec is None
+    assert f"{Path(files['related']).name} is for --spec-type draft-model, not block" in \
+        REGISTRY.try_create("block", trunk, opts, drafter)[1]
     spec = REGISTRY.create("draft-model", trunk, opts, drafter)
     assert isinstance(spec, DraftModelSpeculator)
     assert (spec.max_draft_tokens, spec.min_draft_prob) == (5, 0.25)

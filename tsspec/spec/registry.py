@@ -102,6 +102,17 @@ def _attached(drafter, name: str) -> bool:
     return drafter is not None and drafter.speculator_name == name
 
 
+def _other_attached(drafter, wanted: str) -> str:
+    """The end of a decline reason when a drafter for another algorithm is attached: what it is and
+    the --spec-type that takes it ('' when none is attached)."""
+    if drafter is None:
+        return ""
+    path = getattr(drafter, "path", None)
+    what = f"{getattr(path, 'name', path)} " if path else ""
+    return (f"; the attached drafter {what}is for --spec-type {drafter.speculator_name}, "
+            f"not {wanted}")
+
+
 def _ngram(target, options, drafter):
     from .ngram import NGramSpeculator
 
@@ -127,7 +138,8 @@ def _draft_head(target, options, drafter):
 
 def _block(target, options, drafter):
     if not _attached(drafter, "block"):
-        return "no block drafter attached (--draft-model PATH with general.architecture = dflash)"
+        return ("no block drafter attached (--draft-model PATH with general.architecture = dflash)"
+                + _other_attached(drafter, "block"))
     shape, bound = (target.hidden_size, target.n_layers, target.vocab_size), drafter.target_shape
     if shape != bound:
         return (f"the dflash drafter was bound to a trunk with hidden {bound[0]}, {bound[1]} layers, "
@@ -146,7 +158,7 @@ def _block(target, options, drafter):
 def _draft_model(target, options, drafter):
     if not _attached(drafter, "draft-model"):
         return ("no draft model attached (--draft-model PATH or a known model name whose "
-                "architecture is a language model)")
+                "architecture is a language model)" + _other_attached(drafter, "draft-model"))
     from .draft_model import DraftModelSpeculator
 
     return DraftModelSpeculator(
