@@ -3,6 +3,8 @@ files, and one clear ``ModelFileError`` for every way a file can be bad."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -112,6 +114,20 @@ def test_truncated_file(bad_files):
         GGUFFile(bad_files["truncated"])
     with pytest.raises(ModelFileError, match="truncated"):
         load_model(bad_files["truncated"])
+
+
+def test_file_cut_inside_its_header_says_so_in_the_files_terms(bad_files, tmp_path):
+    """A file cut short inside its metadata: the reader's buffer arithmetic (a struct or numpy
+    message) becomes what happened to the file, with its size."""
+    good = Path(bad_files["truncated"]).read_bytes()  # cut in its tensor data; the header is whole
+    for cut in (40, 200, 1000):
+        p = tmp_path / f"cut{cut}.gguf"
+        p.write_bytes(good[:cut])
+        with pytest.raises(ModelFileError) as e:
+            GGUFFile(p)
+        msg = str(e.value)
+        assert "corrupt or truncated GGUF file" in msg and "buffer" not in msg and "unpack" not in msg, msg
+        assert f"runs past the end of the file ({cut} bytes)" in msg, msg
 
 
 def test_bad_magic(bad_files):

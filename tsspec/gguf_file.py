@@ -103,7 +103,7 @@ def open_reader(path: str | os.PathLike):
     except PermissionError as e:
         raise ModelFileError(f"cannot read model file {p}: {e.strerror}") from None
     except Exception as e:  # gguf-py raises ValueError/IndexError/struct errors (MemoryError too) on damage
-        raise ModelFileError(f"corrupt or truncated GGUF file {p}: {_one_line(e)}") from None
+        raise ModelFileError(f"corrupt or truncated GGUF file {p}: {_header_damage(e, size)}") from None
     # A truncated file can still parse its header: every tensor's bytes must be in the file, in
     # order, each of the size its type and shape give.
     from .validate import check_layout, records
@@ -112,6 +112,24 @@ def open_reader(path: str | os.PathLike):
     check_layout(p.name, reader.records, int(reader.data_offset), size, int(reader.alignment),
                  reader.data)
     return reader
+
+
+def _header_damage(e: BaseException, size: int) -> str:
+    """What a reader's exception says about the file, in the file's terms rather than the reader's
+    (struct and numpy messages about buffers, views and shapes)."""
+    import struct
+
+    text = str(e)
+    if isinstance(e, UnicodeDecodeError):
+        return "a metadata key or string is not valid UTF-8: the header is damaged"
+    if "is not a valid GGUFValueType" in text:
+        return "a metadata value has an unknown type code: the header is damaged"
+    if isinstance(e, (struct.error, IndexError, OverflowError)) or (isinstance(e, ValueError) and any(
+            m in text for m in ("buffer is smaller", "cannot reshape", "larger dtype", "out of bounds"))):
+        # a read past the end: a cut, or a length or count that points past it
+        return (f"its header runs past the end of the file ({size} bytes): the file is cut short, "
+                f"or a length or count in the header is damaged")
+    return _one_line(e)
 
 
 def _one_line(e: BaseException) -> str:
@@ -144,7 +162,8 @@ class GGUFFile:
                 k: _field_python_value(self.reader, f) for k, f in self.reader.fields.items() if not k.startswith("GGUF.")
             }
         except Exception as e:
-            raise ModelFileError(f"corrupt GGUF metadata in {self.path}: {e}") from None
+            raise ModelFileError(f"corrupt GGUF metadata in {self.path}: "
+                                 f"{_header_damage(e, self.path.stat().st_size)}") from None
         self._tensors = {t.name: t for t in self.reader.tensors}
         self.records = self.reader.records  # validate.TensorRecord per tensor, in file order
 
