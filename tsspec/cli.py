@@ -317,9 +317,11 @@ def chat(
     spec_accept: Optional[str] = SPEC_ACCEPT_OPTION,
     spec_adaptive: Optional[bool] = SPEC_ADAPTIVE_OPTION,
 ):
-    """Talk to a model: each turn renders the conversation with the model's chat template and
-    forwards only the tokens the kept cache does not hold; speculation arms from the second turn
-    where the speculator can (n-gram, block drafters, a draft model). Lines starting with / are commands (/help)."""
+    """Talk to a model, keeping its cache from turn to turn.
+
+    Each turn renders the conversation with the model's chat template and forwards only the tokens
+    the kept cache does not hold; speculation arms from the second turn where the speculator can
+    (n-gram, block drafters, a draft model). Lines starting with / are commands (/help)."""
     from .chat import parse_template_kwargs
     from .conversation import Conversation
     from .repl import run
@@ -373,8 +375,9 @@ def serve(
     spec_accept: Optional[str] = SPEC_ACCEPT_OPTION,
     spec_adaptive: Optional[bool] = SPEC_ADAPTIVE_OPTION,
 ):
-    """An OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, /health,
-    /metrics) over one loaded model, with a prefix cache across requests."""
+    """An OpenAI-compatible HTTP server over one loaded model, with a prefix cache across requests.
+
+    Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics."""
     from .chat import parse_template_kwargs
     from .server import Server, create_app
     with user_errors():
