@@ -160,7 +160,12 @@ class DistillProgress:
         self.loss: float | None = None
         self.held = ""
         self.console = console
-        self.live = console.is_terminal  # else (a log file, a pipe): one line per phase and measurement
+        self.live = console.is_terminal  # else (a log file, a pipe): one line per phase and measurement,
+        # and a line of progress at most every LOG_EVERY_S seconds inside a phase
+        self.clock = time.monotonic
+        self._phase: tuple[str, int, float] | None = None  # (name, total, start) of the logged phase
+        self._done = 0
+        self._logged_at = 0.0
 
     def __enter__(self) -> "DistillProgress":
         if self.live:
@@ -171,7 +176,8 @@ class DistillProgress:
         self.stop()
 
     def stop(self) -> None:
-        self.progress.stop()
+        if self.live:  # a Progress never started still prints an empty line when stopped
+            self.progress.stop()
 
     def _info(self) -> str:
         parts = []
@@ -181,13 +187,37 @@ class DistillProgress:
             parts.append(self.held)
         return "  ".join(parts)
 
+    LOG_EVERY_S = 60.0
+
+    def _log_progress(self, n: int) -> None:
+        """Not live: count ``n`` more units of the phase and, a minute after the last line, say how far
+        it is, with the time so far and a linear estimate of what is left."""
+        if self._phase is None:
+            return
+        name, total, start = self._phase
+        self._done += n
+        now = self.clock()
+        if now - self._logged_at < self.LOG_EVERY_S or self._done >= total:
+            return
+        self._logged_at = now
+        spent = now - start
+        left = spent * (total - self._done) / self._done if self._done else float("nan")
+        unit = "steps" if name == "training" else "tokens"
+        loss = f", loss {self.loss:.3f}" if self.loss is not None and name == "training" else ""
+        self.console.print(f"{name}: {self._done}/{total} {unit}{loss}, {spent / 60:.1f} min, "
+                           f"~{left / 60:.1f} min left")
+
     def event(self, kind: str, **d) -> None:
         p = self.progress
         if not self.live:
             if kind == "phase":
                 self.console.print(f"{d['name']}: {d['total']} {'steps' if d['name'] == 'training' else 'tokens'}")
-            elif kind == "advance" and "loss" in d:
-                self.loss = d["loss"] if self.loss is None else 0.95 * self.loss + 0.05 * d["loss"]
+                now = self.clock()
+                self._phase, self._done, self._logged_at = (d["name"], int(d["total"]), now), int(d.get("completed", 0)), now
+            elif kind == "advance":
+                if "loss" in d:
+                    self.loss = d["loss"] if self.loss is None else 0.95 * self.loss + 0.05 * d["loss"]
+                self._log_progress(int(d.get("n", 0)))
             elif kind == "metrics":
                 loss = f", loss {self.loss:.3f}" if self.loss is not None else ""
                 self.console.print(f"step {d['step']}{loss}, held-out: first {d['first']:.1%}, "
