@@ -355,6 +355,43 @@ def test_governor_lengthens_drafts_that_are_cheap_and_taken():
     assert k < 8
 
 
+def test_cost_gate_is_the_break_even_chance_of_one_more_draft():
+    from tsspec.spec.governor import GATE_CAP, GATE_FLOOR, cost_gate
+
+    # a token landing with chance c added to a draft at `rate` tokens per step's time, for `row` of a
+    # step: (E + c) / (C + row) > E / C  iff  c > row * rate
+    assert cost_gate(0.1, 1.5) == pytest.approx(0.15)
+    e, c, row = 1.5, 1.0, 0.1
+    for chance, pays in ((0.14, False), (0.16, True)):
+        assert ((e + chance) / (c + row) > e / c) == pays
+    assert cost_gate(0.3, 0.8) == pytest.approx(0.3)  # a losing rate counts as 1: parking is the governor's
+    assert cost_gate(0.001, 1.2) == GATE_FLOOR and cost_gate(2.0, 3.0) == GATE_CAP
+
+
+def test_governor_gate_follows_the_measured_row_cost():
+    """min_draft_prob: None until a row cost is measured; then low where rows are cheap, higher
+    where they are dear; None when disabled."""
+    def gate_after(row_ms):
+        gov = SpeculationCostGovernor()
+        assert gov.min_draft_prob() is None
+        k = gov.draft_length(4)
+        for i in range(8):
+            if gov.should_draft():
+                gov.record(True, 10.0 + row_ms * k, 1 + (1 if i % 2 else 0), k)  # half the first drafts land
+            else:
+                gov.record(False, 10.0, 1)
+            k = gov.draft_length(4)
+        return gov.min_draft_prob()
+
+    cheap, dear = gate_after(0.5), gate_after(3.0)
+    assert cheap is not None and dear is not None
+    assert cheap == pytest.approx(0.05, abs=0.03)  # rows at 0.05 of a step
+    assert dear > 2 * cheap
+    off = SpeculationCostGovernor(enabled=False)
+    off.draft_length(4)
+    assert off.min_draft_prob() is None
+
+
 def test_governor_sim_script_separates_winners_from_losers():
     """scripts/governor_sim.py: the policy on synthetic cost models (the figures its docstring cites)."""
     import importlib.util

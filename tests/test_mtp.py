@@ -187,3 +187,51 @@ def test_pick_top_is_argmax_and_the_gate_in_one_pass():
     tied = torch.zeros(40)
     tied[[7, 3, 20]] = 2.0  # ties: the lowest index, as argmax
     assert pick_top(tied)[0] == 3 == int(torch.argmax(tied))
+
+
+class Calibrated:
+    """A stub per-token head whose every draft is token 7 at confidence 0.4."""
+
+    kind = DraftHeadKind.PER_TOKEN
+    block_size = 1
+    cumulative_gate = True
+    default_min_draft_prob = 0.5
+
+    def __init__(self, calibrated=True):
+        self.calibrated = calibrated
+
+    def new_state(self):
+        class NoState:
+            def reset(self):
+                pass
+
+        return NoState()
+
+    def pick(self, logits):
+        return 7, 0.4
+
+    def catch_up_and_step(self, tokens, hidden, start_pos, state):
+        return torch.zeros(4), hidden[-1]
+
+    def draft_step(self, token, h, position, state):
+        return torch.zeros(4), h
+
+
+@pytest.mark.parametrize(
+    "calibrated, pmin, min_prob, drafted",
+    [
+        (True, None, None, 0),  # no measured gate yet: the head's default, 0.5 > 0.4
+        (True, None, 0.1, 2),  # the cost gate: 0.4, 0.16 pass, 0.064 does not
+        (True, None, 0.5, 0),  # ... and it may be higher than the default too
+        (True, 0.3, 0.1, 1),  # --spec-pmin holds against the cost gate: 0.4 passes, 0.16 does not
+        (False, None, 0.1, 0),  # a head that does not say it is calibrated keeps its default
+    ],
+)
+def test_calibrated_head_gates_at_the_cost_governors_gate(calibrated, pmin, min_prob, drafted):
+    from tsspec.spec.protocols import DraftContext
+
+    spec = DraftHeadSpeculator(Calibrated(calibrated), n_layers=2, max_draft_tokens=8, min_draft_prob=pmin)
+    prompt = [1, 2, 3]
+    spec.begin(prompt, torch.zeros(len(prompt), 4))
+    draft = spec.propose(DraftContext(3, len(prompt), 8, prompt, None, None, min_prob))
+    assert draft.tokens == [7] * drafted

@@ -10,7 +10,11 @@ Contract:
   (token, confidence)`` (a head scoring a reduced vocabulary maps its argmax to a trunk id and
   reads its calibrated softmax), compared cumulatively when ``cumulative_gate`` (draft while the
   chance that every draft so far lands stays at least ``min_draft_prob``), with its own
-  ``default_min_draft_prob``. Under greedy decoding a draft is the head's argmax. Under sampling it
+  ``default_min_draft_prob``. A head that says its confidences are calibrated (``calibrated``: a
+  trained head, whose softmax is how often its drafts land) and was given no ``--spec-pmin`` gates
+  instead at the cost governor's gate once the governor has measured one (``DraftContext.min_prob``:
+  the least chance of landing for which a drafted token pays at the measured cost of a row, low on a
+  trunk whose verify rows are cheap). Under greedy decoding a draft is the head's argmax. Under sampling it
   is drawn from the head's distribution after the sampler's transforms (over the trunk's vocabulary:
   ``trunk_logits`` maps a reduced one), on the position's stream ``DRAFT_STREAM``, and the draft
   carries that q, so the ``residual`` rule can use it; the default ``match`` rule keeps the output
@@ -67,6 +71,10 @@ class DraftHeadSpeculator:
         self.state = head.new_state()
         self.n_layers = n_layers
         self.max_draft_tokens = max_draft_tokens
+        # --spec-pmin given: it holds. Else a head with calibrated confidences gates at the cost
+        # governor's measured gate (DraftContext.min_prob) once there is one, and at its own default
+        # (else the algorithm's) until then.
+        self.gate_follows_cost = min_draft_prob is None and bool(getattr(head, "calibrated", False))
         if min_draft_prob is None:  # the head's own default, else the algorithm's
             min_draft_prob = getattr(head, "default_min_draft_prob", None)
         self.min_draft_prob = min_draft_prob  # validated; None: the default
@@ -139,10 +147,11 @@ class DraftHeadSpeculator:
         out: list[int] = []
         probs: list[torch.Tensor] = []
         chance = 1.0
+        gate = ctx.min_prob if self.gate_follows_cost and ctx.min_prob is not None else self.min_draft_prob
         while True:
             tok, p = self._pick(logits)
             chance = chance * p if self._cumulative else p
-            if chance < self.min_draft_prob:
+            if chance < gate:
                 self.gated += 1
                 break
             if sampling:  # drawn from q, the distribution the residual rule corrects for

@@ -22,6 +22,12 @@ tokens per unit of time, ``E(k) / (1 + row * k)``, from two measured things:
   plain step's time: the median over recent speculative steps of ``(ms - plain ms) / k``. On this
   kind of CPU a verify row costs 0.15-0.45 of a whole step, so long drafts pay only when taken.
 
+The same two measurements give a confidence gate for drafters whose confidences are calibrated
+(``min_draft_prob``): one more drafted token that lands with chance c raises the expected rate R
+(tokens per plain step's time) iff ``c > row * R`` (``cost_gate``): at R = 1.4, a gate of 0.07
+where a drafted token costs 0.05 of a step and of 0.42 where it costs 0.3. The loop hands it to the
+speculator in ``DraftContext.min_prob``.
+
 Before any verify the first draft is short (``FIRST_DRAFT``): a long first draft that is rejected
 costs several steps, and there is no evidence yet. Without a cost measurement (no plain step yet, or
 a caller that does not report how many tokens it drafted) the length falls back to
@@ -115,6 +121,9 @@ __all__ = [
     "row_cost",
     "best_draft_length",
     "best_rate",
+    "cost_gate",
+    "GATE_FLOOR",
+    "GATE_CAP",
     "RECENT_ACCEPTED",
     "RECENT_VERIFIES",
     "FIRST_DRAFT",
@@ -234,6 +243,20 @@ def best_rate(expected: Sequence[float], row: float) -> float:
     return expected[k] / (1.0 + row * k)
 
 
+# the cost gate's bounds: never so low that a near-certain miss is drafted, never so high that a
+# calibrated head with a cheap row drafts only sure things
+GATE_FLOOR, GATE_CAP = 0.02, 0.9
+
+
+def cost_gate(row: float, rate: float) -> float:
+    """The least chance of landing for which one more drafted token pays, for a drafter whose
+    confidences are calibrated: adding a token that lands with chance c to a draft whose expected
+    rate is ``rate`` tokens per plain step's time, at ``row`` of a step per drafted token, raises
+    the rate iff ``c > row * rate``. A drafter that loses is the governor's to park, so the rate is
+    taken as at least 1. Clamped to [GATE_FLOOR, GATE_CAP]."""
+    return min(max(row * max(rate, 1.0), GATE_FLOOR), GATE_CAP)
+
+
 def park_length(streak: int, base: int, cap: int) -> int:
     """Steps to park after ``streak`` earlier parks without a win in between: base * 2**streak, capped."""
     return min(base << min(streak, 30), cap)
@@ -326,6 +349,7 @@ class SpeculationCostGovernor:
         self.drafted_steps = 0
         self.setup_ms = 0.0  # one-off setup reported since the current probe began
         self._window = FIRST_DRAFT  # the longest draft the loop last allowed (draft_length's window)
+        self._gate: float | None = None  # the cost gate as of the last draft_length (min_draft_prob)
         # first probe: warmup steps do not count as evidence, so ask for that many more
         self._probe(c.probe_spec + c.warmup, c.probe_plain + c.warmup)
 
@@ -335,13 +359,24 @@ class SpeculationCostGovernor:
         if not self.enabled:
             return window
         self._window = window
+        self._gate = None
         if not self._accepted:
             return min(window, FIRST_DRAFT)
         plain = ms_per_token(self._plain)
         row = row_cost(self._spec_rows, plain) if plain is not None and self._verifies else None
         if row is None:
             return draft_length(window, self._accepted)
-        return best_draft_length(expected_emitted(self._verifies, window), row)
+        expected = expected_emitted(self._verifies, window)
+        k = best_draft_length(expected, row)
+        self._gate = cost_gate(row, expected[k] / (1.0 + row * k))
+        return k
+
+    def min_draft_prob(self) -> float | None:
+        """The confidence gate the measured costs call for, as of the last ``draft_length``: the
+        least chance of landing for which one more drafted token pays (``cost_gate`` of the measured
+        row cost and the chosen length's expected rate). For drafters whose confidences are
+        calibrated; None before the row cost is measured, and when disabled."""
+        return self._gate if self.enabled else None
 
     def should_draft(self) -> bool:
         if not self.enabled or self._state == HOLDING:

@@ -211,7 +211,8 @@ class Sequence:
         if k_max <= 0:
             return NO_DRAFT
         with self.stats.phase("draft"):
-            ctx = DraftContext(self.last, pos, k_max, self.history, self.hidden_last, self.sampler)
+            ctx = DraftContext(self.last, pos, k_max, self.history, self.hidden_last, self.sampler,
+                               None if gov is None else gov.min_draft_prob())
             draft = spec.propose(ctx)
         if len(draft.tokens) > k_max:
             draft = Draft(draft.tokens[:k_max], None if draft.probs is None else draft.probs[:k_max],

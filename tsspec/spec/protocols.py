@@ -45,6 +45,10 @@ class DraftContext:
     # the caller's sampler, so a drafter can replay its transforms on its own logits
     # (``sampler.probs(logits, history)``: temperature, penalties, top-k/p) and make keyed draws
     sampler: "Sampler | None" = None
+    # the cost governor's confidence gate: the least chance of landing for which a drafted token pays
+    # at the measured costs (None: not measured yet, or no governor); a speculator whose drafter has
+    # calibrated confidences uses it unless --spec-pmin was given
+    min_prob: float | None = None
 
 
 @dataclass
