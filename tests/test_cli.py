@@ -110,6 +110,13 @@ def test_prompt_from_stdin_and_file(model, tmp_path):
     assert a["token_ids"] == b["token_ids"]
 
 
+def test_help_keeps_square_brackets():
+    """rich reads [word] in help text as markup and drops it: such text must be escaped."""
+    r = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0
+    assert "[configs.NAME] tables" in r.output and "tsspec[plot]" in r.output
+
+
 def test_info(model):
     r = run("info", model)
     assert r.exit_code == 0, r.output

@@ -645,7 +645,7 @@ def models():
 def bench(
     model: Optional[str] = typer.Option(None, "-m", "--model", help="GGUF path or known model name (default smollm2-135m)."),
     config: List[str] = typer.Option([], "--config", help="NAME=SPEC or SPEC, e.g. ngram, ngram:draft=4, draft-model:path=X.gguf,draft=3,pmin=0.5 (repeatable)."),
-    config_file: Optional[Path] = typer.Option(None, "--config-file", help="TOML file with [configs.NAME] tables."),
+    config_file: Optional[Path] = typer.Option(None, "--config-file", help="TOML file with \\[configs.NAME] tables."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Config name or spec every ratio is taken against (default plain)."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Drafter for configs that need one and name none."),
     workload: List[str] = typer.Option([], "-w", "--workload", help="Built-in workload (prose, factual, code, grounded) or a prompts file (text or JSONL); repeatable. Default: all built-ins."),
@@ -664,7 +664,7 @@ def bench(
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON to this file ('-' for stdout)."),
     csv_out: Optional[Path] = typer.Option(None, "--csv", help="Write one row per workload x config to this CSV file."),
-    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Draw ratios with their intervals to this PNG (needs tsspec[plot])."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Draw ratios with their intervals to this PNG (needs tsspec\\[plot])."),
     peer: Optional[str] = typer.Option(None, "--peer", help="Run another engine beside tsspec in the same rotation: llama.cpp (starts llama-server from the peer build, one per --peer-spec mode)."),
     peer_spec: List[str] = typer.Option([], "--peer-spec", help="llama.cpp modes besides its plain decoding: ngram-simple, ngram-mod, ngram-map-k, ngram-cache, draft (-md with --draft-model); repeatable. Default: ngram-simple and ngram-mod."),
     llama_bin: Optional[Path] = typer.Option(None, "--llama-bin", help="Directory with llama-server (default: where ../shared/tools/build_llamacpp.sh puts it, or $LLAMA_CPP_DIR/build/bin)."),
