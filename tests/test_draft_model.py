@@ -132,6 +132,9 @@ class EveryThird:
     def draft_length(self, window):
         return window
 
+    def min_draft_prob(self):
+        return None  # no cost gate: the speculator's own
+
     def should_draft(self):
         self.step += 1
         return self.step % 3 == 0
