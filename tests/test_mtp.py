@@ -194,11 +194,10 @@ class Calibrated:
 
     kind = DraftHeadKind.PER_TOKEN
     block_size = 1
-    cumulative_gate = True
     default_min_draft_prob = 0.5
 
     def __init__(self, calibrated=True):
-        self.calibrated = calibrated
+        self.cumulative_gate = calibrated  # a cumulative gate reads confidences as chances of landing
 
     def new_state(self):
         class NoState:
@@ -224,7 +223,7 @@ class Calibrated:
         (True, None, 0.1, 2),  # the cost gate: 0.4, 0.16 pass, 0.064 does not
         (True, None, 0.5, 0),  # ... and it may be higher than the default too
         (True, 0.3, 0.1, 1),  # --spec-pmin holds against the cost gate: 0.4 passes, 0.16 does not
-        (False, None, 0.1, 0),  # a head that does not say it is calibrated keeps its default
+        (False, None, 0.1, 0),  # a head whose confidences are not chances (no cumulative gate) keeps its default
     ],
 )
 def test_calibrated_head_gates_at_the_cost_governors_gate(calibrated, pmin, min_prob, drafted):

@@ -144,6 +144,11 @@ class _NullLive:
         pass
 
 
+def _units(phase: str) -> str:
+    """What a distill phase counts."""
+    return "steps" if phase == "training" else "tokens"
+
+
 class DistillProgress:
     """The live view of ``tsspec distill``: one progress bar per phase (trunk features, training)
     with tokens/s or steps/s, the running loss and the latest held-out acceptance."""
@@ -202,16 +207,15 @@ class DistillProgress:
         self._logged_at = now
         spent = now - start
         left = spent * (total - self._done) / self._done if self._done else float("nan")
-        unit = "steps" if name == "training" else "tokens"
         loss = f", loss {self.loss:.3f}" if self.loss is not None and name == "training" else ""
-        self.console.print(f"{name}: {self._done}/{total} {unit}{loss}, {spent / 60:.1f} min, "
+        self.console.print(f"{name}: {self._done}/{total} {_units(name)}{loss}, {spent / 60:.1f} min, "
                            f"~{left / 60:.1f} min left")
 
     def event(self, kind: str, **d) -> None:
         p = self.progress
         if not self.live:
             if kind == "phase":
-                self.console.print(f"{d['name']}: {d['total']} {'steps' if d['name'] == 'training' else 'tokens'}")
+                self.console.print(f"{d['name']}: {d['total']} {_units(d['name'])}")
                 now = self.clock()
                 self._phase, self._done, self._logged_at = (d["name"], int(d["total"]), now), int(d.get("completed", 0)), now
             elif kind == "advance":

@@ -111,17 +111,16 @@ NOT_READ = {
 def unknown_env(env: Mapping[str, str]) -> list[str]:
     """One warning per set variable of the two families that is not a setting (a typo is otherwise
     silently ignored), naming the nearest setting where one is close."""
-    known = [fam + suffix for fam in FAMILIES for suffix, _flag in SETTINGS.values()]
+    suffixes = [suffix for suffix, _flag in SETTINGS.values()]
     out = []
     for name in sorted(env):
         fam = next((f for f in FAMILIES if name.startswith(f)), None)
-        if fam is None or name in known or env[name] == "":
+        if fam is None or name[len(fam):] in suffixes or env[name] == "":
             continue
         why = NOT_READ.get(name[len(fam):])
         if why:
             out.append(f"{name} is not read by tsspec ({why}); ignored")
             continue
-        suffixes = [s for s, _f in SETTINGS.values()]
         near = get_close_matches(name[len(fam):], suffixes, n=1, cutoff=0.6)  # the shared prefix says nothing
         hint = f"did you mean {fam}{near[0]}?" if near else f"the settings are {', '.join(fam + s for s in suffixes)}"
         out.append(f"{name} is not a tsspec setting; ignored ({hint})")

@@ -130,7 +130,6 @@ class EagleHead:
     # drafts given 0.7-0.8 land ~71%, 0.9+ ~94%), so the gate reads it, cumulatively
     cumulative_gate = True
     default_min_draft_prob = 0.5
-    calibrated = True  # so the gate may follow the measured costs (DraftHeadSpeculator)
 
     def __init__(self, target, weights: Mapping[str, object], d2t: np.ndarray, lm_head: Linear):
         self.target = target

@@ -10,7 +10,7 @@ Contract:
   (token, confidence)`` (a head scoring a reduced vocabulary maps its argmax to a trunk id and
   reads its calibrated softmax), compared cumulatively when ``cumulative_gate`` (draft while the
   chance that every draft so far lands stays at least ``min_draft_prob``), with its own
-  ``default_min_draft_prob``. A head that says its confidences are calibrated (``calibrated``: a
+  ``default_min_draft_prob``. A head that gates cumulatively (its confidences are calibrated: a
   trained head, whose softmax is how often its drafts land) and was given no ``--spec-pmin`` gates
   instead at the cost governor's gate once the governor has measured one (``DraftContext.min_prob``:
   the least chance of landing for which a drafted token pays at the measured cost of a row, low on a
@@ -71,15 +71,15 @@ class DraftHeadSpeculator:
         self.state = head.new_state()
         self.n_layers = n_layers
         self.max_draft_tokens = max_draft_tokens
-        # --spec-pmin given: it holds. Else a head with calibrated confidences gates at the cost
-        # governor's measured gate (DraftContext.min_prob) once there is one, and at its own default
-        # (else the algorithm's) until then.
-        self.gate_follows_cost = min_draft_prob is None and bool(getattr(head, "calibrated", False))
+        self._cumulative = bool(getattr(head, "cumulative_gate", False))
+        # --spec-pmin given: it holds. Else a head that gates cumulatively (its confidences multiply
+        # as chances of landing: calibrated) gates at the cost governor's measured gate
+        # (DraftContext.min_prob) once there is one, and at its own default until then.
+        self.gate_follows_cost = min_draft_prob is None and self._cumulative
         if min_draft_prob is None:  # the head's own default, else the algorithm's
             min_draft_prob = getattr(head, "default_min_draft_prob", None)
         self.min_draft_prob = min_draft_prob  # validated; None: the default
         self._pick = getattr(head, "pick", pick_top)
-        self._cumulative = bool(getattr(head, "cumulative_gate", False))
         self._from_trunk = getattr(head, "from_trunk", lambda rows: rows)
         self._trunk_logits = getattr(head, "trunk_logits", lambda logits: logits)
         # counters one report line can print

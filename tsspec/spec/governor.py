@@ -121,6 +121,7 @@ __all__ = [
     "row_cost",
     "best_draft_length",
     "best_rate",
+    "rate_at",
     "cost_gate",
     "GATE_FLOOR",
     "GATE_CAP",
@@ -233,14 +234,17 @@ def row_cost(spec_steps: Iterable[tuple[float, int]], plain_ms: float) -> float 
 def best_draft_length(expected: Sequence[float], row: float) -> int:
     """The k in 1..len(expected)-1 with the most expected tokens per unit of time,
     ``expected[k] / (1 + row * k)``; the shorter on ties."""
-    return max(range(1, len(expected)), key=lambda k: (expected[k] / (1.0 + row * k), -k))
+    return max(range(1, len(expected)), key=lambda k: (rate_at(expected, row, k), -k))
+
+
+def rate_at(expected: Sequence[float], row: float, k: int) -> float:
+    """Expected tokens per plain step's worth of time with k drafts, ``expected[k] / (1 + row * k)``."""
+    return expected[k] / (1.0 + row * k)
 
 
 def best_rate(expected: Sequence[float], row: float) -> float:
-    """Expected tokens per plain step's worth of time at the best draft length,
-    ``expected[k] / (1 + row * k)`` at ``best_draft_length``: below 1, no draft length pays."""
-    k = best_draft_length(expected, row)
-    return expected[k] / (1.0 + row * k)
+    """``rate_at`` the best draft length (``best_draft_length``): below 1, no draft length pays."""
+    return rate_at(expected, row, best_draft_length(expected, row))
 
 
 # the cost gate's bounds: never so low that a near-certain miss is drafted, never so high that a
@@ -368,7 +372,7 @@ class SpeculationCostGovernor:
             return draft_length(window, self._accepted)
         expected = expected_emitted(self._verifies, window)
         k = best_draft_length(expected, row)
-        self._gate = cost_gate(row, expected[k] / (1.0 + row * k))
+        self._gate = cost_gate(row, rate_at(expected, row, k))
         return k
 
     def min_draft_prob(self) -> float | None:
