@@ -186,6 +186,29 @@ def test_speculative_output_equals_plain_with_the_trained_head(world, trained, p
         assert stats.accepted > 0  # a trained head: some drafts land
 
 
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=7)],
+                         ids=["greedy", "seeded"])
+def test_output_equals_plain_with_the_trained_head_under_the_cost_gate(world, trained, params):
+    """No --spec-pmin: the trained head gates at the governor's measured gate (DraftContext.min_prob)
+    once there is one; what it drafts changes, the output does not."""
+    from tsspec.spec.governor import GovernorConfig, SpeculationCostGovernor
+
+    result, _ = trained
+    target = load_model(world["trunk"], fmt="f32")
+    head = load_drafter(result.out, target).draft_head
+    prompt = [ord(c) % 256 for c in TEXT[:40]]
+    plain = decode(target, Sampler(params), prompt, 60)
+    spec = DraftHeadSpeculator(head, target.n_layers, max_draft_tokens=4)
+    assert spec.gate_follows_cost
+    gates = []
+    propose = spec.propose
+    spec.propose = lambda ctx: (gates.append(ctx.min_prob), propose(ctx))[1]
+    gov = SpeculationCostGovernor(GovernorConfig(margin=100.0))  # no park on a loss mid-hold
+    out = decode(target, Sampler(params), prompt, 60, speculator=spec, governor=gov, window=4)
+    assert out == plain
+    assert any(g is not None for g in gates)  # the measured gate reached the speculator
+
+
 def test_refuses_another_trunk(world, trained):
     result, _ = trained
     with pytest.raises(BadInput, match="architecture llama.*qwen2.*tsspec distill"):
