@@ -117,6 +117,21 @@ def test_help_keeps_square_brackets():
     assert "[configs.NAME] tables" in r.output and "tsspec[plot]" in r.output
 
 
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "info", "pull", "distill", "export-hf", "models", "bench"])
+def test_help_description_wraps_to_the_terminal(command):
+    """A command's description fills an 80-column terminal line by line: no line inside a paragraph
+    ends early because the docstring's own line break was kept."""
+    r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    start = next(i for i, x in enumerate(lines) if "Usage:" in x) + 1
+    end = next(i for i, x in enumerate(lines) if x.lstrip().startswith("╭"))  # the first panel
+    body = [x.strip() for x in lines[start:end]]
+    for i, line in enumerate(body[:-1]):
+        if line and body[i + 1]:  # not the last line of its paragraph
+            assert len(line) >= 60, f"{command}: {line!r} breaks early, before {body[i + 1]!r}"
+
+
 def test_info(model):
     r = run("info", model)
     assert r.exit_code == 0, r.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -809,6 +810,18 @@ def _model_sha(path: Path, fallback) -> str:
     if side.exists():
         return side.read_text().split()[0]
     return fallback(path)
+
+
+def reflow(doc: str) -> str:
+    """A docstring with each paragraph on one line. Typer's rich help keeps a docstring's single line
+    breaks, so in an 80-column terminal every source line of a long description wrapped once more
+    and the text broke mid-sentence ("predict its next\ntokens (its soft\ndistribution")."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
+for _info in app.registered_commands:  # every command's help, reflowed to the terminal's width
+    if _info.help is None and _info.callback is not None and _info.callback.__doc__:
+        _info.help = reflow(_info.callback.__doc__)
 
 
 def main(args: list[str] | None = None) -> None:
