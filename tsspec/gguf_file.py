@@ -32,6 +32,25 @@ def _fast_reader_class():
     from gguf.constants import GGUFValueType
 
     class FastReader(gguf.GGUFReader):
+        def __init__(self, path, mode="r"):
+            self.file_name = Path(path).name
+            super().__init__(path, mode)
+
+        def _build_tensors(self, start_offs, fields):
+            """gguf-py's tensor views; where it cannot make them (a tensor's bytes run past the end of
+            a cut file: numpy's "cannot reshape"), the layout check names the tensor and the cut."""
+            try:
+                return super()._build_tensors(start_offs, fields)
+            except Exception as e:
+                from .validate import check_layout, field_records
+
+                try:
+                    recs = field_records(fields)
+                except Exception:
+                    raise e from None
+                check_layout(self.file_name, recs, int(start_offs), len(self.data), int(self.alignment))
+                raise
+
         def _get_field_parts(self, orig_offs, raw_type):
             if GGUFValueType(raw_type) != GGUFValueType.ARRAY or self.byte_order == "S":
                 return super()._get_field_parts(orig_offs, raw_type)
@@ -102,6 +121,8 @@ def open_reader(path: str | os.PathLike):
             reader = _fast_reader_class()(str(p), "r")
     except PermissionError as e:
         raise ModelFileError(f"cannot read model file {p}: {e.strerror}") from None
+    except ModelFileError:  # the layout check's own words (a tensor past the end of a cut file)
+        raise
     except Exception as e:  # gguf-py raises ValueError/IndexError/struct errors (MemoryError too) on damage
         raise ModelFileError(f"corrupt or truncated GGUF file {p}: {_header_damage(e, size)}") from None
     # A truncated file can still parse its header: every tensor's bytes must be in the file, in

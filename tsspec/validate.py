@@ -54,7 +54,8 @@ def check_layout(fname: str, tensors: Sequence[TensorRecord], data_start: int, f
     bytes there."""
     if not tensors:
         return
-    for t in tensors:
+    need = max(data_start + t.offset + t.n_bytes for t in tensors)
+    for t in sorted(tensors, key=lambda t: t.offset):  # a cut file: name the tensor the cut falls in
         if any(d < 1 for d in t.shape):
             raise ModelFileError(f"{fname}: tensor {t.name} has shape {t.shape}; every dimension must be >= 1")
         if t.offset % alignment:
@@ -63,7 +64,8 @@ def check_layout(fname: str, tensors: Sequence[TensorRecord], data_start: int, f
         end = data_start + t.offset + t.n_bytes
         if end > file_size:
             raise ModelFileError(f"{fname}: tensor {t.name} ({t.type_name} {t.shape}) ends at byte {end}, "
-                                 f"past the end of the file ({file_size} bytes): truncated or a wrong offset")
+                                 f"past the end of the file ({file_size} bytes; the tensors need {need}): "
+                                 f"truncated or a wrong offset")
     ordered = sorted(tensors, key=lambda t: t.offset)
     for a, b in zip(ordered, ordered[1:]):
         end = a.offset + a.n_bytes
@@ -391,15 +393,22 @@ def _describe(hp: Mapping[str, Any]) -> str:
 def records(reader) -> list[TensorRecord]:
     """``TensorRecord``s of a gguf-py reader's tensor infos, from the raw fields (Python ints, so a
     dimension product or an offset past 2^64 is seen as such, not wrapped)."""
-    from gguf.constants import GGML_QUANT_SIZES
+    return field_records([t.field for t in reader.tensors])
+
+
+def field_records(fields) -> list[TensorRecord]:
+    """``TensorRecord``s of raw tensor-info fields (name, dims, type code, offset), as the header
+    stores them: also where gguf-py could not make the tensors themselves."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     out = []
-    for t in reader.tensors:
-        parts = t.field.parts
+    for field in fields:
+        parts = field.parts
         dims = [int(x) for x in parts[3]]
         offset = int(parts[5][0])
-        block, size = GGML_QUANT_SIZES[t.tensor_type]
-        out.append(TensorRecord(t.name, tuple(reversed(dims)), t.tensor_type.name, offset,
+        qtype = GGMLQuantizationType(int(parts[4][0]))
+        block, size = GGML_QUANT_SIZES[qtype]
+        out.append(TensorRecord(str(bytes(parts[1]), encoding="utf-8"), tuple(reversed(dims)), qtype.name, offset,
                                 tensor_bytes(dims, block, size)))
     return out
 
