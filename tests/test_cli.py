@@ -132,6 +132,16 @@ def test_help_description_wraps_to_the_terminal(command):
             assert len(line) >= 60, f"{command}: {line!r} breaks early, before {body[i + 1]!r}"
 
 
+def test_ctx_size_above_the_trained_context_is_capped_with_a_warning(model):
+    """The tiny model is trained to 256 tokens: a larger --ctx-size runs at 256 and says so once."""
+    r = run("generate", "-m", model, "-p", PROMPT, "-n", "4", "-c", "100000", "--json")
+    assert js(r)["generated_tokens"] >= 1
+    warns = [x for x in r.stderr.splitlines() if "trained context" in x]
+    assert len(warns) == 1 and "--ctx-size 100000" in warns[0] and "(256 tokens); using 256" in warns[0], r.stderr
+    quiet = run("generate", "-m", model, "-p", PROMPT, "-n", "4", "-c", "256", "--json")
+    assert "trained context" not in quiet.stderr, quiet.stderr
+
+
 def test_info(model):
     r = run("info", model)
     assert r.exit_code == 0, r.output

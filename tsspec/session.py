@@ -81,6 +81,9 @@ class Session:
             target = load_model(g, fmt=config.weights, n_ctx=config.ctx_size,
                                 verify_snapshots=config.verify_snapshots, device=config.device)
             tokenizer = Tokenizer.from_metadata(g.metadata)
+        if config.ctx_size and config.ctx_size > target.max_context and warn is not None:
+            warn(f"--ctx-size {config.ctx_size} is above {path.name}'s trained context "
+                 f"({target.max_context} tokens); using {target.max_context}")
         return cls(config, g, target, tokenizer, console=console, warn=warn)
 
     @property
