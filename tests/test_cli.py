@@ -203,6 +203,18 @@ def test_bench_config_typo_is_one_line(model):
     one_error_line(run("bench", "-m", model, "--config", "ngram:drfat=4", "-n", "4"), 2, "did you mean draft")
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--reps", "0"], "--reps must be >= 1, got 0"),
+    (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    (["--config", "draft-head:path=/nonexistent/head.gguf"], "config draft-head:path=/nonexistent/head.gguf: model not found"),
+    (["--config", "d=draft-model", "--draft-model", "qwen9"], "--draft-model: model not found: qwen9"),
+])
+def test_bench_refuses_bad_settings_before_loading_the_trunk(args, needle):
+    """The trunk named here does not exist: the error about the setting comes first, so a user does
+    not wait for a model to load to learn it (the checks used to run inside the rotation)."""
+    one_error_line(run("bench", "-m", "/nonexistent/trunk.gguf", "-n", "4", *args), 2, needle)
+
+
 def test_bad_environment_value(model):
     one_error_line(run("generate", "-m", model, "-p", "hi", env={"TS_MTP_DRAFT": "lots"}), 2, "TS_MTP_DRAFT")
 

@@ -687,6 +687,8 @@ def bench(
     with user_errors():
         if max_tokens < 2:
             raise BadInput("--max-tokens must be >= 2 for a decode speed")
+        if reps < 1 or warmup < 0:  # here, not after the model has loaded
+            raise BadInput(f"--reps must be >= 1, got {reps}" if reps < 1 else f"--warmup must be >= 0, got {warmup}")
         configs = parse_configs(config)
         base = baseline
         if config_file is not None:
@@ -695,6 +697,19 @@ def bench(
             base = base or cf.baseline
         if not configs:
             configs = parse_configs(["ngram"])
+        from .hub import check_model_spec
+
+        for c in configs:  # a drafter file that is not there: said before the trunk loads
+            if c.draft_model is not None:
+                try:
+                    check_model_spec(c.draft_model)
+                except TsspecError as e:
+                    raise BadInput(f"config {c.name}: {e}") from None
+        if draft_model is not None:
+            try:
+                check_model_spec(draft_model)
+            except TsspecError as e:
+                raise BadInput(f"--draft-model: {e}") from None
         for out in (json_out, csv_out, plot_out):  # refuse now, not after a long run that is then lost
             if out is not None and str(out) != "-" and not out.expanduser().resolve().parent.is_dir():
                 raise BadInput(f"{out}: its directory does not exist")

@@ -508,12 +508,16 @@ def resolve_model(spec: str | os.PathLike[str] | None, *, progress: bool = True,
     """
     if spec is None:
         return ensure_model(DEFAULT_MODEL, progress, console=console)
+    check_model_spec(spec)
     s = os.fspath(spec)
     p = Path(s).expanduser()
-    if p.is_file():
-        return p
-    if s in KNOWN_MODELS:
-        return ensure_model(s, progress, console=console)
-    raise UnknownModel(
-        f"model not found: {s} is neither a file nor a known model name (known: {_known_list()}){_did_you_mean(s)}"
-    )
+    return p if p.is_file() else ensure_model(s, progress, console=console)
+
+
+def check_model_spec(spec: str | os.PathLike[str]) -> None:
+    """:class:`UnknownModel` unless ``spec`` is an existing file or a known model name; fetches
+    nothing (a command checks every model it was given before a long load)."""
+    s = os.fspath(spec)
+    if not Path(s).expanduser().is_file() and s not in KNOWN_MODELS:
+        raise UnknownModel(f"model not found: {s} is neither a file nor a known model name "
+                           f"(known: {_known_list()}){_did_you_mean(s)}")
