@@ -133,15 +133,45 @@ def test_same_request_same_text_alone_or_among_concurrent_others(tiny):
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n"),
     ({"messages": [{"role": "user", "content": "x"}], "seed": -3}, 400, "seed"),
     ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-4"}, 404, "model"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 3}, 400, "presence_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": "lots"}, 400, "frequency_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_k": -1}, 400, "top_k"),
+    ({"messages": [{"role": "user", "content": "x"}], "min_p": 1}, 400, "min_p"),
+    ({"messages": [{"role": "user", "content": "x"}], "repeat_penalty": 0}, 400, "repeat_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, 400, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 100}}, 400, "logit_bias"),
+    ({"prompt": "x", "echo": True}, 400, "echo"),
+    ({"prompt": "x", "best_of": 3}, 400, "best_of"),
 ])
 def test_bad_requests_get_openai_errors(tiny, body, status, param):
     _, client = make(tiny)
-    r = client.post("/v1/chat/completions", json=body)
+    r = client.post("/v1/completions" if "prompt" in body else "/v1/chat/completions", json=body)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"]
     if param == "max_tokens" and status == 400 and body.get("max_tokens") == 10**6:
         assert err["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize("spec", [None, ngram])
+def test_penalties_and_samplers_reach_the_sampler(tiny, spec):
+    """presence/frequency/repeat penalties, top_k and min_p were ignored without a word: a request
+    with them now gets exactly what ``tsspec generate`` gives with the same settings."""
+    model, tok = tiny
+    extra = {"presence_penalty": 1.5, "frequency_penalty": 0.8, "repeat_penalty": 1.3, "repeat_last_n": 16,
+             "top_k": 20, "min_p": 0.05}
+    _, client = make(tiny, spec=spec)
+    eng = Engine(model, tok)
+    for temperature in (0, 0.9):
+        body = {"prompt": "red green blue red green blue red", "max_tokens": 24, "temperature": temperature,
+                "seed": 7, **extra}
+        got = text_of(client, "/v1/completions", body)
+        params = SamplingParams(temperature=temperature, seed=7, **extra)
+        assert got == eng.generate(tok.encode(body["prompt"]), sampler=Sampler(params), max_tokens=24).text
+        if temperature == 0:  # the penalties change this greedy text: the test sees whether they were applied
+            bare = {k: v for k, v in body.items() if k not in extra}
+            assert text_of(client, "/v1/completions", bare) != got
 
 
 def test_malformed_bodies_and_unknown_routes(tiny):

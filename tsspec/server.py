@@ -352,6 +352,22 @@ class Server:
         top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
         if top_p == 0.0:
             raise APIError(400, "top_p must be in (0, 1]", param="top_p")
+        # OpenAI's penalties, and the samplers llama.cpp's server also takes by these names
+        presence = _number(body, "presence_penalty", 0.0, -2.0, 2.0)
+        frequency = _number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+        repeat = _number(body, "repeat_penalty", 1.0, 0.0, 1e6)
+        if repeat == 0.0:
+            raise APIError(400, "repeat_penalty must be a number > 0", param="repeat_penalty")
+        min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
+        if min_p == 1.0:
+            raise APIError(400, "min_p must be in [0, 1)", param="min_p")
+        top_k = _integer(body, "top_k", 0)
+        repeat_last_n = _integer(body, "repeat_last_n", 64)
+        for key, unused in (("logprobs", (None, False)), ("top_logprobs", (None, 0)), ("echo", (None, False)),
+                            ("best_of", (None, 1)), ("logit_bias", (None, {})), ("suffix", (None, ""))):
+            if body.get(key) not in unused:  # asked for, and the answer would silently lack it
+                raise APIError(400, f"{key} is not supported by tsspec serve: send the request without it",
+                               param=key)
         seed = body.get("seed", 0)
         if seed is None:
             seed = 0
@@ -376,7 +392,9 @@ class Server:
             raise APIError(400, f"stop must be a string or a list of at most {MAX_STOP_STRINGS} non-empty strings",
                            param="stop")
         try:
-            sampler = Sampler(SamplingParams(temperature=temperature, top_p=top_p, seed=seed))
+            sampler = Sampler(SamplingParams(temperature=temperature, top_p=top_p, seed=seed, top_k=top_k, min_p=min_p,
+                                             repeat_penalty=repeat, presence_penalty=presence,
+                                             frequency_penalty=frequency, repeat_last_n=repeat_last_n))
         except (ValueError, BadInput) as e:
             raise APIError(400, str(e)) from None
         return sampler, max_tokens, stop
@@ -425,6 +443,15 @@ def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not lo <= float(v) <= hi:
         raise APIError(400, f"{key} must be a number in [{lo:g}, {hi:g}]", param=key)
     return float(v)
+
+
+def _integer(body: dict, key: str, default: int) -> int:
+    v = body.get(key, default)
+    if v is None:
+        v = default
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise APIError(400, f"{key} must be a non-negative integer", param=key)
+    return v
 
 
 def _finish_reason(result: GenerationResult) -> str:
