@@ -307,6 +307,69 @@ def test_governed_draft_length_shrinks_on_rejection_and_grows_back(models):
     # last drafts run into the end of the known continuation)
 
 
+class EmptyDrafts:
+    """A speculator that is asked every time and never drafts (a head whose gate cuts every draft)."""
+
+    name = "empty"
+    needs_hidden_state = False
+    can_arm_after_prefix_reuse = True
+    default_accept_rule = "match"
+
+    def __init__(self):
+        self.asked = 0
+
+    def begin(self, prompt, hidden):
+        pass
+
+    def propose(self, ctx):
+        self.asked += 1
+        return Draft()
+
+    def commit(self, tokens, hidden, start_pos):
+        pass
+
+
+class AlternatingGovernor:
+    """Says draft on every other step and keeps what the loop reports."""
+
+    state, parks = "probing", 0
+
+    def __init__(self):
+        self.asks, self.records = 0, []
+
+    def should_draft(self):
+        self.asks += 1
+        return self.asks % 2 == 1
+
+    def draft_length(self, window):
+        return window
+
+    def min_draft_prob(self):
+        return None
+
+    def begin_sequence(self):
+        pass
+
+    def record(self, speculative, ms, tokens, drafted=None, setup_ms=0.0):
+        self.records.append((speculative, tokens, drafted))
+
+
+def test_a_proposal_that_drafts_nothing_is_reported_as_speculation(models):
+    """Its proposal cost time (a head's step), so the governor gets it as a speculative step that
+    drafted 0 tokens; reported as plain, it made the plain baseline slower than plain decoding is."""
+    m = models["llama"]
+    prompt = PROMPTS["periodic"]
+    spec, gov = EmptyDrafts(), AlternatingGovernor()
+    assert decode(m, GREEDY, prompt, 10, speculator=spec, governor=gov) == plain(m, prompt, n=10)
+    steps = gov.records  # 9 steps after the prefill's token
+    assert len(steps) == 9 and spec.asked == 4
+    assert steps[0:8:2] == [(True, 1, 0)] * 4  # asked: speculative, drafted 0
+    assert steps[1:8:2] == [(False, 1, 0)] * 4  # not asked: plain
+    # the last step had the governor's yes but a budget of one token, so no room for a draft: the
+    # speculator was not asked, and the step is plain
+    assert steps[8] == (False, 1, 0)
+
+
 # ----------------------------------------------------------------------------- many sequences, one model
 
 

@@ -7,8 +7,11 @@ forward), and reports what it actually ran with ``record(speculative, ms, tokens
 * ``tokens`` is how many tokens the step emitted (a plain step: 1);
 * ``ms`` is the step's wall time, propose time included -- a proposer that finds nothing still
   costs its lookup, and that is part of what the governor must weigh;
-* if the governor said "draft" but the loop ran a plain step (the speculator declined, no
-  context headroom), report it as plain: it costs what a plain step costs.
+* if the governor said "draft" and the speculator was asked but drafted nothing, report it as
+  speculative with ``drafted=0``: its proposal is speculation's cost (a head's step is a sixth of
+  a smollm2 step), and reported as plain it made the plain baseline look that much slower, so a
+  losing head was held (0.90x of plain on code). A step the loop ran plain without asking (no
+  context headroom) is plain.
 
 It also sizes the drafts. ``draft_length(window)`` picks the length k that maximises expected
 tokens per unit of time, ``E(k) / (1 + row * k)``, from two measured things:
@@ -50,9 +53,11 @@ step of a losing speculator is paid for, and an unmeasured one only delays the v
 States:
 
 * ``probing`` -- gathering evidence. The first probe of a sequence interleaves speculative and
-  plain steps (S P S P ...) until both kinds have ``probe_spec`` / ``probe_plain`` measured
+  plain steps (S P P S P P ...) until both kinds have ``probe_spec`` / ``probe_plain`` measured
   samples; plain samples are needed because the baseline is measured in the same run, on the
-  same context, not assumed. A probe ends with a verdict: ``ratio <= 1`` holds, else parks. A
+  same context, not assumed. The plain step right after a proposal is not one: it still pays for
+  the proposal (a drafter's weights evict the trunk's from cache), so its time and token go to the
+  speculative side, and a clean plain step follows it. A probe ends with a verdict: ``ratio <= 1`` holds, else parks. A
   hold also needs the cost model behind the draft length (acceptance so far, measured row cost)
   to expect that some draft length pays (``predicted_rate() >= 1``): two lucky steps of a drafter
   whose every drafted token costs about a whole step (qwen2.5-coder-0.5b for 1.5b on this CPU)
@@ -344,6 +349,7 @@ class SpeculationCostGovernor:
         self._plain: deque[Sample] = deque(maxlen=c.window)
         self._seen_spec = 0  # steps of each kind reported, for the warmup skip
         self._seen_plain = 0
+        self._after_spec = False  # the last step was speculative (the next plain one is not clean)
         self._streak = 0  # parks since the last win: the backoff exponent
         self.parks = 0  # parks this sequence, for the display
         self._accepted: deque[int] = deque(maxlen=RECENT_ACCEPTED)  # drafts taken by recent verifies
@@ -400,15 +406,23 @@ class SpeculationCostGovernor:
             raise ValueError(f"need ms, tokens, drafted, setup_ms >= 0, got {ms}, {tokens}, {drafted}, {setup_ms}")
         c = self.config
         self.steps += 1
+        proposed = bool(speculative)
+        if not speculative and self._after_spec:
+            # the plain step right after a proposal still pays for it (the drafter's weights and
+            # buffers evicted the trunk's from cache: on smollm2 with its head, 4.0 ms against 2.7 in
+            # a run of plain steps), so it is speculation's cost, not a plain sample
+            speculative, drafted = True, 0
+        self._after_spec = proposed
         setup_ms = min(float(setup_ms), float(ms))
         self.setup_ms += setup_ms
         ms = float(ms) - setup_ms
         if speculative:
-            self.drafted_steps += 1
-            accepted = max(int(tokens) - 1, 0)  # a verify emits its accepted drafts + 1
-            self._accepted.append(accepted)
-            if drafted:
-                self._verifies.append((int(drafted), min(accepted, int(drafted))))
+            if drafted != 0:  # 0: asked, drafted nothing; its time counts, its tokens say nothing of acceptance
+                self.drafted_steps += 1
+                accepted = max(int(tokens) - 1, 0)  # a verify emits its accepted drafts + 1
+                self._accepted.append(accepted)
+                if drafted:
+                    self._verifies.append((int(drafted), min(accepted, int(drafted))))
             self._seen_spec += 1
             if self._seen_spec > c.warmup:
                 self._spec.append((float(ms), int(tokens)))
@@ -422,9 +436,11 @@ class SpeculationCostGovernor:
             return
 
         if self._state == PROBING:
-            if speculative:
+            # a proposal counts as a probe's speculative step, a clean plain step as its plain one;
+            # the plain step after a proposal is neither (its time is on the speculative side)
+            if proposed:
                 self._need_spec = max(0, self._need_spec - 1)
-            else:
+            elif not speculative:
                 self._need_plain = max(0, self._need_plain - 1)
             if is_losing(self.ratio, c.margin):
                 self._park()  # a loss needs no more evidence than the first measured step

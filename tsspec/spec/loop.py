@@ -57,6 +57,7 @@ class Rows:
     item: ForwardItem
     prepare_ms: float  # drafting and sizing, for the governor's step time
     prefill: bool = False
+    proposed: bool = False  # the speculator was asked for a draft (it may have drafted nothing)
 
 
 class Sequence:
@@ -174,7 +175,7 @@ class Sequence:
             item = ForwardItem([self.last, *draft.tokens], self.cache, True, taps)
         else:
             item = ForwardItem([self.last], self.cache, False, taps)
-        return Rows(pos, draft, item, _ms(t0))
+        return Rows(pos, draft, item, _ms(t0), proposed=draft is not NO_DRAFT)
 
     def finish(self, rows: Rows, out: ForwardOutput, forward_ms: float) -> list[int]:
         """The second half of a step, given the forward of ``rows``: accept, trim, commit; -> the
@@ -195,7 +196,9 @@ class Sequence:
         st.generated = len(self.history) - self.prompt_len
         if self.governor is not None:
             step_ms = rows.prepare_ms + forward_ms + _ms(t0)
-            self.governor.record(bool(draft.tokens), step_ms, len(emitted), len(draft.tokens) or None,
+            # a proposal that drafted nothing is still speculation's cost (a head's step costs a
+            # sixth of smollm2's): reported as plain it made the plain baseline look that much slower
+            self.governor.record(rows.proposed, step_ms, len(emitted), len(draft.tokens),
                                  setup_ms=draft.setup_ms)
             st.governor_state = self.governor.state
             st.governor_parks = self.governor.parks
