@@ -259,6 +259,39 @@ def test_a_proposal_that_drafted_nothing_costs_speculation_not_plain():
     assert gov.draft_length(8) == 3 and gov.drafted_steps == 0  # FIRST_DRAFT: still no verify seen
 
 
+def test_a_probe_waits_past_declined_drafts_for_drafted_ones():
+    """qwen2.5-coder-1.5b's head declined two drafts in a row (its gate), each costing its step (4%
+    of a trunk step); a probe that took those two as its evidence parked it 8, 16, 32 steps while
+    drafting always ran 1.11x plain. Up to ``probe_empty`` declined drafts do not count: the probe
+    asks again, and drafts that win hold it. A head that declines everything is still parked."""
+    empty, win = (10.4, 1, 0), (15.0, 3, 2)  # (ms, tokens, drafted)
+
+    def run(spec_steps):
+        gov = SpeculationCostGovernor()
+        steps = iter(spec_steps)
+        for _ in range(40):
+            if gov.state != PROBING:
+                break
+            if gov.should_draft():
+                gov.record(True, *next(steps))
+            else:
+                gov.record(False, PLAIN_MS, 1)
+        return gov
+
+    assert run([empty, empty, win, win, win, win]).state == HOLDING
+    declines = run([empty] * 20)
+    assert declines.state == PARKED and declines.parks == 1
+    # without the allowance the first two declined drafts decided the probe
+    strict = SpeculationCostGovernor(GovernorConfig(probe_empty=0))
+    for ms, tok, drafted in [empty, empty]:
+        while not strict.should_draft():
+            strict.record(False, PLAIN_MS, 1)
+        strict.record(True, ms, tok, drafted)
+    while strict.state == PROBING:
+        strict.record(False, PLAIN_MS, 1)
+    assert strict.state == PARKED
+
+
 def test_disabled_always_drafts():
     gov = SpeculationCostGovernor(enabled=False)
     run = simulate(gov, LOSER, n_tokens=200)
