@@ -24,10 +24,13 @@ SYSTEM = {"role": "system", "content": "You answer in one short sentence about f
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(client, model path): one real server process for the module, n-gram speculation on."""
+    """(client, model path): one real server process for the module, n-gram speculation on and drafting
+    every step: with the cost governor on, whether a draft is tried depends on how fast the machine ran
+    the last steps, and the tests below assert that speculation ran and was taken."""
     path = write_tiny_model(tmp_path_factory.mktemp("serve_openai") / "tiny.gguf", "qwen2", seed=5,
                             vocab_size=400, ctx=1024)
-    with serve(path, "--parallel", "4", "-t", "1", "--spec", "--spec-type", "ngram") as (_, port):
+    with serve(path, "--parallel", "4", "-t", "1", "--spec", "--spec-type", "ngram",
+               "--no-spec-adaptive") as (_, port):
         yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120), path
 
 
