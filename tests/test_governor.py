@@ -231,7 +231,9 @@ def test_a_drafter_that_slows_the_next_plain_step_is_judged_with_that_cost():
     emits 2 tokens in 24 ms (12 ms a token against 10 for clean plain: a 20% loss) and the plain step
     after one costs 20 ms. Judged against those 20-ms steps the drafter won (0.6x) and was held the
     whole way; with the plain step after a proposal on speculation's side, it is parked and the run
-    costs about plain."""
+    costs about plain. (Its cost model, which reads drafted rows only, expects a one-token draft to
+    pay, so its probes hold on the model's word; such a hold does not reset the backoff, or the
+    holds the measured ratio keeps refuting would come back every 8 steps: 1.16x plain.)"""
     gov = SpeculationCostGovernor()
     total, tokens, after_spec = 0.0, 0, False
     while tokens < 500:
@@ -471,11 +473,16 @@ def test_governor_sim_script_separates_winners_from_losers():
     spec = importlib.util.spec_from_file_location("governor_sim", path)
     sim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sim)
-    never = (sim.whole(0.0), 0.38, 0.45, 1.0, 0.1)  # an expensive drafter that is never right
-    always = (sim.whole(1.0), 0.1, 0.0, 1.0, 0.0)  # cheap rows, every draft taken whole
+    never = (sim.whole(0.0), 0.38, 0.45, 1.0, 0.1, 0.0)  # an expensive drafter that is never right
+    always = (sim.whole(1.0), 0.1, 0.0, 1.0, 0.0, 0.0)  # cheap rows, every draft taken whole
     cfg = GovernorConfig()
     assert 0.85 < sim.simulate(cfg, never, n=200, window=8, seeds=20) < 1.0  # parked: close to plain
     assert sim.simulate(cfg, always, n=200, window=8, seeds=20) > 3.0
+    # the trained heads' cost models (Intel kind): qwen2.5-coder-1.5b's cheap head keeps most of what
+    # drafting always gives (1.12x measured); a verdict on the measured ratio alone read 1.06 here,
+    # as the bench did (1.05); smollm2's head, which loses drafting always (0.90x), stays near plain
+    assert sim.simulate(cfg, sim.CASES["qwen1.5 head code"], n=64, window=8, seeds=100) > 1.08
+    assert 0.97 < sim.simulate(cfg, sim.CASES["smollm head code"], n=64, window=8, seeds=100) < 1.0
 
 
 def test_a_losing_drafter_starts_the_next_sequence_parked():
@@ -614,3 +621,37 @@ def test_lucky_probe_steps_do_not_hold_a_drafter_the_cost_model_says_cannot_pay(
     cheap = probe((45.0, 33.0))  # each drafted token about 0.2 of a step
     assert cheap.ratio < 1.0 and cheap.predicted_rate() >= 1.0
     assert cheap.state == HOLDING
+
+
+def _probe_after(first):
+    """A fresh governor's first probe after one speculative step ``first`` = (ms, tokens, drafted)
+    against 10-ms plain steps (none measured yet: the next plain step is the one after the proposal)."""
+    gov = SpeculationCostGovernor()
+    gov.begin_sequence()
+    assert gov.should_draft()
+    gov.draft_length(8)
+    gov.record(True, *first)
+    gov.record(False, PLAIN_MS, 1)  # after the proposal: on speculation's side
+    gov.record(False, PLAIN_MS, 1)  # a clean plain sample
+    return gov
+
+
+def test_one_rejected_draft_of_a_cheap_drafter_does_not_park_the_probe():
+    """qwen2.5-coder-1.5b's head: a drafted row costs ~0.12 of a step, a third of its drafts land.
+    One rejected draft of three (13.6 ms for one token) measures a clear loss (1.18x), but the cost
+    model still expects some draft length to pay: the probe goes on instead of parking, and two
+    drafts that land then hold it. The same rejection from a drafter whose every token costs a
+    step (40 ms) is a sharp loss and parks at once."""
+    gov = _probe_after((13.6, 1, 3))
+    assert is_losing(gov.ratio, gov.config.margin) and gov.predicted_rate() >= 1.0
+    assert gov.state == PROBING
+    for _ in range(2):
+        assert gov.should_draft()
+        gov.draft_length(8)
+        gov.record(True, 12.4, 2, 1)
+        while gov.state == PROBING and not gov.should_draft():
+            gov.record(False, PLAIN_MS, 1)
+    assert gov.state == HOLDING
+    expensive = _probe_after((40.0, 1, 3))
+    assert expensive.state == PARKED and expensive.parks == 1
+

@@ -59,14 +59,23 @@ States:
   the proposal (a drafter's weights evict the trunk's from cache), so its time and token go to the
   speculative side, and a clean plain step follows it. A proposal that drafted nothing (a gate cut
   it) is on the speculative side too, but only counts towards ``probe_spec`` after ``probe_empty``
-  proposals: a probe judges what drafting costs, and two declined drafts do not show it. A probe ends with a verdict: ``ratio <= 1`` holds, else parks. A
-  hold also needs the cost model behind the draft length (acceptance so far, measured row cost)
-  to expect that some draft length pays (``predicted_rate() >= 1``): two lucky steps of a drafter
-  whose every drafted token costs about a whole step (qwen2.5-coder-0.5b for 1.5b on this CPU)
-  measure as a win.
-  The verdict is asymmetric on purpose: a clear loss (``ratio > 1 + margin``) parks at once,
-  on the first step that shows it, while a win needs the whole probe. Being wrongly parked
-  costs only a forgone win for a few steps; being wrongly held costs real time.
+  proposals: a probe judges what drafting costs, and two declined drafts do not show it.
+  A probe's two or so measured steps are mostly luck for a drafter that lands a third of its
+  drafts, so its verdict leans on the cost model behind the draft length (``predicted_rate()``:
+  acceptance pooled over the recent verifies with a prior, and the measured cost of a drafted
+  row), with the measured ratio as a veto:
+
+  - it parks at once, mid-probe, on a loss a few more steps cannot turn: ``ratio > 1 + margin``
+    that is sharp (``> 1 + recent_margin``: a rejected draft of a drafter whose every token costs
+    about a step, qwen2.5-coder-0.5b for 1.5b) or that the model expects too (``predicted_rate()
+    < 1``); declined drafts alone never park before ``probe_empty`` of them;
+  - at its end it holds where the model expects some draft length to pay (``predicted_rate() >=
+    1``) and the ratio shows no sharp loss; without a model (no drafted step) ``ratio <= 1``.
+
+  One rejected draft of a cheap drafter is a mild loss the model expects to turn (qwen2.5-coder-
+  1.5b's trained head: a drafted row costs 0.12 of a step here): parking on it, as the ratio
+  alone did, parked that head on two probes in three, 1.05x plain on code against 1.12x drafting
+  always. A wrong hold is cheap to undo: holding judges the measured ratio after every step.
 * ``holding`` -- speculation is winning: draft every step for ``hold_steps`` steps, but check
   after every step and park AT ONCE when it turns losing (``ratio > 1 + margin``), judged on the
   whole window and, so that a sharp turn is caught within a few steps rather than after the
@@ -446,12 +455,13 @@ class SpeculationCostGovernor:
             # the plain step after a proposal is neither (its time is on the speculative side)
             if proposed:
                 self._probe_asked += 1
+                self._probe_drafted += drafted != 0
                 if drafted != 0 or self._probe_asked > c.probe_empty:
                     self._need_spec = max(0, self._need_spec - 1)
             elif not speculative:
                 self._need_plain = max(0, self._need_plain - 1)
-            if is_losing(self.ratio, c.margin):
-                self._park()  # a loss needs no more evidence than the first measured step
+            if self._probe_lost():
+                self._park()
             elif self._need_spec == 0 and self._need_plain == 0:
                 self._conclude_probe()
         elif self._state == HOLDING:
@@ -512,8 +522,24 @@ class SpeculationCostGovernor:
         self._need_spec = need_spec
         self._need_plain = need_plain
         self._probe_asked = 0  # proposals this probe, empty ones included
+        self._probe_drafted = 0  # proposals this probe that drafted
         self._steps_left = 0
         self.setup_ms = 0.0
+
+    def _probe_lost(self) -> bool:
+        """Park before the probe ends: clearly losing (``ratio > 1 + margin``) and either sharply
+        (``recent_margin``) or as the cost model expects too (module docstring); declined drafts
+        alone only after ``probe_empty`` of them."""
+        c = self.config
+        r = self.ratio
+        if not is_losing(r, c.margin):
+            return False
+        if is_losing(r, c.recent_margin):
+            return True
+        if not self._probe_drafted:
+            return self._probe_asked > c.probe_empty
+        rate = self.predicted_rate()
+        return rate is None or rate < 1.0
 
     def _conclude_probe(self) -> None:
         if not self._spec or not self._plain:
@@ -523,16 +549,20 @@ class SpeculationCostGovernor:
             return
         r = self.ratio
         rate = self.predicted_rate()
-        # a probe's two or so steps can all be lucky: a win must also be what the cost model expects
-        if r is not None and r <= 1.0 and (rate is None or rate >= 1.0):
-            self._hold()
+        # a probe's two or so steps are mostly luck: the cost model decides, the ratio vetoes a sharp loss
+        win = r <= 1.0 if rate is None else rate >= 1.0 and not is_losing(r, self.config.recent_margin)
+        if r is not None and win:
+            # a measured win resets the backoff; a hold on the model's word alone keeps it, so that a
+            # model the holding steps keep refuting (a cost it does not see) is retried ever less often
+            self._hold(reset_backoff=r <= 1.0)
         else:
             self._park()
 
-    def _hold(self) -> None:
+    def _hold(self, reset_backoff: bool = True) -> None:
         self._state = HOLDING
         self._steps_left = self.config.hold_steps
-        self._streak = 0  # a win resets the backoff
+        if reset_backoff:
+            self._streak = 0
 
     def _park(self) -> None:
         c = self.config
