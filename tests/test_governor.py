@@ -655,32 +655,3 @@ def test_one_rejected_draft_of_a_cheap_drafter_does_not_park_the_probe():
     expensive = _probe_after((40.0, 1, 3))
     assert expensive.state == PARKED and expensive.parks == 1
 
-
-
-def test_declined_proposals_enter_the_cost_model():
-    """smollm2-135m's head under the cost gate declines most proposals, each costing a third of a
-    trunk step (its head step), while its few drafts land: judged on drafted rows alone it looked a
-    win and was held, 0.94x plain on code. ``mixed_rate`` weighs the declined proposals in."""
-    from tsspec.spec.governor import declined_cost, expected_emitted, mixed_rate, best_rate
-
-    assert declined_cost([], 10.0) == (0.0, 0.0)
-    assert declined_cost([(15.0, 2), (14.0, 1)], 10.0) == (0.0, 0.0)
-    share, cost = declined_cost([(13.0, 0), (14.0, 0), (12.0, 0), (15.0, 2)], 10.0)
-    assert share == 0.75 and cost == pytest.approx(0.3)
-    exp = expected_emitted([(1, 1)] * 6 + [(1, 0)] * 2, 4)
-    assert mixed_rate(exp, 0.4, 0.0, 0.0) == pytest.approx(best_rate(exp, 0.4))
-    assert best_rate(exp, 0.4) > 1.0 and mixed_rate(exp, 0.4, 0.75, 0.3) < 1.0
-    # a cheap head declining a third of its proposals at 4% of a step still pays
-    assert mixed_rate(expected_emitted([(1, 1)] * 3 + [(1, 0)] * 5, 4), 0.12, 0.33, 0.04) > 1.0
-
-    # in the governor: the same drafts, with and without declined proposals between them
-    def probe(declines):
-        gov = SpeculationCostGovernor()
-        gov.record(False, PLAIN_MS, 1)
-        for _ in range(declines):
-            gov.record(True, 13.0, 1, 0)
-        for _ in range(3):
-            gov.record(True, 18.0, 2, 2)  # two drafted, the first taken: a row costs 0.4 of a step
-        return gov.predicted_rate()
-
-    assert probe(0) > 1.0 and probe(6) < 1.0

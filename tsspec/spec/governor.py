@@ -137,8 +137,6 @@ __all__ = [
     "row_cost",
     "best_draft_length",
     "best_rate",
-    "declined_cost",
-    "mixed_rate",
     "rate_at",
     "cost_gate",
     "GATE_FLOOR",
@@ -265,28 +263,6 @@ def best_rate(expected: Sequence[float], row: float) -> float:
     return rate_at(expected, row, best_draft_length(expected, row))
 
 
-def declined_cost(proposals: Iterable[tuple[float, int]], plain_ms: float) -> tuple[float, float]:
-    """(share, cost) of the proposals ``(ms, drafted)`` that drafted nothing (a gate cut them, a
-    lookup found nothing): their share of all proposals, and the median time one adds over a plain
-    step, as a fraction of it (at least 0); (0, 0) without proposals or a plain time."""
-    props = list(proposals)
-    empty = sorted((ms - plain_ms) / plain_ms for ms, k in props if k == 0) if plain_ms > 0 else []
-    if not props or not empty:
-        return 0.0, 0.0
-    return len(empty) / len(props), max(empty[len(empty) // 2], 0.0)
-
-
-def mixed_rate(expected: Sequence[float], row: float, share: float, cost: float) -> float:
-    """``best_rate`` with a ``share`` of proposals drafting nothing at ``cost`` of a step each: tokens
-    per plain step's worth of time over drafted and declined proposals together. A drafter whose
-    gate declines most proposals and whose every proposal costs a third of a step (smollm2-135m's
-    head) loses however well its few drafts land."""
-    k = best_draft_length(expected, row)
-    tokens = (1.0 - share) * expected[k] + share
-    time = (1.0 - share) * (1.0 + row * k) + share * (1.0 + cost)
-    return tokens / time
-
-
 # the cost gate's bounds: never so low that a near-certain miss is drafted, never so high that a
 # calibrated head with a cheap row drafts only sure things
 GATE_FLOOR, GATE_CAP = 0.02, 0.9
@@ -394,7 +370,6 @@ class SpeculationCostGovernor:
         self._accepted: deque[int] = deque(maxlen=RECENT_ACCEPTED)  # drafts taken by recent verifies
         self._verifies: deque[tuple[int, int]] = deque(maxlen=RECENT_VERIFIES)  # (drafted, accepted)
         self._spec_rows: deque[tuple[float, int]] = deque(maxlen=c.window)  # measured (ms, drafted)
-        self._proposals: deque[tuple[float, int]] = deque(maxlen=c.window)  # measured (ms, drafted), 0 included
         self.steps = 0
         self.drafted_steps = 0
         self.setup_ms = 0.0  # one-off setup reported since the current probe began
@@ -468,8 +443,6 @@ class SpeculationCostGovernor:
                 self._spec.append((float(ms), int(tokens)))
                 if drafted:
                     self._spec_rows.append((float(ms), int(drafted)))
-                if proposed:  # drafted None (not told) is taken as a draft, never as a decline
-                    self._proposals.append((float(ms), 1 if drafted is None else int(drafted)))
         else:
             self._seen_plain += 1
             if self._seen_plain > c.warmup:
@@ -502,7 +475,6 @@ class SpeculationCostGovernor:
             if self._steps_left <= 0:
                 self._spec.clear()  # the evidence that parked it is what is being retested
                 self._spec_rows.clear()
-                self._proposals.clear()
                 self._probe(c.probe_spec, 0)
 
     # -- what the display reads
@@ -527,17 +499,13 @@ class SpeculationCostGovernor:
 
     def predicted_rate(self) -> float | None:
         """What the cost model behind ``draft_length`` expects of the best draft length: tokens per
-        plain step's worth of time, from the recent verifies' acceptance, the measured row cost, and
-        the share and cost of proposals that drafted nothing (``mixed_rate``; below 1: no length
-        pays); None before a verify of known length and a plain step."""
+        plain step's worth of time, from the recent verifies' acceptance and the measured row cost
+        (below 1: no length pays); None before a verify of known length and a plain step."""
         plain = ms_per_token(self._plain)
         if plain is None or not self._verifies or not self._spec_rows:
             return None
         row = row_cost(self._spec_rows, plain)
-        if row is None:
-            return None
-        share, cost = declined_cost(self._proposals, plain)
-        return mixed_rate(expected_emitted(self._verifies, self._window), row, share, cost)
+        return None if row is None else best_rate(expected_emitted(self._verifies, self._window), row)
 
     def describe(self) -> str:
         r = self.ratio
