@@ -655,3 +655,31 @@ def test_one_rejected_draft_of_a_cheap_drafter_does_not_park_the_probe():
     expensive = _probe_after((40.0, 1, 3))
     assert expensive.state == PARKED and expensive.parks == 1
 
+
+
+def test_declined_drafts_alone_never_hold():
+    """smollm2's head at the start of a sequence: the first plain steps after the prompt's forward
+    ran slow (4.5 against 2.7 ms: the prefill evicted the weights), so a probe of six declined
+    drafts at 3.4 ms measured a win (r < 1) and held a drafter that had drafted nothing for the
+    whole sequence. A probe with no drafted step has nothing to hold: it parks."""
+    gov = SpeculationCostGovernor()
+    gov.record(False, 4.5, 1)
+    gov.record(False, 4.5, 1)
+    while gov.state == PROBING:
+        if gov.should_draft():
+            gov.record(True, 3.4, 1, 0)
+        else:
+            gov.record(False, 4.5, 1)
+    assert gov.ratio < 1.0 and gov.state == PARKED
+    # the same probe with one drafted step among the declines holds
+    gov = SpeculationCostGovernor()
+    gov.record(False, 4.5, 1)
+    gov.record(False, 4.5, 1)
+    first = True
+    while gov.state == PROBING:
+        if gov.should_draft():
+            gov.record(True, 3.4, 1, 1 if first else 0)
+            first = False
+        else:
+            gov.record(False, 4.5, 1)
+    assert gov.state == HOLDING

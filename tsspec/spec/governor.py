@@ -370,6 +370,7 @@ class SpeculationCostGovernor:
         self._accepted: deque[int] = deque(maxlen=RECENT_ACCEPTED)  # drafts taken by recent verifies
         self._verifies: deque[tuple[int, int]] = deque(maxlen=RECENT_VERIFIES)  # (drafted, accepted)
         self._spec_rows: deque[tuple[float, int]] = deque(maxlen=c.window)  # measured (ms, drafted)
+        self._spec_drafted: deque[bool] = deque(maxlen=c.window)  # beside _spec: did that step draft
         self.steps = 0
         self.drafted_steps = 0
         self.setup_ms = 0.0  # one-off setup reported since the current probe began
@@ -441,6 +442,7 @@ class SpeculationCostGovernor:
             self._seen_spec += 1
             if self._seen_spec > c.warmup:
                 self._spec.append((float(ms), int(tokens)))
+                self._spec_drafted.append(drafted != 0)
                 if drafted:
                     self._spec_rows.append((float(ms), int(drafted)))
         else:
@@ -474,6 +476,7 @@ class SpeculationCostGovernor:
             self._steps_left -= 1
             if self._steps_left <= 0:
                 self._spec.clear()  # the evidence that parked it is what is being retested
+                self._spec_drafted.clear()
                 self._spec_rows.clear()
                 self._probe(c.probe_spec, 0)
 
@@ -550,7 +553,10 @@ class SpeculationCostGovernor:
         r = self.ratio
         rate = self.predicted_rate()
         # a probe's two or so steps are mostly luck: the cost model decides, the ratio vetoes a sharp loss
-        win = r <= 1.0 if rate is None else rate >= 1.0 and not is_losing(r, self.config.recent_margin)
+        if rate is None:  # no model: a measured win, by a probe that drafted (declines alone never hold)
+            win = r <= 1.0 and any(self._spec_drafted)
+        else:
+            win = rate >= 1.0 and not is_losing(r, self.config.recent_margin)
         if r is not None and win:
             # a measured win resets the backoff; a hold on the model's word alone keeps it, so that a
             # model the holding steps keep refuting (a cost it does not see) is retried ever less often
