@@ -70,7 +70,9 @@ States:
     about a step, qwen2.5-coder-0.5b for 1.5b) or that the model expects too (``predicted_rate()
     < 1``); declined drafts alone never park before ``probe_empty`` of them;
   - at its end it holds where the model expects some draft length to pay (``predicted_rate() >=
-    1``) and the ratio shows no sharp loss; without a model (no drafted step) ``ratio <= 1``.
+    1``) and the ratio shows no sharp loss; without a model (no verify of known length) where
+    ``ratio <= 1``, and never without a drafted step in the window: six declined drafts measured
+    against the slow first plain steps after a prompt's forward once read as a win.
 
   One rejected draft of a cheap drafter is a mild loss the model expects to turn (qwen2.5-coder-
   1.5b's trained head: a drafted row costs 0.12 of a step here): parking on it, as the ratio
