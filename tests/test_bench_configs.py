@@ -97,6 +97,9 @@ def test_spec_round_trip():
         ("draft-model:path=/a,model=/b", "twice"),
         ("plain:draft=4", "plain takes no drafting options"),
         ("x y=ngram", "bad config name"),
+        ("ngram,adaptive=0", "options go after a ':' (ngram:adaptive=0)"),
+        ("draft_head,path=h.gguf,pmin=0.5", "options go after a ':' (draft_head:path=h.gguf,pmin=0.5)"),
+        ("a,b=ngram", "bad config name"),  # not an algorithm before the comma: a bad name
         ("fast=", "nothing after"),
     ],
 )

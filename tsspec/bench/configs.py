@@ -209,6 +209,10 @@ def parse_config(text: str) -> BenchConfig:
     if eq and ":" not in head:
         if not rest.strip():
             raise BadInput(f"{where}: nothing after '{head}='")
+        algo_first, comma, _ = head.partition(",")
+        if comma and algo_first.strip().lower().replace("_", "-") in algos():  # "ngram,draft=4"
+            raise BadInput(f"{where}: options go after a ':' ({algo_first.strip()}:{raw.partition(',')[2]}), "
+                           "as in [NAME=]ALGO[:key=value,...]")
         name = _check_name(head.strip(), where)
         raw = rest.strip()
     algo_text, colon, opts_text = raw.partition(":")
