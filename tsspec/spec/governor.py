@@ -459,7 +459,6 @@ class SpeculationCostGovernor:
             # the plain step after a proposal is neither (its time is on the speculative side)
             if proposed:
                 self._probe_asked += 1
-                self._probe_drafted += drafted != 0
                 if drafted != 0 or self._probe_asked > c.probe_empty:
                     self._need_spec = max(0, self._need_spec - 1)
             elif not speculative:
@@ -527,7 +526,6 @@ class SpeculationCostGovernor:
         self._need_spec = need_spec
         self._need_plain = need_plain
         self._probe_asked = 0  # proposals this probe, empty ones included
-        self._probe_drafted = 0  # proposals this probe that drafted
         self._steps_left = 0
         self.setup_ms = 0.0
 
@@ -541,7 +539,7 @@ class SpeculationCostGovernor:
             return False
         if is_losing(r, c.recent_margin):
             return True
-        if not self._probe_drafted:
+        if not any(self._spec_drafted):  # declines alone: nothing yet to model
             return self._probe_asked > c.probe_empty
         rate = self.predicted_rate()
         return rate is None or rate < 1.0
@@ -555,11 +553,13 @@ class SpeculationCostGovernor:
         r = self.ratio
         rate = self.predicted_rate()
         # a probe's two or so steps are mostly luck: the cost model decides, the ratio vetoes a sharp loss
-        if rate is None:  # no model: a measured win, by a probe that drafted (declines alone never hold)
+        if r is None:  # not measurable (plain steps that took no time): nothing to hold on
+            win = False
+        elif rate is None:  # no model: a measured win, by a window that drafted (declines alone never hold)
             win = r <= 1.0 and any(self._spec_drafted)
         else:
             win = rate >= 1.0 and not is_losing(r, self.config.recent_margin)
-        if r is not None and win:
+        if win:
             # a measured win resets the backoff; a hold on the model's word alone keeps it, so that a
             # model the holding steps keep refuting (a cost it does not see) is retried ever less often
             self._hold(reset_backoff=r <= 1.0)
