@@ -100,6 +100,7 @@ def test_spec_round_trip():
         ("ngram,adaptive=0", "options go after a ':' (ngram:adaptive=0)"),
         ("draft_head,path=h.gguf,pmin=0.5", "options go after a ':' (draft_head:path=h.gguf,pmin=0.5)"),
         ("a,b=ngram", "bad config name"),  # not an algorithm before the comma: a bad name
+        ("fast=ngram,draft=4", "options go after a ':' (fast=ngram:draft=4)"),
         ("fast=", "nothing after"),
     ],
 )

@@ -110,8 +110,12 @@ def plain_config(name: str = DEFAULT_BASELINE) -> BenchConfig:
 # ----------------------------------------------------------------------------- value parsing
 
 
+def _algo_key(text: str) -> str:
+    return text.strip().lower().replace("_", "-")
+
+
 def _algo(text: str, where: str) -> str:
-    algo = text.strip().lower().replace("_", "-")
+    algo = _algo_key(text)
     known = algos()
     if algo not in known:
         raise BadInput(f"{where}: unknown algorithm {text.strip()!r} (known: {', '.join(known)})")
@@ -198,21 +202,30 @@ def _build(name: str, algo: str, options: Mapping[str, Any], where: str) -> Benc
 # ----------------------------------------------------------------------------- command line
 
 
+def _options_after_a_comma(raw: str, where: str) -> None:
+    """``ngram,draft=4`` or ``fast=ngram,draft=4``: options written after a comma instead of a ':'
+    read as a bad name or an unknown algorithm; say what was meant instead."""
+    before, comma, after = raw.partition(",")
+    if not comma or ":" in before:
+        return
+    name, eq, algo_text = before.rpartition("=")
+    if _algo_key(algo_text) in algos():
+        raise BadInput(f"{where}: options go after a ':' ({name}{eq}{algo_text.strip()}:{after}), "
+                       "as in [NAME=]ALGO[:key=value,...]")
+
+
 def parse_config(text: str) -> BenchConfig:
     """One ``[NAME=]ALGO[:key=value,...]`` spec from the command line."""
     raw = text.strip()
     where = f"config {text!r}"
     if not raw:
         raise BadInput("config: empty spec")
+    _options_after_a_comma(raw, where)
     name: str | None = None
     head, eq, rest = raw.partition("=")
     if eq and ":" not in head:
         if not rest.strip():
             raise BadInput(f"{where}: nothing after '{head}='")
-        algo_first, comma, _ = head.partition(",")
-        if comma and algo_first.strip().lower().replace("_", "-") in algos():  # "ngram,draft=4"
-            raise BadInput(f"{where}: options go after a ':' ({algo_first.strip()}:{raw.partition(',')[2]}), "
-                           "as in [NAME=]ALGO[:key=value,...]")
         name = _check_name(head.strip(), where)
         raw = rest.strip()
     algo_text, colon, opts_text = raw.partition(":")
