@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import random
 from typing import Callable
 
@@ -43,7 +44,9 @@ def whole(q: float, run: int = 12) -> Callable[[random.Random, int], int]:
     return lambda rng, k: min(k, run) if rng.random() < q else 0
 
 
-# name: (acceptance, row, drafter, match, catchup, evict); rows and drafter costs from docs/RESULTS.md
+SMOLLM_TRANSIENT = (0.85, 5.8)  # see slowdown()
+
+# name: (acceptance, row, drafter, match, catchup, evict[, transient]); rows and drafter costs from docs/RESULTS.md
 # (the Zen 4 kind: a verify row 0.38 of a step) and, for the trained heads, from per-step traces on
 # the Intel kind (qwen2.5-coder-1.5b: a plain step 42.7 ms, a proposal +1.5-3.5 ms, a verify row
 # +3.5 ms; smollm2-135m: 2.6 ms, +0.5 ms, +0.7 ms, and the plain step after a proposal +0.9 ms
@@ -60,11 +63,40 @@ CASES = {
     "qwen1.5 head prose": (geometric(0.3), 0.08, 0.06, 0.7, 0.0, 0.0),
     "smollm head code": (geometric(0.42), 0.27, 0.2, 0.8, 0.0, 0.35),
     "smollm head prose": (geometric(0.2), 0.27, 0.2, 0.6, 0.0, 0.35),
+    # the same two, and a winning n-gram, with smollm2's sequence-start transient (``slowdown``)
+    "smollm head code +t": (geometric(0.42), 0.27, 0.2, 0.8, 0.0, 0.35, SMOLLM_TRANSIENT),
+    "smollm head prose +t": (geometric(0.2), 0.27, 0.2, 0.6, 0.0, 0.35, SMOLLM_TRANSIENT),
+    "smollm ngram whole .7 +t": (whole(0.7), 0.29, 0.0, 0.7, 0.0, 0.0, SMOLLM_TRANSIENT),
+    "smollm ngram whole .3 +t": (whole(0.3), 0.29, 0.0, 0.5, 0.0, 0.0, SMOLLM_TRANSIENT),
 }
 
 
-def simulate(config: GovernorConfig, case, *, n: int, window: int, seeds: int) -> float:
-    accept, row, drafter, match, catchup, evict = case
+def slowdown(t: float, transient: tuple[float, float] | None) -> float:
+    """How much slower a step runs ``t`` plain steps' worth of time after a prompt's forward: the
+    sequence-start transient ``(amount, scale)``, ``1 + amount * exp(-(t / scale) ** 2)``. Measured
+    on smollm2-135m (Intel kind, ``scripts/trace_steps.py``): the first plain step after a 120-token
+    prompt at 1.84x a settled one, then 1.68, 1.51, 1.34, 1.22, 1.17, 1.09 ..., fitted by (0.85, 5.8);
+    the same after any ~100 ms of dense AVX-512 work (a torch matmul in L1 does it too), not after a
+    stream of memory alone, and not at all on the memory-bound qwen2.5-coder files."""
+    if transient is None:
+        return 1.0
+    amount, scale = transient
+    return 1.0 + amount * math.exp(-((t / scale) ** 2))
+
+
+def plain_time(n: int, transient: tuple[float, float] | None) -> float:
+    """A plain decode of ``n`` tokens (the first drawn by the prompt's forward): n - 1 steps."""
+    t = 0.0
+    for _ in range(n - 1):
+        t += slowdown(t, transient)
+    return t
+
+
+def simulate(config: GovernorConfig, case, *, n: int, window: int, seeds: int,
+             transient: tuple[float, float] | None = None) -> float:
+    accept, row, drafter, match, catchup, evict = case[:6]
+    if transient is None and len(case) > 6:
+        transient = case[6]
     plain_total = spec_total = 0.0
     gov = SpeculationCostGovernor(config)  # one engine's: a park carries into the next sequence
     for seed in range(seeds):
@@ -81,16 +113,17 @@ def simulate(config: GovernorConfig, case, *, n: int, window: int, seeds: int) -
                     ms, emitted, drafted = 1.0 + (row + drafter) * k + setup, accept(rng, k) + 1, k
                 else:
                     ms, emitted, drafted = 1.0 + drafter + setup, 1, 0
+                ms *= slowdown(t, transient)
                 gov.record(True, ms, emitted, drafted, setup_ms=setup)
                 after = True
             else:
-                ms, emitted = 1.0 + (evict if after else 0.0), 1
+                ms, emitted = (1.0 + (evict if after else 0.0)) * slowdown(t, transient), 1
                 missed += 1
                 after = False
                 gov.record(False, ms, emitted)
             t += ms
             out += emitted
-        plain_total += n - 1
+        plain_total += plain_time(n, transient)
         spec_total += t
     return plain_total / spec_total
 

@@ -483,6 +483,14 @@ def test_governor_sim_script_separates_winners_from_losers():
     # as the bench did (1.05); smollm2's head, which loses drafting always (0.90x), stays near plain
     assert sim.simulate(cfg, sim.CASES["qwen1.5 head code"], n=64, window=8, seeds=100) > 1.08
     assert 0.97 < sim.simulate(cfg, sim.CASES["smollm head code"], n=64, window=8, seeds=100) < 1.0
+    # smollm2's sequence-start transient (1.85x a settled step at first, gone in ~20 steps): a plain run
+    # of 64 tokens pays ~3 steps' worth for it (measured: 9 ms at 2.95 ms a step), and a losing
+    # head's first probe, read on its slope, costs more
+    assert sim.slowdown(0.0, sim.SMOLLM_TRANSIENT) == pytest.approx(1.85)
+    assert sim.slowdown(20.0, sim.SMOLLM_TRANSIENT) < 1.001
+    assert 2.5 < sim.plain_time(64, sim.SMOLLM_TRANSIENT) - 63 < 3.5
+    assert (sim.simulate(cfg, sim.CASES["smollm head code +t"], n=64, window=8, seeds=100)
+            < sim.simulate(cfg, sim.CASES["smollm head code"], n=64, window=8, seeds=100))
 
 
 def test_a_losing_drafter_starts_the_next_sequence_parked():
