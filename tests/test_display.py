@@ -41,5 +41,7 @@ def test_training_lines_carry_the_loss_and_a_short_phase_logs_nothing_more():
     lines = logged(events, 1.0)
     assert lines[0] == "training: 300 steps"
     assert lines[1].startswith("training: 160/300 steps, loss 2.000, 1.0 min"), lines[1]
+    # resumed at step 100: 60 steps in this run's minute, so the 140 left take 2.3 min (not 140/160 of one)
+    assert "~2.3 min left" in lines[1], lines[1]
     quick = logged([("phase", dict(name="trunk answers (train)", total=50))] + [("advance", dict(n=5))] * 10, 1.0)
     assert quick == ["trunk answers (train): 50 tokens"]

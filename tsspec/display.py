@@ -170,6 +170,7 @@ class DistillProgress:
         self.clock = time.monotonic
         self._phase: tuple[str, int, float] | None = None  # (name, total, start) of the logged phase
         self._done = 0
+        self._done_at_start = 0  # units a resumed phase had done before this run (not in its rate)
         self._logged_at = 0.0
 
     def __enter__(self) -> "DistillProgress":
@@ -206,7 +207,8 @@ class DistillProgress:
             return
         self._logged_at = now
         spent = now - start
-        left = spent * (total - self._done) / self._done if self._done else float("nan")
+        ran = self._done - self._done_at_start  # this run's units: a resumed phase's earlier ones took no time here
+        left = spent * (total - self._done) / ran if ran > 0 else float("nan")
         loss = f", loss {self.loss:.3f}" if self.loss is not None and name == "training" else ""
         self.console.print(f"{name}: {self._done}/{total} {_units(name)}{loss}, {spent / 60:.1f} min, "
                            f"~{left / 60:.1f} min left")
@@ -218,6 +220,7 @@ class DistillProgress:
                 self.console.print(f"{d['name']}: {d['total']} {_units(d['name'])}")
                 now = self.clock()
                 self._phase, self._done, self._logged_at = (d["name"], int(d["total"]), now), int(d.get("completed", 0)), now
+                self._done_at_start = self._done
             elif kind == "advance":
                 if "loss" in d:
                     self.loss = d["loss"] if self.loss is None else 0.95 * self.loss + 0.05 * d["loss"]
