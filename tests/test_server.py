@@ -143,6 +143,14 @@ def test_same_request_same_text_alone_or_among_concurrent_others(tiny):
     ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 100}}, 400, "logit_bias"),
     ({"prompt": "x", "echo": True}, 400, "echo"),
     ({"prompt": "x", "best_of": 3}, 400, "best_of"),
+    # wrong types that were read by truthiness: "false" streamed, 0/false/{} meant no stop, true meant n=1
+    ({"prompt": "x", "stream": "false"}, 400, "stream"),
+    ({"messages": [{"role": "user", "content": "x"}], "stream": 1}, 400, "stream"),
+    ({"prompt": "x", "stop": 0}, 400, "stop"),
+    ({"prompt": "x", "stop": False}, 400, "stop"),
+    ({"prompt": "x", "stop": {}}, 400, "stop"),
+    ({"prompt": "x", "n": True}, 400, "n"),
+    ({"prompt": "x", "n": 1.0}, 400, "n"),
 ])
 def test_bad_requests_get_openai_errors(tiny, body, status, param):
     _, client = make(tiny)

@@ -376,15 +376,17 @@ class Server:
         if body.get("tools") or body.get("functions"):
             raise APIError(400, "tool and function calling is not supported by tsspec serve: send the request "
                            "without 'tools'", param="tools")
-        n = body.get("n", 1)
-        if n != 1:
+        n = body.get("n")
+        if n is not None and (type(n) is not int or n != 1):  # 1.0 and true are not the count 1
             raise APIError(400, "only n = 1 is supported", param="n")
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         if max_tokens is None:
             max_tokens = self.default_max_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise APIError(400, "max_tokens must be a positive integer", param="max_tokens")
-        stop = body.get("stop") or []
+        stop = body.get("stop")
+        if stop is None or stop == "":  # "" is OpenAI's "no stop string"; 0, false or {} are not
+            stop = []
         if isinstance(stop, str):
             stop = [stop]
         if (not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS
@@ -398,6 +400,13 @@ class Server:
         except (ValueError, BadInput) as e:
             raise APIError(400, str(e)) from None
         return sampler, max_tokens, stop
+
+    def streaming(self, body: dict) -> bool:
+        """``stream``: a JSON boolean (or null); the string "false" is truthy and would stream."""
+        value = body.get("stream")
+        if value is not None and not isinstance(value, bool):
+            raise APIError(400, "stream must be true or false", param="stream")
+        return bool(value)
 
     def chat_prompt(self, body: dict) -> list[int]:
         messages = body.get("messages")
@@ -500,10 +509,11 @@ def create_app(server: Server) -> Starlette:
         body = await read_json(request)
         server.check_model(body)
         sampler, max_tokens, stop = server.sampling(body)
+        streaming = server.streaming(body)
         prompt = server.chat_prompt(body) if chat else server.text_prompt(body)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         kind = "chat.completion" if chat else "text_completion"
-        if body.get("stream"):
+        if streaming:
             q: queue.Queue = queue.Queue()
             gone = threading.Event()
             # queued here, so a full queue or a context overflow is refused before the stream starts
