@@ -162,6 +162,26 @@ def test_bad_requests_get_openai_errors(tiny, body, status, param):
         assert err["code"] == "context_length_exceeded"
 
 
+def test_a_request_without_max_tokens_gets_the_room_the_context_leaves(tiny):
+    """The server's default max_tokens (``serve -n``) is capped at what the prompt leaves of the
+    context: a request that named no max_tokens was refused with "plus max_tokens (N) exceeds"."""
+    server, client = make(tiny)
+    ctx = server.engine.target.max_context
+    r = client.post("/v1/completions", json={"prompt": [7] * (ctx - 3), "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert 1 <= r.json()["usage"]["completion_tokens"] <= 3
+    r = client.post("/v1/completions", json={"prompt": [5] * ctx})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["param"] == "prompt" and "fills the context" in r.json()["error"]["message"]
+    # a max_tokens the request names is its own: still refused when it does not fit
+    r = client.post("/v1/completions", json={"prompt": [5] * (ctx - 3), "max_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    # null max_tokens defers to max_completion_tokens
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": None, "max_completion_tokens": 2,
+                                             "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
+
+
 @pytest.mark.parametrize("spec", [None, ngram])
 def test_penalties_and_samplers_reach_the_sampler(tiny, spec):
     """presence/frequency/repeat penalties, top_k and min_p were ignored without a word: a request

@@ -341,13 +341,25 @@ class Server:
             raise APIError(400, f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
                            f"context of {ctx} tokens", param="max_tokens", code="context_length_exceeded")
 
+    def budget(self, prompt: list[int], max_tokens: int | None, param: str = "messages") -> int:
+        """The request's max_tokens; when it gives none, the server's default, capped at the room the
+        prompt leaves in the context (a request that named no max_tokens is not refused over one)."""
+        if max_tokens is not None:
+            return max_tokens
+        room = self.engine.target.max_context - len(prompt)
+        if room < 1:
+            raise APIError(400, f"the prompt ({len(prompt)} tokens) fills the context of "
+                           f"{self.engine.target.max_context} tokens", param=param, code="context_length_exceeded")
+        return min(self.default_max_tokens, room)
+
     def check_model(self, body: dict) -> None:
         name = body.get("model")
         if name is not None and name not in (self.model_id, "default"):
             raise APIError(404, f"model {name!r} is not served here (this server serves {self.model_id!r})",
                            type="invalid_request_error", param="model", code="model_not_found")
 
-    def sampling(self, body: dict) -> tuple[Sampler, int, list[str]]:
+    def sampling(self, body: dict) -> tuple[Sampler, int | None, list[str]]:
+        """-> (sampler, the request's max_tokens or None when it gives none, stop strings)."""
         temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
         top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
         if top_p == 0.0:
@@ -379,10 +391,11 @@ class Server:
         n = body.get("n")
         if n is not None and (type(n) is not int or n != 1):  # 1.0 and true are not the count 1
             raise APIError(400, "only n = 1 is supported", param="n")
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-        if max_tokens is None:
-            max_tokens = self.default_max_tokens
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        max_tokens = body.get("max_tokens")
+        if max_tokens is None:  # {"max_tokens": null, "max_completion_tokens": 3} means 3
+            max_tokens = body.get("max_completion_tokens")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                       or max_tokens < 1):
             raise APIError(400, "max_tokens must be a positive integer", param="max_tokens")
         stop = body.get("stop")
         if stop is None or stop == "":  # "" is OpenAI's "no stop string"; 0, false or {} are not
@@ -511,6 +524,7 @@ def create_app(server: Server) -> Starlette:
         sampler, max_tokens, stop = server.sampling(body)
         streaming = server.streaming(body)
         prompt = server.chat_prompt(body) if chat else server.text_prompt(body)
+        max_tokens = server.budget(prompt, max_tokens, "messages" if chat else "prompt")
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         kind = "chat.completion" if chat else "text_completion"
         if streaming:
