@@ -361,7 +361,7 @@ def serve(
                                  "(memory: one context's KV each)."),
     queue: int = typer.Option(64, "--queue", help="Requests that may wait for a place; beyond this a request is "
                               "answered 503 at once."),
-    max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="Default max_tokens of a request that gives none."),
+    max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="Default max_tokens of a request that gives none (capped at the room its prompt leaves in the context)."),
     chat_template_kwargs: Optional[str] = TEMPLATE_KWARGS_OPTION,
     ctx_size: Optional[int] = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
