@@ -128,7 +128,7 @@ def test_file_cut_inside_its_header_says_so_in_the_files_terms(bad_files, tmp_pa
     """A file cut short inside its metadata: the reader's buffer arithmetic (a struct or numpy
     message) becomes what happened to the file, with its size."""
     good = Path(bad_files["truncated"]).read_bytes()  # cut in its tensor data; the header is whole
-    for cut in (40, 200, 1000):
+    for cut in (8, 16, 40, 200, 1000):  # 8, 16: right after the version, the tensor count
         p = tmp_path / f"cut{cut}.gguf"
         p.write_bytes(good[:cut])
         with pytest.raises(ModelFileError) as e:

@@ -146,7 +146,8 @@ def _header_damage(e: BaseException, size: int) -> str:
     if "is not a valid GGUFValueType" in text:
         return "a metadata value has an unknown type code: the header is damaged"
     if isinstance(e, (struct.error, IndexError, OverflowError)) or (isinstance(e, ValueError) and any(
-            m in text for m in ("buffer is smaller", "cannot reshape", "larger dtype", "out of bounds"))):
+            m in text for m in ("buffer is smaller", "cannot reshape", "larger dtype", "out of bounds",
+                                "not enough values to unpack"))):  # the counts cut at 8 or 16 bytes
         # a read past the end: a cut, or a length or count that points past it
         return (f"its header runs past the end of the file ({size} bytes): the file is cut short, "
                 f"or a length or count in the header is damaged")
