@@ -55,6 +55,31 @@ def test_prompts_file_not_utf8_or_with_surrogate_escapes(model, tmp_path):
     one_error(run("generate", "-m", model, "--prompts", str(deep), "-n", "2"), 2, "nested too deeply")
 
 
+def test_a_byte_order_mark_is_not_prompt_text(model, tmp_path):
+    """A file saved with a UTF-8 BOM (Windows editors) gave the model the BOM as prompt tokens, and a
+    --prompts file with one failed its first line as "not JSON"; -f, stdin and --prompts drop it."""
+    import json
+
+    def ids(*args, input=None):
+        r = run("generate", "-m", model, "-n", "3", "--json", *args, input=input)
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        return out["prompt_tokens"], out["token_ids"]
+
+    want = ids("-p", "hello world")
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(b"\xef\xbb\xbfhello world")
+    assert ids("-f", str(bom)) == want
+    assert ids(input=b"\xef\xbb\xbfhello world") == want
+    jl = tmp_path / "bom.jsonl"
+    jl.write_bytes(b'\xef\xbb\xbf{"id": "a", "text": "hello world"}\n')
+    r = run("generate", "-m", model, "-n", "3", "--quiet", "--prompts", str(jl))
+    assert r.exit_code == 0, r.output
+    from tsspec.bench.workloads import load_prompts
+
+    assert [p.text for p in load_prompts(jl)] == ["hello world"]
+
+
 def test_system_and_stop_must_be_text(model):
     one_error(run("generate", "-m", model, "-p", "hi", "--stop", "\udcff", "-n", "2"), 2, "--stop is not valid UTF-8")
 

@@ -131,7 +131,7 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
         return utf8_text(prompt, "the -p prompt")
     if file is not None:
         try:
-            return file.read_text(encoding="utf-8")
+            return file.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is no prompt text
         except OSError as e:
             raise BadInput(f"cannot read prompt file {file}: {e.strerror}") from None
         except UnicodeDecodeError:
@@ -139,7 +139,7 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
     if sys.stdin is not None and not sys.stdin.isatty():
         raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as e:
             raise BadInput(f"the prompt on stdin is not UTF-8 text (byte {e.start})") from None
         if text:
@@ -149,7 +149,7 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
 
 def read_prompt_set(path: Path) -> list[tuple[str, str]]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except OSError as e:
         raise BadInput(f"cannot read --prompts file {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:

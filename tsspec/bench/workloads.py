@@ -299,7 +299,7 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     """
     p = Path(path)
     try:
-        content = p.read_text(encoding="utf-8")
+        content = p.read_text(encoding="utf-8-sig")  # a BOM is no prompt text (nor valid JSON)
     except FileNotFoundError:
         raise BadInput(f"prompts file {str(p)!r}: not found") from None
     except IsADirectoryError:
