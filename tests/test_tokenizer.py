@@ -4,6 +4,7 @@ recorded from an independent reference (``scripts/record_tokenizer_reference.py`
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -218,6 +219,7 @@ def test_spm_special_and_user_defined(spm):
         ({"tokenizer.ggml.model": "bert"}, "tokenizer.ggml.model"),
         ({"tokenizer.ggml.merges": None}, "tokenizer.ggml.merges"),
         ({"tokenizer.ggml.token_type": [1, 1]}, "tokenizer.ggml.token_type"),
+        ({"tokenizer.ggml.token_type": "flip"}, r"tokenizer.ggml.token_type[3] is 32769"),
         ({"tokenizer.ggml.eos_token_id": 10**6}, "tokenizer.ggml.eos_token_id"),
         ({"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.bos_token_id": None},
          "tokenizer.ggml.bos_token_id"),
@@ -225,7 +227,10 @@ def test_spm_special_and_user_defined(spm):
 )
 def test_bad_bpe_metadata(change, key):
     meta = {k: v for k, v in {**bpe_meta(), **change}.items() if v is not None}
-    with pytest.raises(ModelFileError, match=key.replace(".", r"\.")) as err:
+    if change.get("tokenizer.ggml.token_type") == "flip":  # one bit flipped in a type: 1 -> 32769
+        meta["tokenizer.ggml.token_type"] = [1] * len(meta["tokenizer.ggml.tokens"])
+        meta["tokenizer.ggml.token_type"][3] = 32769
+    with pytest.raises(ModelFileError, match=re.escape(key)) as err:
         Tokenizer.from_metadata(meta)
     assert "\n" not in str(err.value)
 

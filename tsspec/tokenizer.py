@@ -325,6 +325,11 @@ class Tokenizer:
             types = _checked_list(meta, "tokenizer.ggml.token_type", n)
             if not all(isinstance(t, int) and not isinstance(t, bool) for t in types):
                 raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.token_type is not a list of integers")
+            # llama.cpp's enum: UNDEFINED (0) .. BYTE (6); anything else is damage, not a normal token
+            bad = next((i for i, t in enumerate(types) if not 0 <= t <= BYTE), None)
+            if bad is not None:
+                raise ModelFileError(f"GGUF tokenizer metadata tokenizer.ggml.token_type[{bad}] is {types[bad]}, "
+                                     f"not a token type (0-{BYTE}): the file is damaged")
         else:
             types = [NORMAL] * n
 
