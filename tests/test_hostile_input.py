@@ -228,6 +228,12 @@ def test_prompt_far_past_the_context_is_refused_before_tokenizing(model):
     assert time.perf_counter() - t < 20  # tokenizing 26 MB would take far longer
 
 
+def test_an_empty_stop_is_refused(model):
+    """--stop '' matched before the first token: an empty reply and exit 0. Now one error line."""
+    one_error(run("generate", "-m", model, "-p", "hi", "-n", "2", "--stop", ""), 2, "--stop cannot be empty")
+    one_error(run("chat", "-m", model, "-n", "2", "--stop", "", input=b"hi\n"), 2, "--stop cannot be empty")
+
+
 # ----------------------------------------------------------------------------- every numeric flag
 
 NUMERIC_FLAGS = ("-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",

@@ -124,6 +124,16 @@ def prompt_encoder(g, tok, *, chat: bool, system: str | None, kwargs: dict, fits
     return encode
 
 
+def check_texts(system: str | None, stop: list[str]) -> None:
+    """--system and every --stop are text; a --stop is not empty (it would match before any token)."""
+    if system is not None:
+        utf8_text(system, "--system")
+    for x in stop:
+        if not x:
+            raise BadInput("--stop cannot be empty: it would end the reply before its first token")
+        utf8_text(x, "--stop")
+
+
 def read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None and file is not None:
         raise BadInput("give the prompt with -p or -f, not both")
@@ -257,9 +267,7 @@ def generate(
         if (system or kwargs) and not chat:
             warn("--system and --chat-template-kwargs only apply with --chat")
         items = read_prompt_set(prompts) if prompts is not None else [(None, read_prompt(prompt, file))]
-        for text, what in [(system, "--system")] + [(x, "--stop") for x in stop]:
-            if text is not None:
-                utf8_text(text, what)
+        check_texts(system, stop)
         session = open_session(config, progress=not (json_out or quiet))
         speculation = session.speculation()
         for n in speculation.notes:
@@ -337,9 +345,7 @@ def chat(
             spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
             spec_accept=spec_accept, spec_adaptive=spec_adaptive)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
-        for text, what in [(system, "--system")] + [(x, "--stop") for x in stop]:
-            if text is not None:
-                utf8_text(text, what)
+        check_texts(system, stop)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         session = open_session(config, progress=interactive)
         speculation = session.speculation()
