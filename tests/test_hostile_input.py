@@ -234,6 +234,15 @@ def test_an_empty_stop_is_refused(model):
     one_error(run("chat", "-m", model, "-n", "2", "--stop", "", input=b"hi\n"), 2, "--stop cannot be empty")
 
 
+def test_a_seed_outside_64_bits_is_refused(model):
+    """The draws key on the seed's 64 bits: --seed -1 ran as 2^64-1 and --seed 2^64 as 0, silently."""
+    for seed in ("-1", str(2**64)):
+        one_error(run("generate", "-m", model, "-p", "hi", "-n", "2", "--temp", "1", "--seed", seed), 2,
+                  "--seed must be in [0, 2^64)")
+    r = run("generate", "-m", model, "-p", "hi", "-n", "2", "--quiet", "--temp", "1", "--seed", str(2**64 - 1))
+    assert r.exit_code == 0, r.output
+
+
 # ----------------------------------------------------------------------------- every numeric flag
 
 NUMERIC_FLAGS = ("-n", "--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",

@@ -74,6 +74,8 @@ class SamplingParams:
             (-2 <= self.presence_penalty <= 2, "--presence-penalty must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "--frequency-penalty must be in [-2, 2]"),
             (self.repeat_last_n >= 0, "--repeat-last-n must be >= 0"),
+            # the draws key on the seed's 64 bits: -1 was 2^64-1 and 2^64 was 0, without a word
+            (0 <= self.seed < 2**64, "--seed must be in [0, 2^64) (there is no random seed: a seed names its draws)"),
         ]
         for ok, msg in checks:
             if not ok:
