@@ -102,6 +102,7 @@ def test_spec_round_trip():
         ("a,b=ngram", "bad config name"),  # not an algorithm before the comma: a bad name
         ("fast=ngram,draft=4", "options go after a ':' (fast=ngram:draft=4)"),
         ("fast=", "nothing after"),
+        ("0\n=", "nothing after '0\\n='"),  # a name with a newline: quoted, the message stays one line
     ],
 )
 def test_bad_specs_raise_one_line_bad_input(spec, needle):

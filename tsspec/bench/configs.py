@@ -225,7 +225,7 @@ def parse_config(text: str) -> BenchConfig:
     head, eq, rest = raw.partition("=")
     if eq and ":" not in head:
         if not rest.strip():
-            raise BadInput(f"{where}: nothing after '{head}='")
+            raise BadInput(f"{where}: nothing after {(head + '=')!r}")
         name = _check_name(head.strip(), where)
         raw = rest.strip()
     algo_text, colon, opts_text = raw.partition(":")
