@@ -189,3 +189,23 @@ def test_chat_command_errors_are_one_line(tiny, tmp_path):
     assert r.exit_code != 0 and "--max-tokens" in r.output
     r = run("chat", "-m", str(model.path), "-c", "64", "-n", "8", input="word " * 100 + "\n/exit\n")
     assert r.exit_code == 0 and "conversation is full" in r.output
+
+
+def test_chat_errors_are_text_on_one_line(tiny, tmp_path):
+    """A /save path or /command with rich markup in it ('[/]') raised MarkupError (a traceback); a
+    long error (a full conversation) wrapped onto two lines at the console's width."""
+    from clirun import run
+
+    model, _ = tiny
+    (tmp_path / "[").mkdir()
+    odd = tmp_path / "[" / "b]saved.json"  # its path reads ".../[/b]saved.json": a closing tag
+    lines = [f"/save {tmp_path}/no/[/]x.json", "/[/]", "hi", f"/save {odd}", "word " * 300, "/exit"]
+    r = run("chat", "-m", str(model.path), "-c", "256", "-n", "4", input="\n".join(lines) + "\n")
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert "Traceback" not in r.output and "MarkupError" not in r.output
+    errors = [x for x in r.output.splitlines() if x.startswith("error:")]
+    assert len(errors) == 3, r.output
+    assert errors[0].startswith(f"error: cannot save to {tmp_path}/no/[/]x.json")
+    assert errors[1] == "error: unknown command /[/]; /help lists them"
+    assert "conversation is full" in errors[2] and errors[2].endswith("/reset starts a new one")
+    assert odd.exists() and f"saved to {odd}" in r.output
