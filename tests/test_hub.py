@@ -147,6 +147,21 @@ def test_pull_with_progress_bar_renders(cache, index, monkeypatch):
     assert "download" in text and "extract" in text
 
 
+def test_pull_reports_a_cache_path_that_looks_like_markup(tmp_path, index, monkeypatch):
+    """`tsspec pull` printed the path as rich markup: a cache under '.../[/b]...' raised MarkupError
+    (a traceback, exit 1) after the file was in place."""
+    from clirun import run
+
+    (tmp_path / "[").mkdir()
+    cache = tmp_path / "[" / "b]cache"  # its path reads ".../[/b]cache"
+    monkeypatch.setenv("TSSPEC_CACHE", str(cache))
+    _register(monkeypatch, index, [os.urandom(3000)])
+    r = run("pull", FAKE)
+    assert r.exit_code == 0, r.output
+    assert f"{FAKE}: {cache / (FAKE + '.gguf')}" in r.output
+    assert hub.is_cached(FAKE)
+
+
 def test_checksum_mismatch_leaves_nothing(cache, index, monkeypatch):
     chunks = [os.urandom(500), os.urandom(500), os.urandom(321)]
     _register(monkeypatch, index, chunks, sha256="0" * 64)

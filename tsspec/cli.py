@@ -541,7 +541,7 @@ def pull(
             raise BadInput("name a model to pull (see `tsspec models`) or pass --all")
         for n in todo:
             p = do_pull(n, force=force, console=err)
-            err.print(f"{n}: {p}")
+            err.print(f"{n}: {escape(str(p))}", soft_wrap=True)  # a path is text, not markup ('[/b]')
 
 
 @app.command()
@@ -599,17 +599,17 @@ def distill(
                 result = run_distill(cfg, view.event)
             except KeyboardInterrupt:
                 view.stop()
-                err.print(f"[yellow]interrupted[/]: checkpoint saved to {out}.ckpt; run the same command to continue")
+                err.print(f"[yellow]interrupted[/]: checkpoint saved to {escape(str(out))}.ckpt; run the same command to continue")
                 raise typer.Exit(130) from None
         h = result.heldout
-        err.print(f"wrote {result.out}: {result.steps} steps ({result.precision}) on {result.train_tokens} tokens in "
+        err.print(f"wrote {escape(str(result.out))}: {result.steps} steps ({result.precision}) on {result.train_tokens} tokens in "
                   f"{result.seconds / 60:.1f} min; "
                   f"draft vocabulary {result.draft_vocab} covers {result.coverage:.1%} of the trunk's held-out greedy tokens")
         n = len(h["accept"])
         err.print(f"held-out acceptance (greedy path, {h['anchors']} positions): first token {h['first']:.1%}, "
                   f"run of 1..{n}: {', '.join(f'{a:.1%}' for a in h['accept'])}; "
                   f"expected tokens per verify with {n} drafts {h['tokens_per_verify']:.2f}")
-        err.print(f"use it: tsspec generate -m {model} --spec --spec-draft-model {result.out} -p ...")
+        err.print(f"use it: tsspec generate -m {escape(str(model))} --spec --spec-draft-model {escape(str(result.out))} -p ...")
 
 
 @app.command("export-hf")
