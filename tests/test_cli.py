@@ -208,6 +208,10 @@ def test_bench_config_typo_is_one_line(model):
     (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
     (["--config", "draft-head:path=/nonexistent/head.gguf"], "config draft-head:path=/nonexistent/head.gguf: model not found"),
     (["--config", "d=draft-model", "--draft-model", "qwen9"], "--draft-model: model not found: qwen9"),
+    # an output path that is a directory: IsADirectoryError (a traceback) after the whole run
+    (["--json", "/"], "--json /: is a directory"),
+    (["--csv", "/tmp"], "--csv /tmp: is a directory"),
+    (["--plot", "/"], "--plot /: is a directory"),
 ])
 def test_bench_refuses_bad_settings_before_loading_the_trunk(args, needle):
     """The trunk named here does not exist: the error about the setting comes first, so a user does

@@ -716,8 +716,13 @@ def bench(
                 check_model_spec(draft_model)
             except TsspecError as e:
                 raise BadInput(f"--draft-model: {e}") from None
-        for out in (json_out, csv_out, plot_out):  # refuse now, not after a long run that is then lost
-            if out is not None and str(out) != "-" and not out.expanduser().resolve().parent.is_dir():
+        for flag, out in (("--json", json_out), ("--csv", csv_out), ("--plot", plot_out)):
+            # refuse now, not after a long run that is then lost
+            if out is None or str(out) == "-":
+                continue
+            if out.expanduser().is_dir():
+                raise BadInput(f"{flag} {out}: is a directory, not a file to write")
+            if not out.expanduser().resolve().parent.is_dir():
                 raise BadInput(f"{out}: its directory does not exist")
         wls = []
         for w in workload or workload_names():
