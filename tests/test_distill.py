@@ -308,6 +308,28 @@ def test_bad_settings_are_one_clear_error(world, tmp_path, kw, msg):
         distill(_cfg(world, tmp_path / "x.gguf", **kw))
 
 
+def test_out_never_names_a_model(world, tmp_path):
+    """-o naming the trunk (however spelled) or another model: refused before any work, the file
+    untouched. It used to train, then write the head over the trunk (the cache lost its model)."""
+    import shutil
+
+    from clirun import run
+
+    trunk = tmp_path / "trunk.gguf"
+    shutil.copyfile(world["trunk"], trunk)
+    other = tmp_path / "other.gguf"
+    shutil.copyfile(world["other"], other)
+    before = trunk.read_bytes(), other.read_bytes()
+    (tmp_path / "sub").mkdir()
+    for out, msg in ((trunk, "is the trunk's own file"), (tmp_path / "sub" / ".." / "trunk.gguf", "is the trunk's own file"),
+                     (other, "is a qwen2 model, not a drafter")):
+        with pytest.raises(BadInput, match=msg):
+            distill(_cfg(world, out, model=str(trunk)))
+        r = run("distill", "-m", str(trunk), "-o", str(out), "--corpus", str(world["corpus"]), "--tokens", "4096")
+        assert r.exit_code == 2 and msg in r.output, r.output
+    assert (trunk.read_bytes(), other.read_bytes()) == before
+
+
 def test_bf16_training_learns_and_says_so_in_the_file(world, tmp_path):
     """--precision bf16 runs the training forward under bfloat16 autocast (parameters, optimiser
     and held-out checks stay f32): it still learns, the file loads, and it records the precision."""

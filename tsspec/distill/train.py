@@ -11,6 +11,7 @@ the same command again continues from it. Every batch is drawn from a generator 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,6 +82,27 @@ class DistillConfig:
             raise BadInput(f"--precision {self.precision!r}: choose auto, f32 or bf16")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise BadInput("--device cuda: torch sees no CUDA device on this machine")
+        self.check_out()
+
+    def check_out(self) -> None:
+        """The drafter (and its checkpoint ``OUT.ckpt``) must not be written over a model: ``-o`` naming
+        the trunk replaced it with a 3 MB head after the whole run (the model cache lost its file)."""
+        from ..errors import TsspecError
+        from ..gguf_file import read_metadata
+        from ..models import ARCHITECTURES
+
+        for target in (Path(self.out), Path(f"{self.out}.ckpt")):
+            if target.exists() and Path(self.model).exists() and os.path.samefile(target, self.model):
+                raise BadInput(f"-o {self.out}: {target} is the trunk's own file; the drafter needs a file of its own")
+        out = Path(self.out)
+        if out.is_file():
+            try:
+                arch = read_metadata(out).get("general.architecture")
+            except TsspecError:
+                return  # not a readable GGUF: not a model this would destroy
+            if arch in ARCHITECTURES:
+                raise BadInput(f"-o {self.out}: is a {arch} model, not a drafter; writing the drafter there would "
+                               f"replace it (give another file name)")
 
     def resumable_with(self, other: "DistillConfig") -> bool:
         """A checkpoint continues under a config that differs only in how long or how visibly it runs
