@@ -80,6 +80,16 @@ def test_a_byte_order_mark_is_not_prompt_text(model, tmp_path):
     assert [p.text for p in load_prompts(jl)] == ["hello world"]
 
 
+def test_prompts_file_with_a_prompt_too_is_refused(model, tmp_path):
+    """--prompts with -p or -f ran the file and dropped the other prompt without a word."""
+    jl = tmp_path / "p.jsonl"
+    jl.write_text('{"text": "one"}\n')
+    one_error(run("generate", "-m", model, "-n", "2", "--prompts", str(jl), "-p", "hi"), 2,
+              "give the prompts with --prompts or -p, not both")
+    one_error(run("generate", "-m", model, "-n", "2", "--prompts", str(jl), "-f", str(jl)), 2,
+              "give the prompts with --prompts or -f, not both")
+
+
 def test_system_and_stop_must_be_text(model):
     one_error(run("generate", "-m", model, "-p", "hi", "--stop", "\udcff", "-n", "2"), 2, "--stop is not valid UTF-8")
 

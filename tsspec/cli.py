@@ -266,6 +266,8 @@ def generate(
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         if (system or kwargs) and not chat:
             warn("--system and --chat-template-kwargs only apply with --chat")
+        if prompts is not None and (prompt is not None or file is not None):
+            raise BadInput(f"give the prompts with --prompts or {'-p' if prompt is not None else '-f'}, not both")
         items = read_prompt_set(prompts) if prompts is not None else [(None, read_prompt(prompt, file))]
         check_texts(system, stop)
         session = open_session(config, progress=not (json_out or quiet))
