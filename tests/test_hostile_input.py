@@ -90,6 +90,22 @@ def test_prompts_file_with_a_prompt_too_is_refused(model, tmp_path):
               "give the prompts with --prompts or -f, not both")
 
 
+def test_prompts_file_lines_are_checked_before_any_is_run(model, tmp_path):
+    """An empty "text" on line 3 was found only after lines 1-2 ran, as "the prompt is empty" with no
+    line; "id": null became the id "None"."""
+    import json
+
+    jl = tmp_path / "p.jsonl"
+    jl.write_text('{"text": "one"}\n{"text": "two"}\n{"text": ""}\n')
+    r = run("generate", "-m", model, "-n", "2", "--json", "--prompts", str(jl))
+    one_error(r, 2, f"{jl}:3: the text is empty")
+    assert r.stdout == ""  # nothing generated before the refusal
+    jl.write_text('{"id": null, "text": "one"}\n{"id": "b", "text": "two"}\n')
+    r = run("generate", "-m", model, "-n", "2", "--json", "--prompts", str(jl))
+    assert r.exit_code == 0, r.output
+    assert [json.loads(x)["id"] for x in r.stdout.splitlines()] == ["1", "b"]
+
+
 def test_system_and_stop_must_be_text(model):
     one_error(run("generate", "-m", model, "-p", "hi", "--stop", "\udcff", "-n", "2"), 2, "--stop is not valid UTF-8")
 

@@ -176,8 +176,12 @@ def read_prompt_set(path: Path) -> list[tuple[str, str]]:
             raise BadInput(f"{path}:{i}: JSON nested too deeply") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
             raise BadInput(f'{path}:{i}: expected an object with a "text" string')
+        if not obj["text"]:  # refused here, before the lines above it are generated, and by its line
+            raise BadInput(f"{path}:{i}: the text is empty")
+        pid = obj.get("id")
+        pid = i if pid is None else pid  # "id": null is no id (it was the id "None")
         # JSON escapes can spell lone surrogates ("\ud800"), which no tokenizer can encode
-        out.append((utf8_text(str(obj.get("id", i)), f"{path}:{i}: the id"), utf8_text(obj["text"], f"{path}:{i}: the text")))
+        out.append((utf8_text(str(pid), f"{path}:{i}: the id"), utf8_text(obj["text"], f"{path}:{i}: the text")))
     if not out:
         raise BadInput(f"{path}: no prompts")
     return out
