@@ -320,6 +320,12 @@ def test_resolve_model(cache, index, monkeypatch, tmp_path):
         hub.resolve_model("smollm2-135")
 
 
+def test_an_empty_model_name_says_so(cache):
+    for blank in ("", "  "):
+        with pytest.raises(hub.UnknownModel, match="the name is empty"):
+            hub.resolve_model(blank)
+
+
 def test_unknown_name_lists_known_and_suggests(cache):
     with pytest.raises(hub.UnknownModel) as ei:
         hub.pull("gemma3-27m", progress=False)

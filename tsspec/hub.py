@@ -518,6 +518,8 @@ def check_model_spec(spec: str | os.PathLike[str]) -> None:
     """:class:`UnknownModel` unless ``spec`` is an existing file or a known model name; fetches
     nothing (a command checks every model it was given before a long load)."""
     s = os.fspath(spec)
+    if not s.strip():  # `-m ''` read "model not found:  is neither a file nor..."
+        raise UnknownModel(f"model not found: the name is empty (give a GGUF path or one of: {_known_list()})")
     if not Path(s).expanduser().is_file() and s not in KNOWN_MODELS:
         raise UnknownModel(f"model not found: {s} is neither a file nor a known model name "
                            f"(known: {_known_list()}){_did_you_mean(s)}")
