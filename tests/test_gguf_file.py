@@ -138,6 +138,28 @@ def test_file_cut_inside_its_header_says_so_in_the_files_terms(bad_files, tmp_pa
         assert f"runs past the end of the file ({cut} bytes)" in msg, msg
 
 
+def test_unknown_tensor_type_code_says_so_in_the_files_terms(tmp_path):
+    """A tensor type id no GGML type has: gguf-py's "np.uint32(1000) is not a valid
+    GGMLQuantizationType" becomes the file's damage."""
+    import struct
+
+    import gguf
+
+    path = write_tiny_model(tmp_path / "m.gguf", "llama")
+    data = bytearray(path.read_bytes())
+    t = gguf.GGUFReader(path).tensors[0]
+    name = t.name.encode()
+    i = data.index(struct.pack("<Q", len(name)) + name)  # the tensor's info: name, n_dims, dims, type
+    type_at = i + 8 + len(name) + 4 + 8 * len(t.shape)
+    assert struct.unpack_from("<I", data, type_at)[0] == int(t.tensor_type)
+    struct.pack_into("<I", data, type_at, 1000)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError) as e:
+        GGUFFile(path)
+    msg = str(e.value)
+    assert "a tensor has an unknown type code 1000: the header is damaged" in msg and "np." not in msg, msg
+
+
 def test_bad_magic(bad_files):
     with pytest.raises(ModelFileError, match=r"not a GGUF file.*magic.*bad_magic\.gguf"):
         GGUFFile(bad_files["bad_magic"])

@@ -145,6 +145,11 @@ def _header_damage(e: BaseException, size: int) -> str:
         return "a metadata key or string is not valid UTF-8: the header is damaged"
     if "is not a valid GGUFValueType" in text:
         return "a metadata value has an unknown type code: the header is damaged"
+    if "is not a valid GGMLQuantizationType" in text:  # gguf-py says "np.uint32(1000) is not a valid ..."
+        import re
+
+        m = re.search(r"(\d+)\)?\s+is not a valid", text)
+        return f"a tensor has an unknown type code{' ' + m.group(1) if m else ''}: the header is damaged"
     if isinstance(e, (struct.error, IndexError, OverflowError)) or (isinstance(e, ValueError) and any(
             m in text for m in ("buffer is smaller", "cannot reshape", "larger dtype", "out of bounds",
                                 "not enough values to unpack"))):  # the counts cut at 8 or 16 bytes
