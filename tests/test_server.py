@@ -182,6 +182,24 @@ def test_a_request_without_max_tokens_gets_the_room_the_context_leaves(tiny):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 2
 
 
+def test_a_prompt_far_past_the_context_is_refused_before_tokenizing(tiny):
+    """A 26 MB prompt was tokenized on the event loop (every other request waited) only to be refused
+    for its length; its fewest possible tokens are now checked first."""
+    import time
+
+    _, client = make(tiny)
+    text = "the cat sat. " * 2_000_000
+    for route, body, param in (("/v1/completions", {"prompt": text}, "prompt"),
+                               ("/v1/completions", {"prompt": text, "max_tokens": 4}, "max_tokens"),
+                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}, "messages")):
+        t = time.perf_counter()
+        r = client.post(route, json=body)
+        assert time.perf_counter() - t < 10, route
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and err["param"] == param and "at least" in err["message"]
+
+
 @pytest.mark.parametrize("spec", [None, ngram])
 def test_penalties_and_samplers_reach_the_sampler(tiny, spec):
     """presence/frequency/repeat penalties, top_k and min_p were ignored without a word: a request
