@@ -132,6 +132,19 @@ def test_full_conversation_and_save(tiny, tmp_path):
         conv.save(tmp_path / "missing" / "c.json")
 
 
+def test_a_line_far_past_the_context_is_refused_before_rendering(tiny):
+    """A 26 MB line was rendered and tokenized (24 s on smollm2) before "the conversation is full"."""
+    import time
+
+    model, tok = tiny
+    conv = Conversation(_engine(load_model(model.path, n_ctx=64), tok))
+    t = time.perf_counter()
+    with pytest.raises(BadInput, match=r"the conversation is full: prompt \(at least \d+ tokens\)"):
+        conv.reply("the cat sat. " * 2_000_000, sampler=Sampler(), max_tokens=8)
+    assert time.perf_counter() - t < 5
+    assert conv.messages == [] and conv.turns == []
+
+
 def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([], [1]) == 0 and common_prefix([1, 2], [1, 2]) == 2

@@ -86,16 +86,24 @@ class Conversation:
     def render(self, messages: list[dict[str, Any]]) -> list[int]:
         return chat_prompt_ids(self.engine.tokenizer, messages, **self.template_kwargs)
 
+    @staticmethod
+    def _check_fits(n: int, max_tokens: int, ctx: int, *, at_least: bool = False) -> None:
+        try:
+            check_fits(n, max_tokens, ctx, at_least=at_least)
+        except BadInput as e:
+            raise BadInput(f"the conversation is full: {e}; /reset starts a new one") from None
+
     def reply(self, user: str, *, sampler: Sampler, max_tokens: int, stop: Sequence[str] = (),
               on_text: Callable[[str], None] | None = None, on_step: Callable[[SpecStats], None] | None = None,
               interrupted: Callable[[], bool] | None = None) -> Turn:
         """Add the user's message, generate the reply, add it; -> what the turn did."""
         messages = self.all_messages() + [{"role": "user", "content": user}]
+        tok, ctx = self.engine.tokenizer, self.engine.target.max_context
+        # the contents' fewest possible tokens first: a 26 MB line took 24 s to render and tokenize
+        # before this same refusal
+        self._check_fits(sum(tok.min_tokens(m["content"]) for m in messages), max_tokens, ctx, at_least=True)
         prompt = self.render(messages)
-        try:
-            check_fits(len(prompt), max_tokens, self.engine.target.max_context)
-        except BadInput as e:
-            raise BadInput(f"the conversation is full: {e}; /reset starts a new one") from None
+        self._check_fits(len(prompt), max_tokens, ctx)
         cache, reused = self.prefix.take(prompt)
         try:
             result = self.engine.generate(prompt, sampler=sampler, max_tokens=max_tokens, stop=stop,
