@@ -106,6 +106,19 @@ def test_prompts_file_lines_are_checked_before_any_is_run(model, tmp_path):
     assert [json.loads(x)["id"] for x in r.stdout.splitlines()] == ["1", "b"]
 
 
+def test_a_drafter_named_like_markup_is_named_in_its_note(tmp_path):
+    """The drafter's note printed its file name as rich markup ('x[b]y.gguf' lost '[b]'), wrapped at
+    the console's width."""
+    from tiny_dflash import write_tiny_dflash
+
+    trunk = write_tiny_model(tmp_path / "trunk.gguf", "qwen3", seed=1)
+    drafter = write_tiny_dflash(tmp_path / "x[b]y.gguf", trunk)
+    r = run("generate", "-m", str(trunk), "-p", "hi", "-n", "2", "--quiet", "--draft-model", str(drafter))
+    assert r.exit_code == 0, r.output
+    notes = [x for x in r.stderr.splitlines() if x.startswith("note:")]
+    assert notes and notes[0].startswith("note: x[b]y.gguf: "), r.stderr
+
+
 def test_system_and_stop_must_be_text(model):
     one_error(run("generate", "-m", model, "-p", "hi", "--stop", "\udcff", "-n", "2"), 2, "--stop is not valid UTF-8")
 

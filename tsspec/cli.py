@@ -45,6 +45,11 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
+def note(msg: str) -> None:
+    """One ``note:`` line: text, not markup (a drafter's file name), not wrapped at the console width."""
+    err.print(f"[dim]note: {escape(msg)}[/]", highlight=False, soft_wrap=True)
+
+
 def warn(msg: str) -> None:
     err.print(f"[yellow]warning:[/] {escape(msg)}", highlight=False, soft_wrap=True)
 
@@ -277,7 +282,7 @@ def generate(
         session = open_session(config, progress=not (json_out or quiet))
         speculation = session.speculation()
         for n in speculation.notes:
-            err.print(f"[dim]note: {n}[/]")
+            note(n)
         engine = session.engine(speculation)
         speculator, governor = speculation.speculator, speculation.governor
 
@@ -356,7 +361,7 @@ def chat(
         session = open_session(config, progress=interactive)
         speculation = session.speculation()
         for n in speculation.notes:
-            err.print(f"[dim]note: {n}[/]")
+            note(n)
         conv = Conversation(session.engine(speculation), system=system, template_kwargs=kwargs)
         startup_done()  # from here Ctrl-C stops a reply (repl) or, at the prompt, leaves with 130
         code = run(conv, sampler=sampler, max_tokens=max_tokens, stop=stop, err=err, interactive=interactive)
@@ -413,11 +418,12 @@ def serve(
         session = open_session(config)
         speculation = session.speculation()
         for n in speculation.notes:
-            err.print(f"[dim]note: {n}[/]")
+            note(n)
         server = Server(session.engine(speculation), model_id=session.path.stem, slots=slots,
                         default_max_tokens=max_tokens, template_kwargs=kwargs, parallel=parallel, queue=queue)
         err.print(f"serving {session.path.name} on http://{host}:{port}/v1 "
-                  f"({speculation.speculator.name if speculation.speculator else 'plain'}; Ctrl-C stops)")
+                  f"({speculation.speculator.name if speculation.speculator else 'plain'}; Ctrl-C stops)",
+                  markup=False, highlight=False, soft_wrap=True)
         if not _serve_until_stopped(server, create_app(server), host, port):
             raise BadInput(f"cannot listen on {host}:{port} (in use, or not an address of this machine)")
 
