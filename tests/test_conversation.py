@@ -145,6 +145,14 @@ def test_a_line_far_past_the_context_is_refused_before_rendering(tiny):
     assert conv.messages == [] and conv.turns == []
 
 
+def test_save_expands_the_home_directory(tiny, tmp_path, monkeypatch):
+    """`/save ~/c.json` at the chat prompt (no shell to expand it) failed: "./~/c.json" has no folder."""
+    model, tok = tiny
+    monkeypatch.setenv("HOME", str(tmp_path))
+    conv = Conversation(_engine(model, tok))
+    assert conv.save("~/c.json") == tmp_path / "c.json" and (tmp_path / "c.json").is_file()
+
+
 def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([], [1]) == 0 and common_prefix([1, 2], [1, 2]) == 2

@@ -123,7 +123,7 @@ class Conversation:
     # -- saving -----------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """The conversation as JSON: the messages (system first) and each turn's counters."""
-        path = Path(path)
+        path = Path(path).expanduser()  # typed at the chat prompt, where no shell expands '~'
         data = {"messages": self.all_messages(), "turns": [
             {k: v for k, v in t.to_dict().items() if k not in ("token_ids", "spec")} for t in self.turns]}
         try:
