@@ -45,6 +45,7 @@ ENV_CACHE = "TSSPEC_CACHE"
 ENV_KERNELS = "TSSPEC_KERNELS"
 ENV_CC = "CC"
 ENV_LLAMA_CPP_DIR = "LLAMA_CPP_DIR"
+ENV_OMP_THREADS = "OMP_NUM_THREADS"  # not tsspec's, but the native kernels' OpenMP runtime obeys it
 # what a measurement records of the environment (``tsspec.bench.provenance``)
 RECORDED_PREFIXES = ("TSSPEC_", "TS_SPEC_", "TS_MTP_", "TS_DFLASH_", "TS_Q35_")
 
@@ -211,6 +212,24 @@ def kernels_enabled(env: Mapping[str, str] | None = None) -> bool:
     """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
     raw = _value(_env(env), ENV_KERNELS)
     return True if raw is None else parse_bool(ENV_KERNELS, raw)
+
+
+def check_omp_threads(env: Mapping[str, str] | None = None) -> None:
+    """``OMP_NUM_THREADS`` past ``MAX_THREADS_PER_CPU`` per CPU is one BadInput: the native kernels'
+    OpenMP runtime segfaulted on 100000 (exit 139). A value the runtime cannot read it ignores
+    itself (and says so), so only a readable count is checked."""
+    raw = _value(_env(env), ENV_OMP_THREADS)
+    if raw is None:
+        return
+    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+    for part in raw.split(","):  # OpenMP's list form: one count per nesting level
+        try:
+            n = int(part.strip())
+        except ValueError:
+            return
+        if n > most:
+            raise BadInput(f"{ENV_OMP_THREADS}={raw!r}: at most {most} threads ({MAX_THREADS_PER_CPU} per CPU); "
+                           f"lower it, or unset it and use --threads")
 
 
 def c_compilers(env: Mapping[str, str] | None = None) -> tuple[str, ...]:

@@ -137,9 +137,12 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 def _enabled() -> bool:
     """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
-    from ..settings import kernels_enabled
+    from ..settings import check_omp_threads, kernels_enabled
 
-    return kernels_enabled()
+    on = kernels_enabled()
+    if on:
+        check_omp_threads()  # the kernels' OpenMP regions crash on an absurd OMP_NUM_THREADS
+    return on
 
 
 def lib() -> ctypes.CDLL | None:
