@@ -187,6 +187,62 @@ def test_repacked_weights_give_the_same_bits(type_name, k):
         assert torch.equal(plain, fast), f"{type_name} k={k} simd={use_simd}"
 
 
+def test_a_repack_is_the_same_at_any_thread_count_and_one_thread_off_the_main_thread():
+    """``repack``/``unpack`` take an explicit thread count (same bytes at 1, 2 and 3 threads); by
+    default torch's count on the main thread and one on any other (the loader's layer pool: each of
+    its threads opened a machine-wide OpenMP team, 74 threads at once on 8 cores)."""
+    import threading
+
+    raw = random_blocks("Q4_K", 101, 768, seed=3)
+    one = kernels.repack("Q4_K", raw, 768, threads=1)
+    for nt in (2, 3):
+        np.testing.assert_array_equal(kernels.repack("Q4_K", raw, 768, threads=nt), one)
+        np.testing.assert_array_equal(kernels.unpack("Q4_K", one, 768, threads=nt), raw)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        kernels.repack("Q4_K", raw, 768, threads=0)
+    assert kernels.repack_threads() == torch.get_num_threads()
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(kernels.repack_threads()))
+    t.start()
+    t.join()
+    assert seen == [1]
+
+
+def test_loading_in_the_layer_pool_opens_no_team_per_layer_thread(tmp_path):
+    """Loading with --threads 4 and OMP_NUM_THREADS=4: the pool's threads repack on their own, so the
+    process never holds more than a few threads beyond the pool (it held 4 x 4 and more)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", quant="Q4_0", d_model=256, ffn_dim=512, vocab_size=320,
+                            n_layers=8)
+    code = textwrap.dedent(f"""
+        import os, threading, time, torch
+        torch.set_num_threads(4)
+        from tsspec.models import load_model
+        peak, stop = [0], [False]
+        def watch():
+            while not stop[0]:
+                peak[0] = max(peak[0], len(os.listdir("/proc/self/task")))
+                time.sleep(0.0002)
+        w = threading.Thread(target=watch, daemon=True)
+        w.start()
+        before = len(os.listdir("/proc/self/task"))
+        for _ in range(3):
+            load_model({str(path)!r})
+        stop[0] = True
+        w.join()
+        print(before, peak[0])
+    """)
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "4"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    before, peak = map(int, r.stdout.split())
+    # the pool's 4 threads, the main thread's OpenMP team (3 more) and slack for torch's own
+    assert peak - before <= 4 + 3 + 2, (before, peak)
+
+
 @pytest.mark.parametrize("type_name", QUANT_TYPES)
 @pytest.mark.parametrize("k", [96, 576, 608])
 def test_lone_row_pairs_weight_rows_bitwise(type_name, k):

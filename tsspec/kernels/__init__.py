@@ -121,9 +121,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tsq_matmul.restype = c_int
     lib.tsq_matmul.argtypes = [c_int, vp, c_int, c_long, c_long, c_long, vp, vp, c_long, vp, c_long, c_int, c_int]
     lib.tsq_repack.restype = c_int
-    lib.tsq_repack.argtypes = [c_int, vp, c_long, c_long, c_long, vp]
+    lib.tsq_repack.argtypes = [c_int, vp, c_long, c_long, c_long, vp, c_int]
     lib.tsq_unpack.restype = c_int
-    lib.tsq_unpack.argtypes = [c_int, vp, c_long, c_long, c_long, vp]
+    lib.tsq_unpack.argtypes = [c_int, vp, c_long, c_long, c_long, vp, c_int]
     lib.tsq_forward.restype = c_int
     lib.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
     lib.tsq_forward_batch_taps.restype = c_int
@@ -253,25 +253,36 @@ class _HugeArena:
 _arena = _HugeArena()
 
 
-def repack(type_name: str, w: np.ndarray, k: int) -> np.ndarray:
+def repack(type_name: str, w: np.ndarray, k: int, *, threads: int | None = None) -> np.ndarray:
     """A copy of the GGUF rows ``w`` (uint8 [n, row_bytes]) stored for the products (``tsq_repack``):
     each whole group of 128 elements with its code bits transposed, and for Q4_0, Q4_1 and Q8_0 its
     four blocks' scales gathered ahead of the codes; values unchanged. ``matmul`` takes it with
-    ``packed=True``; ``unpack`` gives the stored layout back."""
-    return _repack(type_name, w, k, inverse=False)
+    ``packed=True``; ``unpack`` gives the stored layout back. ``threads``: see ``repack_threads``."""
+    return _repack(type_name, w, k, inverse=False, threads=threads)
 
 
-def unpack(type_name: str, w: np.ndarray, k: int) -> np.ndarray:
+def unpack(type_name: str, w: np.ndarray, k: int, *, threads: int | None = None) -> np.ndarray:
     """The inverse of ``repack``: rows in the file's own layout."""
-    return _repack(type_name, w, k, inverse=True)
+    return _repack(type_name, w, k, inverse=True, threads=threads)
 
 
-def _repack(type_name: str, w: np.ndarray, k: int, *, inverse: bool) -> np.ndarray:
+def repack_threads() -> int:
+    """Threads a repack takes by default: torch's count (``--threads``) on the main thread, one on
+    any other. The loader repacks a model's layers in a pool of ``--threads`` threads, each of which
+    would otherwise open an OpenMP team as wide as the machine (on 8 cores, 74 threads at once; the
+    cores are already shared out by the pool)."""
+    return torch.get_num_threads() if threading.current_thread() is threading.main_thread() else 1
+
+
+def _repack(type_name: str, w: np.ndarray, k: int, *, inverse: bool, threads: int | None = None) -> np.ndarray:
     if type_name in FLOAT_TYPES:
         raise ValueError(f"{type_name}: float weights are not repacked")
+    nt = repack_threads() if threads is None else threads
+    if nt < 1:
+        raise ValueError(f"threads must be >= 1, got {nt}")
     out = _arena.empty(w.shape) if not inverse and w.dtype == np.uint8 else np.empty_like(w)
     fn = lib().tsq_unpack if inverse else lib().tsq_repack
-    if fn(TYPE_IDS[type_name], _ptr(np.ascontiguousarray(w)), w.shape[1], w.shape[0], k, _ptr(out)):
+    if fn(TYPE_IDS[type_name], _ptr(np.ascontiguousarray(w)), w.shape[1], w.shape[0], k, _ptr(out), nt):
         raise ValueError(f"{type_name}: cannot repack rows of {k} elements")
     return out
 

@@ -493,22 +493,26 @@ static void repack_row(int type, uint8_t *row, long ng, int inverse) {
     }
 }
 
-static int repack_rows(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out, int inverse) {
+/* nt threads (the caller's count: a repack inside the loader's pool of layer threads takes one,
+ * or every pool thread opened a team as wide as the machine, 74 threads at once on 8 cores) */
+static int repack_rows(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out, int inverse,
+                       int nt) {
     if (type < T_Q4_0 || type >= T_COUNT || tsq_row_bytes(type, k) != row_bytes) return -1;
     if (out != w) memcpy(out, w, (size_t)row_bytes * n_rows);
     const long ng = packable_groups(type, k);
-#pragma omp parallel for schedule(static)
+    if (nt < 1) nt = 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (long n = 0; n < n_rows; n++) repack_row(type, out + n * row_bytes, ng, inverse);
     return 0;
 }
 
-int tsq_repack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out) {
-    return repack_rows(type, w, row_bytes, n_rows, k, out, 0);
+int tsq_repack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out, int nt) {
+    return repack_rows(type, w, row_bytes, n_rows, k, out, 0, nt);
 }
 
 /* the inverse of tsq_repack: rows as the file stores them */
-int tsq_unpack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out) {
-    return repack_rows(type, w, row_bytes, n_rows, k, out, 1);
+int tsq_unpack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out, int nt) {
+    return repack_rows(type, w, row_bytes, n_rows, k, out, 1, nt);
 }
 
 /* rows ids[0..n) of a [rows, K] weight (packed: stored by tsq_repack) to float32 out [n, K]
