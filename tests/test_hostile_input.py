@@ -104,6 +104,13 @@ def test_prompts_file_lines_are_checked_before_any_is_run(model, tmp_path):
     r = run("generate", "-m", model, "-n", "2", "--json", "--prompts", str(jl))
     assert r.exit_code == 0, r.output
     assert [json.loads(x)["id"] for x in r.stdout.splitlines()] == ["1", "b"]
+    # ids key the results: a repeat (an explicit id, or a line's number standing in for one) is refused
+    for text, line, pid in (('{"id": "a", "text": "one"}\n{"id": "a", "text": "two"}\n', 2, "a"),
+                            ('{"text": "one"}\n{"id": 1, "text": "two"}\n', 2, "1")):
+        jl.write_text(text)
+        r = run("generate", "-m", model, "-n", "2", "--json", "--prompts", str(jl))
+        one_error(r, 2, f"{jl}:{line}: the id '{pid}' is line 1's too")
+        assert r.stdout == ""
 
 
 def test_a_drafter_named_like_markup_is_named_in_its_note(tmp_path):

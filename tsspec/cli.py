@@ -170,6 +170,7 @@ def read_prompt_set(path: Path) -> list[tuple[str, str]]:
     except UnicodeDecodeError as e:
         raise BadInput(f"--prompts file {path} is not UTF-8 text (byte {e.start})") from None
     out = []
+    seen: dict[str, int] = {}  # id -> its line: the results are keyed by id, as bench's prompts are
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -186,7 +187,11 @@ def read_prompt_set(path: Path) -> list[tuple[str, str]]:
         pid = obj.get("id")
         pid = i if pid is None else pid  # "id": null is no id (it was the id "None")
         # JSON escapes can spell lone surrogates ("\ud800"), which no tokenizer can encode
-        out.append((utf8_text(str(pid), f"{path}:{i}: the id"), utf8_text(obj["text"], f"{path}:{i}: the text")))
+        pid = utf8_text(str(pid), f"{path}:{i}: the id")
+        if pid in seen:
+            raise BadInput(f"{path}:{i}: the id {pid!r} is line {seen[pid]}'s too (each result is keyed by its id)")
+        seen[pid] = i
+        out.append((pid, utf8_text(obj["text"], f"{path}:{i}: the text")))
     if not out:
         raise BadInput(f"{path}: no prompts")
     return out
