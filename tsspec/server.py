@@ -323,7 +323,7 @@ class Server:
                interrupted: Callable[[], bool] | None = None) -> Job:
         """Queue a generation after ``prompt`` (refused at once when it cannot fit the context or the
         queue is full); its ``future`` ends with (result, prompt tokens reused)."""
-        self.check_context(prompt, max_tokens)
+        self.check_context(len(prompt), max_tokens)
         job = Job(list(prompt), sampler, max_tokens, list(stop), on_text, interrupted)
         self.scheduler.submit(job)
         return job
@@ -335,11 +335,17 @@ class Server:
         return self.submit(prompt, sampler, max_tokens, stop, on_text, interrupted).future.result()
 
     # -- request parsing ----------------------------------------------------------------------------
-    def check_context(self, prompt: list[int], max_tokens: int) -> None:
+    def check_context(self, n_prompt: int, max_tokens: int | None, *, at_least: bool = False,
+                      param: str = "max_tokens") -> None:
+        """The prompt's ``n_prompt`` tokens (``at_least``: a lower bound, ``Tokenizer.min_tokens``, taken
+        before tokenizing a text too long to fit anyway) and ``max_tokens`` (None: the request gives
+        none, so at least one) fit the context; else a 400 naming ``param``."""
         ctx = self.engine.target.max_context
-        if len(prompt) + max_tokens > ctx:
-            raise APIError(400, f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds the "
-                           f"context of {ctx} tokens", param="max_tokens", code="context_length_exceeded")
+        if n_prompt + (max_tokens or 1) > ctx:
+            size = f"at least {n_prompt}" if at_least else f"{n_prompt}"
+            plus = f" plus max_tokens ({max_tokens})" if max_tokens is not None else ""
+            raise APIError(400, f"the prompt ({size} tokens){plus} exceeds the context of {ctx} tokens",
+                           param="max_tokens" if max_tokens is not None else param, code="context_length_exceeded")
 
     def budget(self, prompt: list[int], max_tokens: int | None, param: str = "messages") -> int:
         """The request's max_tokens; when it gives none, the server's default, capped at the room the
@@ -421,16 +427,6 @@ class Server:
             raise APIError(400, "stream must be true or false", param="stream")
         return bool(value)
 
-    def check_lower_bound(self, lower: int, max_tokens: int | None, param: str) -> None:
-        """Refuse a text whose fewest possible tokens (``Tokenizer.min_tokens``) cannot fit, before
-        tokenizing it: a 5 MB prompt took seconds to tokenize on the event loop (every other request
-        and /health waited) only to be refused for its length."""
-        ctx = self.engine.target.max_context
-        if lower + (max_tokens or 1) > ctx:
-            plus = f" plus max_tokens ({max_tokens})" if max_tokens is not None else ""
-            raise APIError(400, f"the prompt (at least {lower} tokens){plus} exceeds the context of {ctx} tokens",
-                           param=param if max_tokens is None else "max_tokens", code="context_length_exceeded")
-
     def chat_prompt(self, body: dict, max_tokens: int | None = None) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -450,7 +446,10 @@ class Server:
             role = "system" if m["role"] == "developer" else m["role"]
             clean.append({"role": role, "content": content})
         tok = self.engine.tokenizer
-        self.check_lower_bound(sum(tok.min_tokens(m["content"]) for m in clean), max_tokens, "messages")
+        # the contents' fewest possible tokens first: a 5 MB prompt took seconds to tokenize on the
+        # event loop (every other request and /health waited) only to be refused for its length
+        self.check_context(sum(tok.min_tokens(m["content"]) for m in clean), max_tokens, at_least=True,
+                           param="messages")
         try:
             return chat_prompt_ids(self.engine.tokenizer, clean, **self.template_kwargs)
         except BadInput as e:
@@ -461,7 +460,7 @@ class Server:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str) and prompt:
-            self.check_lower_bound(self.engine.tokenizer.min_tokens(prompt), max_tokens, "prompt")
+            self.check_context(self.engine.tokenizer.min_tokens(prompt), max_tokens, at_least=True, param="prompt")
             return self.engine.tokenizer.encode(prompt)
         vocab = self.engine.target.vocab_size
         if (isinstance(prompt, list) and prompt
