@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .display import error_line
 from .errors import BadInput, TsspecError
 from .interrupts import startup_done
 
@@ -33,15 +34,14 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except TsspecError as e:
-        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, markup=True, soft_wrap=True)
+        error_line(err, str(e))
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")
         raise typer.Exit(130) from None
     except MemoryError as e:  # torch's allocations, or the native kernels' scratch (kernels._check_rc)
         detail = f" ({e})" if str(e) else ""
-        err.print(f"[bold red]error:[/] out of memory{escape(detail)}; a smaller --ctx-size or model needs less",
-                  highlight=False, markup=True, soft_wrap=True)
+        error_line(err, f"out of memory{detail}; a smaller --ctx-size or model needs less")
         raise typer.Exit(1) from None
 
 
@@ -908,7 +908,7 @@ def _usage_error(e) -> int:
     ctx = getattr(e, "ctx", None)
     if ctx is not None and "UsageError" in {c.__name__ for c in type(e).__mro__}:
         msg += f" (see '{ctx.command_path} --help')"
-    err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, markup=True, soft_wrap=True)
+    error_line(err, msg)
     return e.exit_code
 
 

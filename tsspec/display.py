@@ -10,6 +10,7 @@ import sys
 import time
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
@@ -147,6 +148,12 @@ class _NullLive:
 def _units(phase: str) -> str:
     """What a distill phase counts."""
     return "steps" if phase == "training" else "tokens"
+
+
+def error_line(console: Console, message: str) -> None:
+    """One ``error:`` line: the message is text, not markup (a path like ``[/]x`` raised rich's
+    MarkupError), and not wrapped at the console's width. The CLI's and the chat prompt's errors."""
+    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 class DistillProgress:

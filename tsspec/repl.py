@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .conversation import Conversation, Turn
+from .display import error_line
 from .errors import BadInput
 from .sampling import Sampler
 
@@ -103,17 +104,11 @@ def run(conv: Conversation, *, sampler: Sampler, max_tokens: int, stop=(), out: 
                                   on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()),
                                   interrupted=lambda: intr.requested)
         except BadInput as e:
-            _error(err, str(e))
+            error_line(err, str(e))
             continue
         sys.stdout.write("\n")
         sys.stdout.flush()
         err.print(f"[dim]{turn_line(turn)}[/]", highlight=False)
-
-
-def _error(err: Console, message: str) -> None:
-    """One ``error:`` line: the message is text, not markup (a path like ``[/]x`` raised rich's
-    MarkupError), and not wrapped at the console's width."""
-    err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _read_stdin(prompt: str) -> str:
@@ -142,14 +137,14 @@ def command(conv: Conversation, line: str, *, out: Console, err: Console) -> boo
             err.print("[dim]no turns yet[/]")
     elif name == "/save":
         if not arg:
-            _error(err, "/save needs a file name")
+            error_line(err, "/save needs a file name")
         else:
             try:
                 err.print(f"[dim]saved to {escape(str(conv.save(arg)))}[/]", highlight=False, soft_wrap=True)
             except BadInput as e:
-                _error(err, str(e))
+                error_line(err, str(e))
     elif name == "/help":
         out.print(HELP, highlight=False, markup=False)
     else:
-        _error(err, f"unknown command {name}; /help lists them")
+        error_line(err, f"unknown command {name}; /help lists them")
     return False
