@@ -6,6 +6,7 @@ Dequantization is gguf-py's (``gguf.quants.dequantize``); nothing here re-implem
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,8 +147,6 @@ def _header_damage(e: BaseException, size: int) -> str:
     if "is not a valid GGUFValueType" in text:
         return "a metadata value has an unknown type code: the header is damaged"
     if "is not a valid GGMLQuantizationType" in text:  # gguf-py says "np.uint32(1000) is not a valid ..."
-        import re
-
         m = re.search(r"(\d+)\)?\s+is not a valid", text)
         return f"a tensor has an unknown type code{' ' + m.group(1) if m else ''}: the header is damaged"
     if isinstance(e, (struct.error, IndexError, OverflowError)) or (isinstance(e, ValueError) and any(
