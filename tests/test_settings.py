@@ -1,4 +1,4 @@
-"""Settings resolved once: ``tsspec.settings`` is the only reader of the environment, and a run is
+"""Settings resolved once: ``tsspec.env`` is the only reader of the environment, and a run is
 composed in one place, ``tsspec.session.Session``, from the frozen configuration it resolves."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from tsspec.spec.ngram import NGramSpeculator
 PACKAGE = Path(__file__).resolve().parents[1] / "tsspec"
 
 
-def test_only_the_settings_module_reads_the_environment():
+def test_only_the_env_module_reads_the_environment():
     readers = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name == "settings.py" and path.parent == PACKAGE:
+        if path.name == "env.py" and path.parent == PACKAGE:
             continue
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             code = line.split("#", 1)[0]

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NamedTuple
 
+from tsspec.env import cache_root
 from tsspec.errors import BadInput, TsspecError
 from tsspec.interrupts import catchable
 
@@ -196,8 +197,6 @@ def _did_you_mean(name: str) -> str:
 
 def cache_dir() -> Path:
     """``$TSSPEC_CACHE`` if set (and non-empty), else ``~/.cache/tsspec/models``; created on demand."""
-    from .settings import cache_root
-
     root = cache_root()
     d = root if root is not None else Path.home() / ".cache" / "tsspec" / "models"
     where = "$TSSPEC_CACHE" if root is not None else "the model cache"

@@ -5,7 +5,7 @@ and ``TS_MTP_*`` (the second is a cross-language contract, not only a legacy ali
 pure function of the flags and an environment *mapping*: a flag beats the environment; if the two
 families disagree, ``TS_SPEC_*`` wins and a warning says so. The resolved values are published back
 under both names for child processes. This module never touches ``os.environ`` itself:
-``tsspec.settings`` is the one reader (and writer) of the process environment.
+``tsspec.env`` is the one way to the process environment, which ``tsspec.settings`` passes in.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from difflib import get_close_matches
 from typing import Any, Mapping, MutableMapping
 
+from .env import FALSE_WORDS, TRUE_WORDS, bool_word, parse_bool  # noqa: F401 (the words are env's; re-exported)
 from .errors import BadInput
 
 ACCEPT_RULES = ("auto", "match", "residual")
@@ -42,23 +43,6 @@ class SpecOptions:
     draft_model: str | None = None  # a drafter file or known model name
     accept: str = "auto"
     adaptive: bool = True  # the cost governor
-
-
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
-
-
-def bool_word(raw: str) -> bool | None:
-    """A boolean spelled as flags and environment variables spell it; None for anything else."""
-    v = raw.strip().lower()
-    return True if v in TRUE_WORDS else False if v in FALSE_WORDS else None
-
-
-def parse_bool(name: str, raw: str) -> bool:
-    v = bool_word(raw)
-    if v is None:
-        raise BadInput(f"{name}={raw!r}: expected 0/1, true/false, yes/no or on/off")
-    return v
 
 
 def _parse(setting: str, name: str, raw: Any) -> Any:

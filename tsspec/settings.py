@@ -1,20 +1,19 @@
-"""Every environment variable tsspec reads is read here, and nowhere else.
-
-Two kinds of setting:
+"""The run configuration: a command's flags and the environment, resolved once into a ``RunConfig``.
 
 * **The run configuration.** ``resolve_run`` turns a command's flags and the environment into a
   frozen, fully-resolved ``RunConfig``: flags > ``TS_SPEC_*`` > ``TS_MTP_*`` > defaults (the
-  speculation surface itself is ``tsspec.options``, a pure function of flags and an environment
-  mapping); a model's preferred draft window is applied later, by ``tsspec.session.Session``, since
-  it needs the loaded model. Everything below the session takes explicit parameters: a weight
-  loader gets its format, a drafter its switches, a hybrid trunk its rollback mode.
+  speculation surface itself is ``tsspec.options``, a pure function of flags, an environment
+  mapping and the speculator names the registry knows); a model's preferred draft window is applied
+  later, by ``tsspec.session.Session``, since it needs the loaded model. Everything below the
+  session takes explicit parameters: a weight loader gets its format, a drafter its switches, a
+  hybrid trunk its rollback mode.
 * **The device** (``--device``, ``TSSPEC_DEVICE``): auto, cpu or cuda, resolved in ``RunConfig``
   to the one the run computes on; ``cuda`` where torch sees no GPU or triton is missing is refused
   here, in one line, before anything loads.
-* **Process-wide switches**, read when first needed because they belong to the process rather than
-  to one run: the cache root (``TSSPEC_CACHE``), the native kernels (``TSSPEC_KERNELS``, ``CC``)
-  and where the llama.cpp peer build lives (``LLAMA_CPP_DIR``). ``tsspec.hub``, ``tsspec.kernels``
-  and ``tsspec.bench.llama_server`` ask the accessors below.
+* **Process-wide switches** (the cache root, the native kernels, the llama.cpp peer build) are
+  ``tsspec.env``'s, below every layer, so the kernels, the hub and the llama.cpp runner read them
+  without importing the run configuration. ``tsspec.env`` is also the one way to the process
+  environment: this module resolves from the mapping it gives.
 
 One rule for every variable: set to the empty string (the shell's ``VAR= tsspec ...``) it counts as
 unset; any other value must be valid (blanks around it are ignored), or the run stops with one
@@ -25,13 +24,18 @@ A switch takes only the boolean words (``0``/``1``, ``true``/``false``, ``yes``/
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, MutableMapping
 
+# the process-wide accessors beyond environ/max_threads/parse_bool/value are re-exported, importable
+# from here until every reader (the kernels) imports them from ``env``
+from .env import (  # noqa: F401
+    ENV_CACHE, ENV_CC, ENV_KERNELS, ENV_LLAMA_CPP_DIR, ENV_OMP_THREADS, MAX_THREADS_PER_CPU, c_compilers, cache_root,
+    check_omp_threads, environ, kernels_enabled, llama_cpp_dir, max_threads, parse_bool,
+)
+from .env import value as _value
 from .errors import BadInput
-from .options import SpecOptions, parse_bool, publish, resolve
+from .options import SpecOptions, publish, resolve
 
 # the run configuration
 ENV_WEIGHTS = "TSSPEC_WEIGHTS"  # the trunk's in-memory weight format (``--weights`` wins)
@@ -40,12 +44,6 @@ ENV_DFLASH_CONV = "TS_DFLASH_CONV"  # =0: DFlash2's convolution off (attribution
 ENV_DFLASH_SELECTOR = "TS_DFLASH_SELECTOR"  # =0: DFlash2's candidate selector off (attribution only)
 ENV_VERIFY_SNAPSHOTS = "TS_Q35_VERIFY_SNAPSHOTS"  # =0: hybrid trunks restore and re-forward
 ENV_DEVICE = "TSSPEC_DEVICE"  # auto | cpu | cuda (``--device`` wins)
-# process-wide
-ENV_CACHE = "TSSPEC_CACHE"
-ENV_KERNELS = "TSSPEC_KERNELS"
-ENV_CC = "CC"
-ENV_LLAMA_CPP_DIR = "LLAMA_CPP_DIR"
-ENV_OMP_THREADS = "OMP_NUM_THREADS"  # not tsspec's, but the native kernels' OpenMP runtime obeys it
 # what a measurement records of the environment (``tsspec.bench.provenance``)
 RECORDED_PREFIXES = ("TSSPEC_", "TS_SPEC_", "TS_MTP_", "TS_DFLASH_", "TS_Q35_")
 
@@ -53,17 +51,6 @@ DEFAULT_WEIGHTS = "auto"  # the file's own GGUF blocks on the native kernels (pu
 DEFAULT_DRAFT_WEIGHTS = "auto"
 DEFAULT_DEVICE = "auto"  # CUDA (the Triton kernels) when torch sees a GPU and triton imports, else the CPU
 MIN_CTX = 16
-MAX_THREADS_PER_CPU = 4  # torch/OpenMP crash on absurd counts (100000 segfaults)
-
-
-def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
-    return os.environ if env is None else env
-
-
-def _value(env: Mapping[str, str], name: str) -> str | None:
-    """``name``'s value; None when unset or set to the empty string."""
-    raw = env.get(name)
-    return None if raw is None or raw == "" else raw
 
 
 def _switch(env: Mapping[str, str], name: str) -> bool:
@@ -141,7 +128,7 @@ class RunConfig:
 
 def check_threads(threads: int | None) -> int | None:
     if threads is not None:
-        most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+        most = max_threads()
         if not 1 <= threads <= most:
             raise BadInput(f"--threads must be between 1 and {most} ({MAX_THREADS_PER_CPU} per CPU), got {threads}")
     return threads
@@ -165,7 +152,7 @@ def resolve_run(
     """
     from .weights import FORMATS
 
-    env = _env(env)
+    env = environ(env)
     spec, warnings = (SpecOptions(), []) if speculation is None else resolve(speculation, env)
     check_threads(threads)
     if weights is not None and weights not in FORMATS:
@@ -190,60 +177,13 @@ def resolve_run(
 
 def publish_spec(opts: SpecOptions, env: MutableMapping[str, str] | None = None) -> None:
     """Write the resolved speculation settings under both families, for child processes."""
-    publish(opts, os.environ if env is None else env)
+    publish(opts, environ(env))
 
 
-# ----------------------------------------------------------------------------- process-wide switches
-
-
-def cache_root(env: Mapping[str, str] | None = None) -> Path | None:
-    """``$TSSPEC_CACHE`` (expanded) if set and non-empty, else None (the caller's default). Any path
-    the operating system takes is a path (relative ones are relative to the working directory);
-    only blanks are refused."""
-    raw = _value(_env(env), ENV_CACHE)
-    if raw is None:
-        return None
-    if not raw.strip():
-        raise BadInput(f"{ENV_CACHE}={raw!r}: a blank path (unset it for the default cache)")
-    return Path(raw).expanduser()
-
-
-def kernels_enabled(env: Mapping[str, str] | None = None) -> bool:
-    """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
-    raw = _value(_env(env), ENV_KERNELS)
-    return True if raw is None else parse_bool(ENV_KERNELS, raw)
-
-
-def check_omp_threads(env: Mapping[str, str] | None = None) -> None:
-    """``OMP_NUM_THREADS`` past ``MAX_THREADS_PER_CPU`` per CPU is one BadInput: the native kernels'
-    OpenMP runtime segfaulted on 100000 (exit 139). A value the runtime cannot read it ignores
-    itself (and says so), so only a readable count is checked."""
-    raw = _value(_env(env), ENV_OMP_THREADS)
-    if raw is None:
-        return
-    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
-    for part in raw.split(","):  # OpenMP's list form: one count per nesting level
-        try:
-            n = int(part.strip())
-        except ValueError:
-            return
-        if n > most:
-            raise BadInput(f"{ENV_OMP_THREADS}={raw!r}: at most {most} threads ({MAX_THREADS_PER_CPU} per CPU); "
-                           f"lower it, or unset it and use --threads")
-
-
-def c_compilers(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """The C compilers to try for the native kernels, in order: ``$CC`` first."""
-    return tuple(cc for cc in (_env(env).get(ENV_CC), "cc", "gcc", "clang") if cc)
-
-
-def llama_cpp_dir(env: Mapping[str, str] | None = None) -> Path:
-    """The llama.cpp peer checkout: ``$LLAMA_CPP_DIR``, else where the peer build puts it."""
-    root = _env(env).get(ENV_LLAMA_CPP_DIR) or str(Path.home() / ".cache" / "tsspec-peer" / "llama.cpp")
-    return Path(root).expanduser()
+# ----------------------------------------------------------------------------- provenance
 
 
 def recorded_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Every tsspec variable in force (``RECORDED_PREFIXES``), sorted, for provenance."""
-    env = _env(env)
+    env = environ(env)
     return {k: env[k] for k in sorted(env) if k.startswith(RECORDED_PREFIXES)}

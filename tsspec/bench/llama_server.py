@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
+from ..env import llama_cpp_dir
 from ..errors import BadInput, TsspecError
 from .configs import BenchConfig
 
@@ -49,8 +50,6 @@ def llama_tool(name: str, bin_dir: str | os.PathLike | None = None) -> Path:
     if bin_dir:
         d = Path(bin_dir).expanduser()
     else:
-        from ..settings import llama_cpp_dir
-
         d = llama_cpp_dir() / "build" / "bin"
     exe = d / name
     if not (exe.is_file() and os.access(exe, os.X_OK)):

@@ -1,0 +1,114 @@
+"""The process environment, read in one place, below everything else in the package.
+
+Two kinds of reader use it:
+
+* **Process-wide switches**, read when first needed because they belong to the process rather than
+  to one run: the cache root (``TSSPEC_CACHE``: ``tsspec.hub`` and the kernels' build cache), the
+  native kernels (``TSSPEC_KERNELS``, ``CC``, ``OMP_NUM_THREADS``: ``tsspec.kernels``) and where
+  the llama.cpp peer build lives (``LLAMA_CPP_DIR``: ``tsspec.bench.llama_server``).
+* **The run configuration**: ``tsspec.settings`` resolves a run's flags and variables from a
+  mapping, the process's own (``environ``) unless a caller passes another.
+
+This module imports nothing of tsspec but ``errors``, so the bottom layer (the kernels) can ask it
+without reaching the run configuration, the speculation options or the registry above them.
+
+One rule for every variable: set to the empty string (the shell's ``VAR= tsspec ...``) it counts as
+unset; any other value must be valid (blanks around it are ignored), or the run stops with one
+``BadInput`` line naming the variable. A switch takes only the boolean words (``0``/``1``,
+``true``/``false``, ``yes``/``no``, ``on``/``off``): a typo is refused, not read as "on".
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, MutableMapping
+
+from .errors import BadInput
+
+ENV_CACHE = "TSSPEC_CACHE"
+ENV_KERNELS = "TSSPEC_KERNELS"
+ENV_CC = "CC"
+ENV_LLAMA_CPP_DIR = "LLAMA_CPP_DIR"
+ENV_OMP_THREADS = "OMP_NUM_THREADS"  # not tsspec's, but the native kernels' OpenMP runtime obeys it
+
+MAX_THREADS_PER_CPU = 4  # torch/OpenMP crash on absurd counts (100000 segfaults)
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def environ(env: Mapping[str, str] | None = None) -> MutableMapping[str, str] | Mapping[str, str]:
+    """``env``, or the process environment when None: every reader's one way to the real one."""
+    return os.environ if env is None else env
+
+
+def value(env: Mapping[str, str], name: str) -> str | None:
+    """``name``'s value; None when unset or set to the empty string."""
+    raw = env.get(name)
+    return None if raw is None or raw == "" else raw
+
+
+def bool_word(raw: str) -> bool | None:
+    """A boolean spelled as flags and environment variables spell it; None for anything else."""
+    v = raw.strip().lower()
+    return True if v in TRUE_WORDS else False if v in FALSE_WORDS else None
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    v = bool_word(raw)
+    if v is None:
+        raise BadInput(f"{name}={raw!r}: expected 0/1, true/false, yes/no or on/off")
+    return v
+
+
+def max_threads() -> int:
+    """The most threads a run may ask for: ``MAX_THREADS_PER_CPU`` per CPU."""
+    return MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+
+
+def cache_root(env: Mapping[str, str] | None = None) -> Path | None:
+    """``$TSSPEC_CACHE`` (expanded) if set and non-empty, else None (the caller's default). Any path
+    the operating system takes is a path (relative ones are relative to the working directory);
+    only blanks are refused."""
+    raw = value(environ(env), ENV_CACHE)
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise BadInput(f"{ENV_CACHE}={raw!r}: a blank path (unset it for the default cache)")
+    return Path(raw).expanduser()
+
+
+def kernels_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
+    raw = value(environ(env), ENV_KERNELS)
+    return True if raw is None else parse_bool(ENV_KERNELS, raw)
+
+
+def check_omp_threads(env: Mapping[str, str] | None = None) -> None:
+    """``OMP_NUM_THREADS`` past ``MAX_THREADS_PER_CPU`` per CPU is one BadInput: the native kernels'
+    OpenMP runtime segfaulted on 100000 (exit 139). A value the runtime cannot read it ignores
+    itself (and says so), so only a readable count is checked."""
+    raw = value(environ(env), ENV_OMP_THREADS)
+    if raw is None:
+        return
+    most = max_threads()
+    for part in raw.split(","):  # OpenMP's list form: one count per nesting level
+        try:
+            n = int(part.strip())
+        except ValueError:
+            return
+        if n > most:
+            raise BadInput(f"{ENV_OMP_THREADS}={raw!r}: at most {most} threads ({MAX_THREADS_PER_CPU} per CPU); "
+                           f"lower it, or unset it and use --threads")
+
+
+def c_compilers(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The C compilers to try for the native kernels, in order: ``$CC`` first."""
+    return tuple(cc for cc in (environ(env).get(ENV_CC), "cc", "gcc", "clang") if cc)
+
+
+def llama_cpp_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The llama.cpp peer checkout: ``$LLAMA_CPP_DIR``, else where the peer build puts it."""
+    root = environ(env).get(ENV_LLAMA_CPP_DIR) or str(Path.home() / ".cache" / "tsspec-peer" / "llama.cpp")
+    return Path(root).expanduser()
