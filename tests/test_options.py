@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 
 from tsspec.errors import BadInput
-from tsspec.options import SpecOptions, publish, resolve, with_window
+from tsspec import options
+from tsspec.options import SpecOptions, publish, with_window
+from tsspec.settings import speculator_names
 
 NONE = dict(enabled=None, type=None, draft=None, pmin=None, draft_model=None, accept=None, adaptive=None, block_drafter=None)
+
+
+def resolve(flags, env):
+    """``options.resolve`` with the registry's speculator names, as ``settings.resolve_run`` calls it."""
+    return options.resolve(flags, env, speculators=speculator_names())
 
 
 def flags(**kw):
@@ -138,3 +145,12 @@ def test_model_preferred_window_yields_to_user_choice():
     assert with_window(SpecOptions(), 3).draft == 3
     assert with_window(SpecOptions(draft=6, draft_explicit=True), 3).draft == 6
     assert with_window(SpecOptions(), None).draft == 8
+
+
+def test_the_speculator_names_come_from_the_caller():
+    """options knows no algorithm: ``--spec-type`` takes what its caller's registry names."""
+    opts, _ = options.resolve(flags(type="lookahead"), {}, speculators=("lookahead",))
+    assert opts.type == "lookahead"
+    with pytest.raises(BadInput, match="choose from auto, lookahead"):
+        options.resolve(flags(type="ngram"), {}, speculators=("lookahead",))
+    assert resolve(flags(type="ngram"), {})[0].type == "ngram"

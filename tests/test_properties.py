@@ -16,7 +16,15 @@ from hypothesis import strategies as st
 
 from tsspec.bench.configs import ACCEPT_RULES, BenchConfig, algos, parse_config
 from tsspec.errors import BadInput
-from tsspec.options import DRAFT_MAX, DRAFT_MIN, FAMILIES, SETTINGS, publish, resolve
+from tsspec import options
+from tsspec.options import DRAFT_MAX, DRAFT_MIN, FAMILIES, SETTINGS, publish
+from tsspec.settings import speculator_names
+
+
+def resolve(flags, env):
+    """``options.resolve`` with the registry's speculator names, as ``settings.resolve_run`` calls it."""
+    return options.resolve(flags, env, speculators=speculator_names())
+
 
 SPEC_ALGOS = [a for a in algos() if a != "plain"]
 # a drafter path as a user would type one: no separators of the grammar, no surrounding blanks

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from difflib import get_close_matches
-from typing import Any, Mapping, MutableMapping
+from typing import Any, Mapping, MutableMapping, Sequence
 
 from .env import FALSE_WORDS, TRUE_WORDS, bool_word, parse_bool  # noqa: F401 (the words are env's; re-exported)
 from .errors import BadInput
@@ -45,8 +45,9 @@ class SpecOptions:
     adaptive: bool = True  # the cost governor
 
 
-def _parse(setting: str, name: str, raw: Any) -> Any:
-    """Validate one value (from a flag or the environment); errors name where it came from."""
+def _parse(setting: str, name: str, raw: Any, speculators: Sequence[str] = ()) -> Any:
+    """Validate one value (from a flag or the environment); errors name where it came from.
+    ``speculators``: the names a ``type`` may take besides ``auto`` (the caller's registry)."""
     if setting in ("enabled", "adaptive"):
         return raw if isinstance(raw, bool) else parse_bool(name, str(raw))
     if setting == "draft":
@@ -67,9 +68,7 @@ def _parse(setting: str, name: str, raw: Any) -> Any:
         return f
     if setting == "type":
         v = str(raw).strip()
-        from .spec.registry import REGISTRY
-
-        known = ["auto", *REGISTRY.names()]
+        known = ["auto", *speculators]
         if v not in known:
             raise BadInput(f"{name}={raw!r}: unknown speculator (choose from {', '.join(known)})")
         return v
@@ -111,7 +110,7 @@ def unknown_env(env: Mapping[str, str]) -> list[str]:
     return out
 
 
-def read_env(env: Mapping[str, str], warnings: list[str]) -> dict[str, Any]:
+def read_env(env: Mapping[str, str], warnings: list[str], speculators: Sequence[str]) -> dict[str, Any]:
     """Settings found in the environment, validated; TS_SPEC_* wins over a disagreeing TS_MTP_*; a
     variable of either family that is no setting is warned about (``unknown_env``)."""
     warnings.extend(unknown_env(env))
@@ -120,7 +119,7 @@ def read_env(env: Mapping[str, str], warnings: list[str]) -> dict[str, Any]:
         vals = {fam + suffix: env[fam + suffix] for fam in FAMILIES if env.get(fam + suffix, "") != ""}
         if not vals:
             continue
-        parsed = {k: _parse(setting, k, v) for k, v in vals.items()}
+        parsed = {k: _parse(setting, k, v, speculators) for k, v in vals.items()}
         spec_key, mtp_key = FAMILIES[0] + suffix, FAMILIES[1] + suffix
         if len(parsed) == 2 and parsed[spec_key] != parsed[mtp_key]:
             warnings.append(
@@ -130,19 +129,22 @@ def read_env(env: Mapping[str, str], warnings: list[str]) -> dict[str, Any]:
     return out
 
 
-def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> tuple[SpecOptions, list[str]]:
+def resolve(flags: Mapping[str, Any], env: Mapping[str, str], *,
+            speculators: Sequence[str]) -> tuple[SpecOptions, list[str]]:
     """Flags (None = not given) over environment over defaults. -> (options, warnings).
 
     ``flags`` keys: enabled, type, draft, pmin, draft_model, accept, adaptive, and
     ``block_drafter`` (``--draft-model``, which implies ``--spec`` unless ``--no-spec``).
+    ``speculators``: the names ``--spec-type`` may take besides ``auto``; the caller asks the
+    registry (``tsspec.settings.resolve_run``), so this surface sits below the algorithms it names.
     """
     warnings: list[str] = []
-    envv = read_env(env, warnings)
+    envv = read_env(env, warnings, speculators)
     vals: dict[str, Any] = {}
     for setting, (_suffix, flag) in SETTINGS.items():
         f = flags.get(setting)
         if f is not None:
-            vals[setting] = _parse(setting, flag, f)
+            vals[setting] = _parse(setting, flag, f, speculators)
         elif setting in envv:
             vals[setting] = envv[setting]
     block = flags.get("block_drafter")

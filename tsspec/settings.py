@@ -153,7 +153,8 @@ def resolve_run(
     from .weights import FORMATS
 
     env = environ(env)
-    spec, warnings = (SpecOptions(), []) if speculation is None else resolve(speculation, env)
+    spec, warnings = (SpecOptions(), []) if speculation is None else resolve(speculation, env,
+                                                                              speculators=speculator_names())
     check_threads(threads)
     if weights is not None and weights not in FORMATS:
         raise BadInput(f"--weights {weights!r}: expected one of {', '.join(FORMATS)}")
@@ -173,6 +174,14 @@ def resolve_run(
         verify_snapshots=_switch(env, ENV_VERIFY_SNAPSHOTS),
         warnings=tuple(warnings),
     )
+
+
+def speculator_names() -> list[str]:
+    """What ``--spec-type`` may name besides ``auto``: the registry's speculators, asked here, where
+    the run is composed, so ``tsspec.options`` need not import the algorithm layer."""
+    from .spec.registry import REGISTRY
+
+    return REGISTRY.names()
 
 
 def publish_spec(opts: SpecOptions, env: MutableMapping[str, str] | None = None) -> None:
