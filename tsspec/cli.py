@@ -497,9 +497,8 @@ def info(
 
     from .gguf_file import GGUFFile
     from .hub import resolve_model
-    from .models import arch_module
+    from .models import arch_module, validate_model
     from .tokenizer import Tokenizer
-    from .validate import validate_model
 
     out = Console()
     with user_errors():

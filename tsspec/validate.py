@@ -1,28 +1,33 @@
 """Load-time checks of a GGUF model file, before anything is sized by a number read from it.
 
-Contract: every function here is pure over plain values (metadata dict, tensor records, sizes) and
-either returns or raises ``ModelFileError`` with one line naming the file, the key or tensor, what
-was expected and what was found. Nothing is allocated in proportion to a count from the file until
-that count has been bounded by what the file actually holds.
+Contract: every function here is pure over plain values (metadata dict, tensor records, sizes, an
+architecture's tables) and either returns or raises ``ModelFileError`` with one line naming the
+file, the key or tensor, what was expected and what was found. Nothing is allocated in proportion
+to a count from the file until that count has been bounded by what the file actually holds.
+
+This module knows no architecture. Each one's file in ``tsspec/models`` declares its facts as an
+``ArchTables`` (its ``{arch}.*`` keys with the defaults its loader uses, the tensor table of each
+of its blocks, any sizes it derives) and the checks below run over whatever tables they are given.
 
 * ``check_layout``: every tensor's data lies inside the file, in the order written, without
   overlapping the next one or leaving a gap bigger than the alignment (a tensor relabelled with a
   smaller type leaves one), with dimensions whose product does not overflow.
-* ``check_hparams``: every hyper-parameter an architecture reads has the right type (an integer
-  where a count belongs, a finite float where a float belongs) and a sane range, and the block count
-  is bounded by the tensors present.
-* ``check_tensors``: every tensor the architecture loads exists with the shape its hyper-parameters
-  and the tokenizer's vocabulary imply (``LAYER_TENSORS``, a table per kind of layer) and a type
-  the loader can read.
+* ``check_hparams``: every hyper-parameter an architecture reads (``TRUNK_KEYS`` and its own) has
+  the right type (an integer where a count belongs, a finite float where a float belongs) and a
+  sane range, and the block count is bounded by the tensors present.
+* ``check_tensors``: every tensor expected (``expected_tensors``: ``TRUNK_TENSORS`` and the
+  architecture's block tables, written in the names ``check_hparams`` returns) exists with the
+  shape its hyper-parameters and the tokenizer's vocabulary imply and a type the loader can read.
 
-``validate_model(g)`` runs the last two for a ``GGUFFile`` (``GGUFFile`` runs the first on open).
+``check_model`` runs the last two (``tsspec.models.validate_model`` gives it a file's tables;
+``GGUFFile`` runs the first on open).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .errors import ModelFileError
 
@@ -102,8 +107,19 @@ class Key:
     high: float = MAX_DIM
     optional: bool = False  # absent -> not in the result (no default)
 
+    def read(self, g, arch: str) -> Any:
+        """The value a loader uses: the file's (``g.get``, as ``GGUFFile`` has it), else the default
+        checked here, so the two cannot drift apart."""
+        return g.get(f"{arch}.{self.suffix}", self.default)
 
-LLAMA_KEYS = (
+
+def rope_base(default: float) -> Key:
+    """``rope.freq_base`` with an architecture's default: any positive finite base."""
+    return Key("rope.freq_base", float, default, low=1e-6, high=1e30)
+
+
+# what every trunk reads, whatever its architecture
+TRUNK_KEYS = (
     Key("block_count", int),
     Key("embedding_length", int),
     Key("feed_forward_length", int),
@@ -112,31 +128,31 @@ LLAMA_KEYS = (
     Key("attention.layer_norm_rms_epsilon", float, 1e-6, low=1e-30, high=1.0),
     Key("vocab_size", int, optional=True),
 )
-# per architecture: the keys beyond LLAMA_KEYS, with the defaults tsspec/models/<arch>.py uses
-ARCH_KEYS: dict[str, tuple[Key, ...]] = {
-    "llama": (Key("rope.freq_base", float, 10000.0, low=1e-6, high=1e30),),
-    "qwen2": (Key("rope.freq_base", float, 1000000.0, low=1e-6, high=1e30),),
-    "qwen3": (Key("rope.freq_base", float, 1000000.0, low=1e-6, high=1e30),),
-    "gemma3": (
-        Key("rope.freq_base", float, 1000000.0, low=1e-6, high=1e30),
-        Key("attention.sliding_window", int, 512, high=1 << 40),
-        Key("attention.sliding_window_pattern", int, 6),
-        Key("final_logit_softcapping", float, optional=True, low=0, high=1e30),
-    ),
-}
-HYBRID_KEYS = (
-    Key("rope.freq_base", float, 10000000.0, low=1e-6, high=1e30),
-    Key("ssm.conv_kernel", int, high=4096),
-    Key("ssm.state_size", int),
-    Key("ssm.group_count", int),
-    Key("ssm.time_step_rank", int),
-    Key("ssm.inner_size", int),
-    Key("full_attention_interval", int, 4),
-    Key("nextn_predict_layers", int, 0, low=0),
-)
-ARCH_KEYS["qwen35"] = HYBRID_KEYS
-ARCH_KEYS["qwen3next"] = HYBRID_KEYS
-HYBRID_ARCHS = ("qwen35", "qwen3next")
+
+# name -> shape in numpy order, in the names ``check_hparams`` returns; a trailing "?" on the name
+# marks a tensor a file may leave out
+Table = Mapping[str, tuple]
+# (checked hyper-parameters, names of the tensors present) -> (name prefix, table) of each block
+Blocks = Callable[[Mapping[str, Any], "set[str]"], Iterable[tuple[str, Table]]]
+# (file name, arch, metadata, typed key values, block count) -> more named sizes
+Derive = Callable[[str, str, Mapping[str, Any], dict, int], dict]
+
+
+@dataclass(frozen=True)
+class ArchTables:
+    """All ``validate`` knows of one architecture, declared by its file in ``tsspec/models``."""
+
+    arch: str  # the GGUF ``general.architecture``: its keys are ``{arch}.*``
+    keys: tuple[Key, ...]  # beyond TRUNK_KEYS, with the defaults its loader reads (``Key.read``)
+    blocks: Blocks  # the tensor table of each block it loads
+    derive: Derive | None = None  # sizes beyond the common ones its tables are written in
+
+
+def every_block(table: Table) -> Blocks:
+    """``Blocks`` of a trunk whose ``n_layers`` blocks all hold ``table``."""
+    def blocks(hp: Mapping[str, Any], present: set[str]) -> Iterable[tuple[str, Table]]:
+        return [(f"blk.{i}.", table) for i in range(hp["n_layers"])]
+    return blocks
 
 
 def typed_value(fname: str, key: str, value: Any, kind: type, low: float, high: float):
@@ -144,11 +160,11 @@ def typed_value(fname: str, key: str, value: Any, kind: type, low: float, high: 
     if kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool)
         if not ok:
-            raise ModelFileError(f"{fname}: metadata {key} should be an integer, found {_show(value)}")
+            raise ModelFileError(f"{fname}: metadata {key} should be an integer, found {show_value(value)}")
     else:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not ok:
-            raise ModelFileError(f"{fname}: metadata {key} should be a number, found {_show(value)}")
+            raise ModelFileError(f"{fname}: metadata {key} should be a number, found {show_value(value)}")
         value = float(value)
         if not math.isfinite(value):
             raise ModelFileError(f"{fname}: metadata {key} should be a finite number, found {value}")
@@ -157,19 +173,40 @@ def typed_value(fname: str, key: str, value: Any, kind: type, low: float, high: 
     return value
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
+    """A metadata value as an error line quotes it: its type and at most 40 characters."""
     text = repr(value)
     if len(text) > 40:
         text = text[:37] + "..."
     return f"{type(value).__name__} {text}"
 
 
-def check_hparams(fname: str, arch: str, meta: Mapping[str, Any], n_tensors: int) -> dict[str, Any]:
+def check_hparams(fname: str, tables: ArchTables, meta: Mapping[str, Any], n_tensors: int) -> dict[str, Any]:
     """The architecture's hyper-parameters, typed and range-checked; raises on the first bad one.
 
-    Returns short names (``n_layers``, ``d``, ``q``, ``kv``, ``hd``, ``ffn``, ``vocab`` and, for
-    hybrid trunks, the GatedDeltaNet sizes) that ``LAYER_TENSORS`` shapes are written in."""
-    keys = LLAMA_KEYS + ARCH_KEYS[arch]
+    Returns short names (``n_layers``, ``d``, ``q``, ``kv``, ``hd``, ``ffn``, ``vocab`` and what
+    ``tables.derive`` adds, e.g. a hybrid trunk's GatedDeltaNet sizes) that the tables' shapes are
+    written in."""
+    arch = tables.arch
+    v = typed_keys(fname, arch, TRUNK_KEYS + tables.keys, meta)
+    n_layers = v["block_count"]
+    # every layer holds tensors: a count beyond the tensors present is refused before any per-layer list
+    if n_layers > n_tensors:
+        raise ModelFileError(f"{fname}: metadata {arch}.block_count is {n_layers}, but the file holds only "
+                             f"{n_tensors} tensors")
+    n_heads = v["attention.head_count"]
+    n_kv, hd = _heads(fname, arch, meta, v["embedding_length"], n_heads, n_layers)
+    hp = dict(n_layers=n_layers, d=v["embedding_length"], q=n_heads * hd, kv=n_kv * hd, hd=hd,
+              ffn=v["feed_forward_length"], vocab=_vocab(fname, arch, meta, v.get("vocab_size")),
+              q2=2 * n_heads * hd)
+    if tables.derive is not None:
+        hp.update(tables.derive(fname, arch, meta, v, n_layers))
+    return hp
+
+
+def typed_keys(fname: str, arch: str, keys: Sequence[Key], meta: Mapping[str, Any]) -> dict[str, Any]:
+    """suffix -> value of each key: the file's, typed and ranged, else its default; a required key
+    that is missing is one error."""
     v: dict[str, Any] = {}
     for k in keys:
         full = f"{arch}.{k.suffix}"
@@ -181,13 +218,11 @@ def check_hparams(fname: str, arch: str, meta: Mapping[str, Any], n_tensors: int
             v[k.suffix] = k.default
             continue
         v[k.suffix] = typed_value(fname, full, meta[full], k.kind, k.low, k.high)
+    return v
 
-    n_layers = v["block_count"]
-    # every layer holds tensors: a count beyond the tensors present is refused before any per-layer list
-    if n_layers > n_tensors:
-        raise ModelFileError(f"{fname}: metadata {arch}.block_count is {n_layers}, but the file holds only "
-                             f"{n_tensors} tensors")
-    d, n_heads = v["embedding_length"], v["attention.head_count"]
+
+def _heads(fname: str, arch: str, meta: Mapping[str, Any], d: int, n_heads: int, n_layers: int) -> tuple[int, int]:
+    """(KV heads, head dim): uniform per-layer KV counts, dividing the heads; an even rope width."""
     kv_key = f"{arch}.attention.head_count_kv"
     kv = meta.get(kv_key, n_heads)
     if isinstance(kv, list):  # per-layer counts: the trunk runs uniform ones
@@ -214,8 +249,11 @@ def check_hparams(fname: str, arch: str, meta: Mapping[str, Any], n_tensors: int
     rope_dim = typed_value(fname, rope_key, meta[rope_key], int, 2, hd) if rope_key in meta else hd
     if rope_dim % 2:
         raise ModelFileError(f"{fname}: metadata {rope_key} should be even (rotary pairs), found {rope_dim}")
+    return n_kv, hd
 
-    vocab = v.get("vocab_size")
+
+def _vocab(fname: str, arch: str, meta: Mapping[str, Any], vocab: int | None) -> int:
+    """The embedding rows: ``{arch}.vocab_size``, at least the tokenizer's tokens, else their count."""
     tokens = meta.get("tokenizer.ggml.tokens")
     if isinstance(tokens, list):
         # more embedding rows than tokens is padding (allowed); fewer leaves token ids without a row
@@ -225,81 +263,18 @@ def check_hparams(fname: str, arch: str, meta: Mapping[str, Any], n_tensors: int
         vocab = len(tokens) if vocab is None else vocab
     elif tokens is not None:
         raise ModelFileError(f"{fname}: metadata tokenizer.ggml.tokens should be a list of strings, "
-                             f"found {_show(tokens)}")
+                             f"found {show_value(tokens)}")
     if vocab is None:
         raise ModelFileError(f"{fname}: no {arch}.vocab_size and no tokenizer.ggml.tokens")
     if vocab < 1:
         raise ModelFileError(f"{fname}: empty vocabulary")
-
-    hp = dict(n_layers=n_layers, d=d, q=n_heads * hd, kv=n_kv * hd, hd=hd, ffn=v["feed_forward_length"],
-              vocab=vocab, q2=2 * n_heads * hd)
-    if arch in HYBRID_ARCHS:
-        hp.update(_hybrid_hparams(fname, arch, meta, v, n_layers))
-    return hp
-
-
-def _hybrid_hparams(fname: str, arch: str, meta: Mapping[str, Any], v: dict, n_layers: int) -> dict:
-    n_nextn = v["nextn_predict_layers"]
-    n_main = n_layers - n_nextn
-    if n_main < 1:
-        raise ModelFileError(f"{fname}: metadata {arch}.block_count {n_layers} leaves no layers beside "
-                             f"{n_nextn} NextN layers ({arch}.nextn_predict_layers)")
-    nk, nv = v["ssm.group_count"], v["ssm.time_step_rank"]
-    if nv % nk:
-        raise ModelFileError(f"{fname}: {nv} value heads ({arch}.ssm.time_step_rank) do not divide into "
-                             f"{nk} key heads ({arch}.ssm.group_count)")
-    inner = v["ssm.inner_size"]
-    if inner % nv:
-        raise ModelFileError(f"{fname}: metadata {arch}.ssm.inner_size {inner} is not a multiple of the "
-                             f"{nv} value heads")
-    flags_key = f"{arch}.attention.recurrent_layers"
-    flags = meta.get(flags_key)
-    if flags is not None:
-        if not isinstance(flags, list) or not all(isinstance(x, (bool, int)) for x in flags):
-            raise ModelFileError(f"{fname}: metadata {flags_key} should be a list of booleans, found {_show(flags)}")
-    if isinstance(flags, list) and len(flags) >= n_main:
-        recurrent = [bool(x) for x in flags[:n_main]]
-    else:
-        interval = v["full_attention_interval"]
-        recurrent = [(i + 1) % interval != 0 for i in range(n_main)]
-    dk, dv = v["ssm.state_size"], inner // nv
-    return dict(n_main=n_main, n_nextn=n_nextn, recurrent=recurrent, nk=nk, nv=nv, dk=dk, dv=dv,
-                conv_dim=2 * nk * dk + inner, value_dim=inner, conv_k=v["ssm.conv_kernel"],
-                ssm_in=nk * (2 * dk + 2 * (nv // nk) * dv), nv2=2 * nv)
+    return vocab
 
 
 # ----------------------------------------------------------------------------- tensors
 
-# Shapes in numpy order, written in the names ``check_hparams`` returns; a trailing "?" marks a
-# tensor a file may leave out.
+# what every trunk loads besides its blocks
 TRUNK_TENSORS = {"token_embd.weight": ("vocab", "d"), "output_norm.weight": ("d",), "output.weight?": ("vocab", "d")}
-_ATTN = {"attn_norm.weight": ("d",), "attn_q.weight": ("q", "d"), "attn_k.weight": ("kv", "d"),
-         "attn_v.weight": ("kv", "d"), "attn_output.weight": ("d", "q")}
-_FFN = {"ffn_gate.weight": ("ffn", "d"), "ffn_up.weight": ("ffn", "d"), "ffn_down.weight": ("d", "ffn")}
-_QK_NORM = {"attn_q_norm.weight": ("hd",), "attn_k_norm.weight": ("hd",)}
-_GATED_ATTN = {**_ATTN, "attn_q.weight": ("q2", "d"), **_QK_NORM}  # hybrid: query and gate interleaved
-_GDN = {"attn_norm.weight": ("d",), "ssm_conv1d.weight": ("conv_dim", "conv_k"), "ssm_a": ("nv",),
-        "ssm_dt.bias": ("nv",), "ssm_norm.weight": ("dv",), "ssm_out.weight": ("d", "value_dim")}
-_HYBRID_FFN = {"post_attention_norm.weight": ("d",), **_FFN}
-
-LAYER_TENSORS: dict[str, dict[str, tuple]] = {
-    "llama": {**_ATTN, "ffn_norm.weight": ("d",), **_FFN},
-    "qwen2": {**_ATTN, "attn_q.bias?": ("q",), "attn_k.bias?": ("kv",), "attn_v.bias?": ("kv",),
-              "ffn_norm.weight": ("d",), **_FFN},
-    "qwen3": {**_ATTN, **_QK_NORM, "ffn_norm.weight": ("d",), **_FFN},
-    "gemma3": {**_ATTN, **_QK_NORM, "post_attention_norm.weight": ("d",), "ffn_norm.weight": ("d",), **_FFN,
-               "post_ffw_norm.weight": ("d",)},
-    "hybrid_attention": {**_GATED_ATTN, **_HYBRID_FFN},
-    "qwen35_recurrent": {**_GDN, "attn_qkv.weight": ("conv_dim", "d"), "attn_gate.weight": ("value_dim", "d"),
-                         "ssm_beta.weight": ("nv", "d"), "ssm_alpha.weight": ("nv", "d"), **_HYBRID_FFN},
-    # qwen3next: split attn_qkv + attn_gate (newer converters) or one fused ssm_in
-    "qwen3next_recurrent": {**_GDN, "ssm_ba.weight": ("nv2", "d"), **_HYBRID_FFN},
-    "qwen3next_split": {"attn_qkv.weight": ("conv_dim", "d"), "attn_gate.weight": ("value_dim", "d")},
-    "qwen3next_fused": {"ssm_in.weight": ("ssm_in", "d")},
-    "nextn": {"nextn.eh_proj.weight": ("d", "d2"), "nextn.enorm.weight": ("d",), "nextn.hnorm.weight": ("d",),
-              "nextn.shared_head_norm.weight?": ("d",), "nextn.shared_head_head.weight?": ("vocab", "d"),
-              "nextn.embed_tokens.weight?": ("vocab", "d")},
-}
 
 # the types the loader can turn into weights (gguf-py dequantizes them)
 FLOAT_TYPES = {"F32", "F16", "BF16"}
@@ -311,35 +286,17 @@ def weight_types() -> frozenset[str]:
     return frozenset(FLOAT_TYPES | {t.name for t in gguf.quants._type_traits})
 
 
-def expected_tensors(arch: str, hp: Mapping[str, Any], present: set[str]) -> dict[str, tuple]:
-    """name -> (shape, optional) of every tensor an ``arch`` trunk with these hyper-parameters loads."""
-    out: dict[str, tuple] = {}
+def table_tensors(prefix: str, table: Table, hp: Mapping[str, Any]) -> dict[str, tuple]:
+    """name -> (shape, optional) of ``table``'s tensors under ``prefix``, shaped by ``hp``."""
+    return {prefix + key.rstrip("?"): (tuple(hp[x] for x in dims), key.endswith("?")) for key, dims in table.items()}
 
-    def add(prefix: str, table: Mapping[str, tuple]) -> None:
-        for key, dims in table.items():
-            optional = key.endswith("?")
-            name = prefix + key.rstrip("?")
-            out[name] = (tuple(hp[x] for x in dims), optional)
 
-    add("", TRUNK_TENSORS)
-    if arch not in HYBRID_ARCHS:
-        for i in range(hp["n_layers"]):
-            add(f"blk.{i}.", LAYER_TENSORS[arch])
-        return out
-    for i, recurrent in enumerate(hp["recurrent"]):
-        p = f"blk.{i}."
-        if not recurrent:
-            add(p, LAYER_TENSORS["hybrid_attention"])
-        elif arch == "qwen35":
-            add(p, LAYER_TENSORS["qwen35_recurrent"])
-        else:
-            add(p, LAYER_TENSORS["qwen3next_recurrent"])
-            add(p, LAYER_TENSORS["qwen3next_split" if p + "attn_qkv.weight" in present else "qwen3next_fused"])
-    for j in range(hp["n_nextn"]):
-        p = f"blk.{hp['n_main'] + j}."
-        if p + "nextn.eh_proj.weight" in present:
-            add(p, LAYER_TENSORS["hybrid_attention"])
-            add(p, LAYER_TENSORS["nextn"])
+def expected_tensors(tables: ArchTables, hp: Mapping[str, Any], present: set[str]) -> dict[str, tuple]:
+    """name -> (shape, optional) of every tensor a trunk of ``tables`` with these hyper-parameters
+    loads (``present``: the names the file holds, where a block's layout depends on them)."""
+    out = table_tensors("", TRUNK_TENSORS, hp)
+    for prefix, table in tables.blocks(hp, present):
+        out.update(table_tensors(prefix, table, hp))
     return out
 
 
@@ -349,25 +306,11 @@ def _same_shape(found: tuple[int, ...], want: tuple[int, ...]) -> bool:
     return found == want
 
 
-def nextn_tensors(layer: int, hp: Mapping[str, Any]) -> dict[str, tuple]:
-    """name -> (shape, optional) of a NextN/MTP block at ``blk.{layer}``: a gated-attention block
-    and the ``nextn.*`` tensors, shaped by the trunk it binds to (``hp`` as ``check_hparams`` gives)."""
-    hp = {**hp, "d2": 2 * hp["d"]}
-    out = {}
-    for table in (LAYER_TENSORS["hybrid_attention"], LAYER_TENSORS["nextn"]):
-        for key, dims in table.items():
-            out[f"blk.{layer}." + key.rstrip("?")] = (tuple(hp[x] for x in dims), key.endswith("?"))
-    return out
-
-
-def check_tensors(fname: str, arch: str, hp: Mapping[str, Any], tensors: Mapping[str, TensorRecord],
-                  expected: Mapping[str, tuple] | None = None) -> None:
-    """Every tensor the trunk loads (or ``expected``: name -> (shape, optional)): present, of the
-    implied shape, of a type the loader reads."""
-    hp = {**hp, "d2": 2 * hp["d"]}
+def check_tensors(fname: str, hp: Mapping[str, Any], tensors: Mapping[str, TensorRecord],
+                  expected: Mapping[str, tuple]) -> None:
+    """Every tensor ``expected`` (name -> (shape, optional), see ``expected_tensors``): present, of
+    the implied shape, of a type the loader reads."""
     readable = weight_types()
-    if expected is None:
-        expected = expected_tensors(arch, hp, set(tensors))
     for name, (want, optional) in expected.items():
         t = tensors.get(name)
         if t is None:
@@ -413,14 +356,11 @@ def field_records(fields) -> list[TensorRecord]:
     return out
 
 
-def validate_model(g) -> dict[str, Any]:
-    """Hyper-parameters and tensors of a language-model ``GGUFFile``; returns the checked
-    hyper-parameters (see ``check_hparams``)."""
-    from .models import ARCHITECTURES
-
-    arch = g.arch
-    if arch not in ARCHITECTURES:
-        return {}
-    hp = check_hparams(g.path.name, arch, g.metadata, len(g.records))
-    check_tensors(g.path.name, arch, hp, {t.name: t for t in g.records})
+def check_model(fname: str, tables: ArchTables, meta: Mapping[str, Any],
+                records: Sequence[TensorRecord]) -> dict[str, Any]:
+    """Hyper-parameters and tensors of a language-model file of the architecture ``tables``
+    describe; returns the checked hyper-parameters (see ``check_hparams``)."""
+    hp = check_hparams(fname, tables, meta, len(records))
+    by_name = {t.name: t for t in records}
+    check_tensors(fname, hp, by_name, expected_tensors(tables, hp, set(by_name)))
     return hp

@@ -33,12 +33,13 @@ import torch
 
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
-from ..validate import check_tensors, nextn_tensors
+from ..validate import check_tensors
 from .protocols import DraftHeadKind
 from ..weights import Linear, load_format, to_tensor
 from ..models.base import rms_norm
 from ..models.cache import KVCache
 from ..models.gated_attention import AttnLayer, ffn, gated_attention, load_attn_layer
+from ..models.qwen35 import nextn_tensors
 
 
 def nextn_layer_index(g: GGUFFile) -> int | None:
@@ -78,7 +79,7 @@ class NextNHead:
         # every tensor of the block against the trunk it binds to, by name, before any is read
         hp = dict(d=cfg.d_model, q=cfg.n_heads * cfg.head_dim, q2=2 * cfg.n_heads * cfg.head_dim,
                   kv=cfg.n_kv_heads * cfg.head_dim, hd=cfg.head_dim, ffn=cfg.ffn_dim, vocab=cfg.vocab_size)
-        check_tensors(g.path.name, "nextn", hp, {t.name: t for t in g.records}, nextn_tensors(layer, hp))
+        check_tensors(g.path.name, hp, {t.name: t for t in g.records}, nextn_tensors(layer, hp))
         eh = g.tensor(p + "nextn.eh_proj.weight")
         want_q = 2 * cfg.n_heads * cfg.head_dim
         if eh.shape != (cfg.d_model, 2 * cfg.d_model) or g.tensor_info(p + "attn_q.weight").shape[0] != want_q:

@@ -1,6 +1,13 @@
 """The target side: one module per architecture, picked by GGUF ``general.architecture``.
 
-Each module exposes ``config(GGUFFile) -> ArchConfig`` and ``load(GGUFFile, fmt, n_ctx)``.
+Each module holds every fact of its architecture and exposes:
+
+* ``TABLES``: a ``validate.ArchTables``, its ``{arch}.*`` keys with their defaults, the tensors of
+  each block and any sizes it derives, which ``validate_model`` checks a file against;
+* ``TRITON``: whether its trunk runs on the GPU path (``load_model(device="cuda")``);
+* ``config(GGUFFile) -> ArchConfig`` and ``load(GGUFFile, fmt, n_ctx)``.
+
+A new architecture is that module and one line in ``ARCHITECTURES``.
 """
 
 from __future__ import annotations
@@ -8,9 +15,11 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from typing import Any
+
 from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
-from ..validate import validate_model
+from ..validate import check_model
 
 ARCHITECTURES = {
     "llama": "llama",
@@ -20,9 +29,6 @@ ARCHITECTURES = {
     "qwen35": "qwen35",
     "qwen3next": "qwen3next",
 }
-# Architectures whose trunk runs on the Triton backend (``device`` in ``load_model``): the
-# llama-family transformer of ``base``. The hybrid trunks' recurrence has no Triton kernel yet.
-TRITON_ARCHITECTURES = {"llama", "qwen2", "qwen3", "gemma3"}
 # Files whose architecture is a drafter, not a language model on its own.
 DRAFTER_ARCHITECTURES = {"dflash", "tsspec-eagle"}
 
@@ -40,6 +46,20 @@ def arch_module(arch: str, name: str | None = None):
     return importlib.import_module(f"{__name__}.{mod}")
 
 
+def triton_architectures() -> list[str]:
+    """The architectures whose trunk runs on the GPU path (their module's ``TRITON``), sorted."""
+    return sorted(a for a in ARCHITECTURES if arch_module(a).TRITON)
+
+
+def validate_model(g: GGUFFile) -> dict[str, Any]:
+    """Hyper-parameters and tensors of a language-model ``GGUFFile`` against its architecture's
+    ``TABLES``; returns the checked hyper-parameters (``validate.check_hparams``), or {} for a file
+    that is no language model of a known architecture (``arch_module`` names those)."""
+    if g.arch not in ARCHITECTURES:
+        return {}
+    return check_model(g.path.name, arch_module(g.arch).TABLES, g.metadata, g.records)
+
+
 def load_model(path: str | Path | GGUFFile, *, fmt: str | None = None, n_ctx: int | None = None,
                verify_snapshots: bool | None = None, device: str | None = None, triton: bool | None = None):
     """Load a GGUF language model as a ``SpecTarget`` (weights only: sequences get ``make_cache()``).
@@ -55,9 +75,9 @@ def load_model(path: str | Path | GGUFFile, *, fmt: str | None = None, n_ctx: in
     mod = arch_module(g.arch, g.path.name)
     dev = torch.device(device or "cpu")
     use_triton = dev.type == "cuda" if triton is None else triton
-    if use_triton and g.arch not in TRITON_ARCHITECTURES:
+    if use_triton and not mod.TRITON:
         raise BadInput(f"{g.path.name}: {g.arch} trunks run on the CPU only for now (--device cpu); "
-                       f"the GPU path takes {', '.join(sorted(TRITON_ARCHITECTURES))}")
+                       f"the GPU path takes {', '.join(triton_architectures())}")
     if use_triton and (fmt or "auto") not in ("auto", "gguf"):
         raise BadInput(f"the GPU path runs the file's own GGUF blocks (--weights auto), not --weights {fmt}")
     validate_model(g)

@@ -12,22 +12,33 @@ from __future__ import annotations
 import math
 
 from ..gguf_file import GGUFFile
+from ..validate import ArchTables, Key, every_block, rope_base
 from .base import ArchConfig, LayerSpec, build_model, common_config
+from .llama import ATTENTION, FFN, QK_NORM
 
 ARCH = "gemma3"
 LOCAL_ROPE_BASE = 10000.0
 
+ROPE_BASE = rope_base(1000000.0)  # the global layers'
+WINDOW = Key("attention.sliding_window", int, 512, high=1 << 40)
+PERIOD = Key("attention.sliding_window_pattern", int, 6)
+SOFTCAP = Key("final_logit_softcapping", float, optional=True, low=0, high=1e30)
+TABLES = ArchTables(ARCH, keys=(ROPE_BASE, WINDOW, PERIOD, SOFTCAP), blocks=every_block({
+    **ATTENTION, **QK_NORM, "post_attention_norm.weight": ("d",), "ffn_norm.weight": ("d",), **FFN,
+    "post_ffw_norm.weight": ("d",)}))
+TRITON = True  # the trunk runs on the GPU path (``load_model(device="cuda")``)
+
 
 def config(g: GGUFFile) -> ArchConfig:
     c = common_config(g, ARCH)
-    base = float(g.get(f"{ARCH}.rope.freq_base", 1000000.0))
-    window = int(g.get(f"{ARCH}.attention.sliding_window", 512))
-    period = int(g.get(f"{ARCH}.attention.sliding_window_pattern", 6))
+    base = float(ROPE_BASE.read(g, ARCH))
+    window = int(WINDOW.read(g, ARCH))
+    period = int(PERIOD.read(g, ARCH))
     layers = [
         LayerSpec(base, None) if (i + 1) % period == 0 else LayerSpec(LOCAL_ROPE_BASE, window)
         for i in range(c["n_layers"])
     ]
-    softcap = g.get(f"{ARCH}.final_logit_softcapping")
+    softcap = SOFTCAP.read(g, ARCH)
     return ArchConfig(
         **c,
         rope_neox=True,

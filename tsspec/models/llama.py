@@ -2,19 +2,33 @@
 
 The GGUF converter permutes Q/K rows for GGML's rope layout (adjacent pairs), so this file rotates
 adjacent pairs (``rope_neox=False``) on the weights as stored rather than un-permuting them.
+
+The llama block's tensor tables (``ATTENTION``, ``QK_NORM``, ``FFN``) are the family's: the other
+architectures' files build their blocks from them.
 """
 
 from __future__ import annotations
 
 from ..gguf_file import GGUFFile
+from ..validate import ArchTables, every_block, rope_base
 from .base import ArchConfig, LayerSpec, build_model, common_config
 
 ARCH = "llama"
 
+# the llama family's block tensors, in numpy order (see ``validate.Table``)
+ATTENTION = {"attn_norm.weight": ("d",), "attn_q.weight": ("q", "d"), "attn_k.weight": ("kv", "d"),
+             "attn_v.weight": ("kv", "d"), "attn_output.weight": ("d", "q")}
+QK_NORM = {"attn_q_norm.weight": ("hd",), "attn_k_norm.weight": ("hd",)}
+FFN = {"ffn_gate.weight": ("ffn", "d"), "ffn_up.weight": ("ffn", "d"), "ffn_down.weight": ("d", "ffn")}
+
+ROPE_BASE = rope_base(10000.0)
+TABLES = ArchTables(ARCH, keys=(ROPE_BASE,), blocks=every_block({**ATTENTION, "ffn_norm.weight": ("d",), **FFN}))
+TRITON = True  # the trunk runs on the GPU path (``load_model(device="cuda")``)
+
 
 def config(g: GGUFFile) -> ArchConfig:
     c = common_config(g, ARCH)
-    base = float(g.get(f"{ARCH}.rope.freq_base", 10000.0))
+    base = float(ROPE_BASE.read(g, ARCH))
     return ArchConfig(**c, rope_neox=False, layers=[LayerSpec(base) for _ in range(c["n_layers"])])
 
 

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from ..gguf_file import GGUFFile
+from ..validate import ArchTables, every_block, rope_base
 from .base import ArchConfig, LayerSpec, build_model, common_config
+from .llama import ATTENTION, FFN
 
 ARCH = "qwen2"
+
+ROPE_BASE = rope_base(1000000.0)
+TABLES = ArchTables(ARCH, keys=(ROPE_BASE,), blocks=every_block({
+    **ATTENTION, "attn_q.bias?": ("q",), "attn_k.bias?": ("kv",), "attn_v.bias?": ("kv",),
+    "ffn_norm.weight": ("d",), **FFN}))
+TRITON = True  # the trunk runs on the GPU path (``load_model(device="cuda")``)
 
 
 def config(g: GGUFFile) -> ArchConfig:
     c = common_config(g, ARCH)
-    base = float(g.get(f"{ARCH}.rope.freq_base", 1000000.0))
+    base = float(ROPE_BASE.read(g, ARCH))
     return ArchConfig(**c, rope_neox=True, layers=[LayerSpec(base) for _ in range(c["n_layers"])])
 
 

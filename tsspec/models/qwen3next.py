@@ -19,10 +19,26 @@ import numpy as np
 
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
+from ..validate import ArchTables
 from .base import ArchConfig
 from .hybrid import HybridModel, HybridSpec, build_hybrid, hybrid_config
+from .qwen35 import GDN, HYBRID_FFN, HYBRID_KEYS, hybrid_blocks, hybrid_hparams
 
 ARCH = "qwen3next"
+
+# a GatedDeltaNet block: beta and alpha fused, and the input product split (attn_qkv + attn_gate,
+# newer converters) or one fused ssm_in
+RECURRENT_BLOCK = {**GDN, "ssm_ba.weight": ("nv2", "d"), **HYBRID_FFN}
+SPLIT_INPUT = {"attn_qkv.weight": ("conv_dim", "d"), "attn_gate.weight": ("value_dim", "d")}
+FUSED_INPUT = {"ssm_in.weight": ("ssm_in", "d")}
+
+
+def _recurrent_tables(prefix: str, present: set[str]):
+    return [RECURRENT_BLOCK, SPLIT_INPUT if prefix + "attn_qkv.weight" in present else FUSED_INPUT]
+
+
+TABLES = ArchTables(ARCH, keys=HYBRID_KEYS, blocks=hybrid_blocks(_recurrent_tables), derive=hybrid_hparams)
+TRITON = False  # the recurrence has no Triton kernel yet: the trunk runs on the CPU only
 
 
 def config(g: GGUFFile) -> ArchConfig:
