@@ -12,6 +12,11 @@ Layout notes (checked against the real files in ``~/.cache/tsspec/models``):
   take the vocabulary size from ``tokenizer.ggml.tokens``;
 * gemma3 writes ``key_length``/``value_length`` and ``sliding_window``; its norm weights are stored
   with Gemma's +1 already folded in, so they are drawn near 1 like everyone else's.
+
+A new dense architecture's writer is its name in ``ARCHS``, its rope base in ``ROPE_BASE`` and its
+tensors in ``_tensors`` (the hybrid trunks' is ``tiny_hybrid.py``). The writer follows the real
+converter, not tsspec's tables (``tsspec/models/<arch>.py`` ``TABLES``), on purpose: a file built
+from the tables could not show one of them wrong; ``test_validate.py`` holds the two side by side.
 """
 
 from __future__ import annotations
