@@ -133,7 +133,7 @@ TRUNK_KEYS = (
 # marks a tensor a file may leave out
 Table = Mapping[str, tuple]
 # (checked hyper-parameters, names of the tensors present) -> (name prefix, table) of each block
-Blocks = Callable[[Mapping[str, Any], "set[str]"], Iterable[tuple[str, Table]]]
+Blocks = Callable[[Mapping[str, Any], set[str]], Iterable[tuple[str, Table]]]
 # (file name, arch, metadata, typed key values, block count) -> more named sizes
 Derive = Callable[[str, str, Mapping[str, Any], dict, int], dict]
 
