@@ -1,12 +1,13 @@
 """Imports point one way, and the package's import graph has no cycle.
 
 The graph is read from the source with ``ast``, not from what happens to be imported at run time.
-Every import counts wherever it stands: at module level, inside a function (it still runs the other
-module's code and ties the two, only later), under ``if TYPE_CHECKING`` (a reader still follows
-it), and, between parts, a string constant that names a module of the package exactly (what
-``importlib`` is handed in ``drafters.load_drafter``). Inside a part such a string is a registry's
-lazy dispatch to its own members, run after the package has loaded, and is not counted;
-``models.arch_module`` builds its names from ``ARCHITECTURES`` the same way, inside ``models``.
+Between parts, every import counts wherever it stands: at module level, inside a function (it
+still runs the other module's code and ties the two, only later), under ``if TYPE_CHECKING`` (a
+reader still follows it up a layer), and a string constant that names a module of the package
+exactly (what ``importlib`` is handed in ``drafters.load_drafter``). Between the modules of one
+part, two kinds do not count, since neither runs while the package loads: a registry's lazy dispatch
+to its own members by name (``models.arch_module`` builds its names from ``ARCHITECTURES`` the same
+way), and a type-only back reference under ``if TYPE_CHECKING``.
 
 Two graphs are checked: modules (``tsspec.models.llama``) and top-level parts (``tsspec/x.py`` or
 the package ``tsspec/x/``). Each part sits in one layer of ``LAYERS`` and may import only from the
@@ -68,20 +69,34 @@ def _owner(name: str) -> str | None:
     return name or None
 
 
-def imports(path: Path, *, dispatch: bool = True) -> dict[str, int]:
-    """The package modules ``path`` imports -> the line of the first such import; ``dispatch``:
-    count the strings naming a module too (see the module's docstring)."""
+def _type_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under an ``if TYPE_CHECKING:`` (bare or as ``typing.TYPE_CHECKING``)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        test = getattr(node, "test", None)
+        if isinstance(node, ast.If) and (getattr(test, "id", None) or getattr(test, "attr", None)) == "TYPE_CHECKING":
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def imports(path: Path, *, runtime_only: bool = False) -> dict[str, int]:
+    """The package modules ``path`` imports -> the line of the first such import; ``runtime_only``:
+    leave out the strings naming a module and the imports under ``if TYPE_CHECKING`` (see above)."""
     name = module_name(path)
     pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found: dict[str, int] = {}
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = _type_only(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.ImportFrom):
             base = ".".join(pkg[: len(pkg) - node.level + 1] + [node.module or ""]) if node.level else node.module
             base = base.rstrip(".")
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         elif isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
-        elif dispatch and isinstance(node, ast.Constant) and node.value in MODULES and "." in node.value:
+        elif not runtime_only and isinstance(node, ast.Constant) and node.value in MODULES and "." in node.value:
             targets = [node.value]
         else:
             continue
@@ -93,8 +108,8 @@ def imports(path: Path, *, dispatch: bool = True) -> dict[str, int]:
 
 
 @functools.cache
-def module_graph(*, dispatch: bool = True) -> dict[str, dict[str, int]]:
-    return {name: imports(path, dispatch=dispatch) for name, path in MODULES.items()}
+def module_graph(*, runtime_only: bool = False) -> dict[str, dict[str, int]]:
+    return {name: imports(path, runtime_only=runtime_only) for name, path in MODULES.items()}
 
 
 def part_graph(modules: dict[str, dict[str, int]]) -> dict[str, dict[str, str]]:
@@ -158,7 +173,7 @@ def test_the_import_graph_has_no_cycle():
     cycle = find_cycle(_without_allowed(parts))
     assert cycle is None, "parts import each other in a cycle:\n" + "\n".join(
         f"  {a} -> {b} ({parts[a][b]})" for a, b in zip(cycle, cycle[1:]))
-    modules = module_graph(dispatch=False)  # a string between parts was an edge of ``parts`` above
+    modules = module_graph(runtime_only=True)  # what it leaves out between parts, ``parts`` held
     allowed = {(a, b) for a in modules for b in modules[a] if (part(a), part(b)) in ALLOWED_UP}
     cycle = find_cycle({a: {b for b in t if (a, b) not in allowed} for a, t in modules.items()})
     assert cycle is None, "modules import each other in a cycle:\n" + "\n".join(
@@ -171,6 +186,7 @@ def test_the_scan_sees_every_kind_of_import():
     assert "tsspec.spec.registry" in imports(PACKAGE / "settings.py")  # imported inside speculator_names()
     assert "tsspec.drafters.dflash" in imports(PACKAGE / "drafters" / "__init__.py")  # an importlib target
     assert "tsspec.sampling" in imports(PACKAGE / "spec" / "protocols.py")  # under TYPE_CHECKING
+    assert "tsspec.sampling" not in imports(PACKAGE / "spec" / "protocols.py", runtime_only=True)
     assert "tsspec.models.qwen35" in imports(PACKAGE / "models" / "qwen3next.py")  # `from .qwen35 import`
 
 
