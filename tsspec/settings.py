@@ -27,12 +27,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, MutableMapping
 
-# the process-wide accessors beyond environ/max_threads/parse_bool/value are re-exported, importable
-# from here until every reader (the kernels) imports them from ``env``
+# the process-wide accessors, re-exported: importable from here until every reader (the kernels)
+# imports them from ``env``
 from .env import (  # noqa: F401
     ENV_CACHE, ENV_CC, ENV_KERNELS, ENV_LLAMA_CPP_DIR, ENV_OMP_THREADS, MAX_THREADS_PER_CPU, c_compilers, cache_root,
-    check_omp_threads, environ, kernels_enabled, llama_cpp_dir, max_threads, parse_bool,
+    check_omp_threads, kernels_enabled, llama_cpp_dir,
 )
+from .env import environ as _env  # the process environment, unless a mapping is passed
+from .env import max_threads, parse_bool
 from .env import value as _value
 from .errors import BadInput
 from .options import SpecOptions, publish, resolve
@@ -134,6 +136,14 @@ def check_threads(threads: int | None) -> int | None:
     return threads
 
 
+def speculator_names() -> list[str]:
+    """What ``--spec-type`` may name besides ``auto``: the registry's speculators, asked here, where
+    the run is composed, so ``tsspec.options`` need not import the algorithm layer."""
+    from .spec.registry import REGISTRY
+
+    return REGISTRY.names()
+
+
 def resolve_run(
     *,
     model: str | None = None,
@@ -152,9 +162,9 @@ def resolve_run(
     """
     from .weights import FORMATS
 
-    env = environ(env)
-    spec, warnings = (SpecOptions(), []) if speculation is None else resolve(speculation, env,
-                                                                              speculators=speculator_names())
+    env = _env(env)
+    spec, warnings = (SpecOptions(), []) if speculation is None else resolve(
+        speculation, env, speculators=speculator_names())
     check_threads(threads)
     if weights is not None and weights not in FORMATS:
         raise BadInput(f"--weights {weights!r}: expected one of {', '.join(FORMATS)}")
@@ -176,17 +186,9 @@ def resolve_run(
     )
 
 
-def speculator_names() -> list[str]:
-    """What ``--spec-type`` may name besides ``auto``: the registry's speculators, asked here, where
-    the run is composed, so ``tsspec.options`` need not import the algorithm layer."""
-    from .spec.registry import REGISTRY
-
-    return REGISTRY.names()
-
-
 def publish_spec(opts: SpecOptions, env: MutableMapping[str, str] | None = None) -> None:
     """Write the resolved speculation settings under both families, for child processes."""
-    publish(opts, environ(env))
+    publish(opts, _env(env))
 
 
 # ----------------------------------------------------------------------------- provenance
@@ -194,5 +196,5 @@ def publish_spec(opts: SpecOptions, env: MutableMapping[str, str] | None = None)
 
 def recorded_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Every tsspec variable in force (``RECORDED_PREFIXES``), sorted, for provenance."""
-    env = environ(env)
+    env = _env(env)
     return {k: env[k] for k in sorted(env) if k.startswith(RECORDED_PREFIXES)}

@@ -33,13 +33,13 @@ import torch
 
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
+from ..models.qwen35 import nextn_tensors
 from ..validate import check_tensors
 from .protocols import DraftHeadKind
 from ..weights import Linear, load_format, to_tensor
 from ..models.base import rms_norm
 from ..models.cache import KVCache
 from ..models.gated_attention import AttnLayer, ffn, gated_attention, load_attn_layer
-from ..models.qwen35 import nextn_tensors
 
 
 def nextn_layer_index(g: GGUFFile) -> int | None:
