@@ -1,4 +1,4 @@
-"""The native GGUF kernels (tsspec/kernels/qgemm.c) against plain references.
+"""The native GGUF kernels (tsspec/kernels/products.c) against plain references.
 
 * dequantization of every supported type equals gguf-py's, bit for bit (random blocks);
 * the AVX-512 product equals the plain C reference bit for bit, and both equal a float64

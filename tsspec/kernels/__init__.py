@@ -1,8 +1,15 @@
-"""Native kernels over GGUF blocks (``qgemm.c``), compiled on first use and cached.
+"""Native kernels over GGUF blocks, compiled on first use and cached.
 
-The C source is built with the machine's C compiler (``cc``/``gcc``; ``-O3 -march=native -fopenmp``)
-into ``$TSSPEC_CACHE/kernels/`` (default ``~/.cache/tsspec/kernels/``) under a name that hashes the
-source, the flags, the compiler and the CPU's feature flags, so a rebuilt tree or another CPU gets
+The C sources, one library (``tsq.h`` is what they share):
+- ``products.c``: the GGUF products (x @ W.T over the stored blocks), the plain C reference and the
+  AVX-512 VNNI path;
+- ``blocks.c``: a whole llama-family block forward (norms, rope, attention) over those products,
+  and the trunk's output (final norm and LM head);
+- ``eagle.c``: a trained draft head's step.
+
+They are built with the machine's C compiler (``cc``/``gcc``; ``-O3 -march=native -fopenmp``) into
+``$TSSPEC_CACHE/kernels/`` (default ``~/.cache/tsspec/kernels/``) under a name that hashes the
+sources, the flags, the compiler and the CPU's feature flags, so a rebuilt tree or another CPU gets
 its own artifact and a cached one is reused. The build is atomic (temporary file, then rename).
 
 Where no compiler is found, the build fails, or ``TSSPEC_KERNELS=0`` is set, ``lib()`` returns
@@ -19,6 +26,7 @@ import ctypes
 import hashlib
 import mmap
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,11 +39,29 @@ import torch
 
 from ..interrupts import catchable
 
-SOURCE = Path(__file__).with_name("qgemm.c")
+SOURCE_DIR = Path(__file__).parent
+HEADER = "tsq.h"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 
-# GGUF type name -> the C enum in qgemm.c
-TYPE_IDS = {"F32": 0, "F16": 1, "BF16": 2, "Q4_0": 3, "Q4_1": 4, "Q5_0": 5, "Q8_0": 6, "Q4_K": 7, "Q6_K": 8}
+
+def sources() -> dict[str, bytes]:
+    """This tree's kernel sources, file name -> bytes (every ``.c`` and ``.h`` beside this module)."""
+    return {p.name: p.read_bytes() for p in sorted(SOURCE_DIR.iterdir()) if p.suffix in (".c", ".h")}
+
+
+def type_ids(header: str) -> dict[str, int]:
+    """The C type enum (``enum { T_F32 = 0, ... }`` in tsq.h) as GGUF type name -> id: the one
+    definition, read rather than copied."""
+    body = re.search(r"enum\s*\{([^}]*T_F32[^}]*)\}", header)
+    if body is None:
+        raise RuntimeError(f"{HEADER}: no type enum")
+    ids = {n: int(v) for n, v in re.findall(r"T_(\w+)\s*=\s*(\d+)", body.group(1))}
+    ids.pop("COUNT", None)
+    return ids
+
+
+# GGUF type name -> the C enum
+TYPE_IDS = type_ids((SOURCE_DIR / HEADER).read_text())
 QUANT_BLOCK = 32  # activation block: input rows are quantized per 32 elements
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
@@ -73,28 +99,32 @@ def cpu_flags() -> str:
     return ""
 
 
-def _build(cc: str, source: bytes | None = None) -> Path:
-    """The cached shared library of ``source`` (default: this tree's qgemm.c), compiled on first use;
-    keyed by the source, the flags, the compiler and the CPU. (scripts/ab_kernels.py builds other
-    revisions' sources through it.)"""
-    src = SOURCE.read_bytes() if source is None else source
+def _build(cc: str, srcs: dict[str, bytes] | None = None) -> Path:
+    """The cached shared library of ``srcs`` (file name -> bytes; default: this tree's ``sources()``),
+    compiled on first use; keyed by the sources, the flags, the compiler and the CPU. (scripts/ab_kernels.py
+    builds other revisions' sources through it.)"""
+    srcs = sources() if srcs is None else srcs
     try:
         ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         ver = ""
-    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + ver.encode() + cpu_flags().encode()).hexdigest()[:16]
-    out = cache_dir() / f"qgemm-{key}.so"
+    h = hashlib.sha256()
+    for name in sorted(srcs):
+        h.update(name.encode() + b"\0" + hashlib.sha256(srcs[name]).digest())
+    h.update(" ".join(CFLAGS).encode() + ver.encode() + cpu_flags().encode())
+    out = cache_dir() / f"tsq-{h.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".qgemm-", suffix=".so", dir=out.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".tsq-", suffix=".so", dir=out.parent)
     os.close(fd)
-    c_file = SOURCE if source is None else out.with_suffix(".c")
     try:
-        if source is not None:
-            c_file.write_bytes(source)
-        r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(c_file), "-lm"], capture_output=True, text=True,
-                           timeout=300)
+        with tempfile.TemporaryDirectory(prefix=".tsq-src-", dir=out.parent) as d:
+            for name, data in srcs.items():
+                Path(d, name).write_bytes(data)
+            c_files = [str(Path(d, n)) for n in sorted(srcs) if n.endswith(".c")]
+            r = subprocess.run([cc, *CFLAGS, "-o", tmp, *c_files, "-lm"], capture_output=True, text=True,
+                               timeout=300)
         if r.returncode != 0:
             msg = (r.stderr or r.stdout).strip().splitlines()
             raise RuntimeError(f"{cc} failed: {msg[0] if msg else 'exit ' + str(r.returncode)}")
@@ -102,37 +132,33 @@ def _build(cc: str, source: bytes | None = None) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if source is not None and c_file.exists():
-            c_file.unlink()
     return out
 
 
+_L, _I, _P, _F = ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+# every function the library exports that Python calls: name -> (result, arguments)
+SIGNATURES: dict[str, tuple] = {
+    "tsq_simd": (_I, []),
+    "tsq_xrow_bytes": (_L, [_L]),
+    "tsq_row_bytes": (_L, [_I, _L]),
+    "tsq_quantize": (None, [_P, _L, _L, _P]),
+    "tsq_dequant_rows": (_I, [_I, _P, _I, _L, _L, _P, _L, _P]),
+    "tsq_matmul": (_I, [_I, _P, _I, _L, _L, _L, _P, _P, _L, _P, _L, _I, _I]),
+    "tsq_repack": (_I, [_I, _P, _L, _L, _L, _P, _I]),
+    "tsq_unpack": (_I, [_I, _P, _L, _L, _L, _P, _I]),
+    "tsq_forward": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _L, _P, _P, _I]),
+    "tsq_forward_batch_taps": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P]),
+    "tsq_output": (_I, [_P, _P, _F, _P, _L, _P, _I]),
+    "tsq_eagle_step": (_I, [_P, _P, _P, _L, _P, _P, _I]),
+}
+
+
 def _declare(lib: ctypes.CDLL) -> None:
-    c_long, c_int, vp = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
-    lib.tsq_simd.restype = c_int
-    lib.tsq_xrow_bytes.restype = c_long
-    lib.tsq_xrow_bytes.argtypes = [c_long]
-    lib.tsq_row_bytes.restype = c_long
-    lib.tsq_row_bytes.argtypes = [c_int, c_long]
-    lib.tsq_quantize.restype = None
-    lib.tsq_quantize.argtypes = [vp, c_long, c_long, vp]
-    lib.tsq_dequant_rows.restype = c_int
-    lib.tsq_dequant_rows.argtypes = [c_int, vp, c_int, c_long, c_long, vp, c_long, vp]
-    lib.tsq_matmul.restype = c_int
-    lib.tsq_matmul.argtypes = [c_int, vp, c_int, c_long, c_long, c_long, vp, vp, c_long, vp, c_long, c_int, c_int]
-    lib.tsq_repack.restype = c_int
-    lib.tsq_repack.argtypes = [c_int, vp, c_long, c_long, c_long, vp, c_int]
-    lib.tsq_unpack.restype = c_int
-    lib.tsq_unpack.argtypes = [c_int, vp, c_long, c_long, c_long, vp, c_int]
-    lib.tsq_forward.restype = c_int
-    lib.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
-    lib.tsq_forward_batch_taps.restype = c_int
-    lib.tsq_forward_batch_taps.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, vp, vp, vp, vp, vp, c_int,
-                                           vp, c_int, vp]
-    lib.tsq_output.restype = c_int
-    lib.tsq_output.argtypes = [vp, vp, ctypes.c_float, vp, c_long, vp, c_int]
-    lib.tsq_eagle_step.restype = c_int
-    lib.tsq_eagle_step.argtypes = [vp, vp, vp, c_long, vp, vp, c_int]
+    """Every function of ``SIGNATURES`` typed on ``lib`` (AttributeError where an older build, as
+    scripts/ab_kernels.py loads, lacks one: the ones before it are declared)."""
+    for name, (res, args) in SIGNATURES.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
 
 
 def _enabled() -> bool:
@@ -205,7 +231,7 @@ def _ptr(a) -> int:
 
 def quantize(x: torch.Tensor) -> torch.Tensor:
     """x float32 [m, k] (contiguous, k a multiple of 32) -> the form every quantized type multiplies
-    (int8 per 32 elements in groups of 128, ``xgroup`` in qgemm.c), as an opaque byte tensor. Float
+    (int8 per 32 elements in groups of 128, ``xgroup`` in tsq.h), as an opaque byte tensor. Float
     types multiply x itself."""
     h = lib()
     m, k = x.shape
