@@ -97,8 +97,7 @@ class Stepper:
         self.context = 64
         t.forward(list(range(100, 100 + self.context)), self.cache)
         self.cache.reserve(self.context + steps * rows)  # each round's steps go to new positions
-        cos = [t._rope[b][0] for b in t._rope_bases]
-        sin = [t._rope[b][1] for b in t._rope_bases]
+        cos, sin = t.rope_lists()
         self._keep = (cos, sin)
         self.cos_p = (ctypes.c_void_p * len(cos))(*[x.data_ptr() for x in cos])
         self.sin_p = (ctypes.c_void_p * len(sin))(*[x.data_ptr() for x in sin])
