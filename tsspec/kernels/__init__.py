@@ -5,7 +5,14 @@ The C sources, one library (``tsq.h`` is what they share):
   AVX-512 VNNI path;
 - ``blocks.c``: a whole llama-family block forward (norms, rope, attention) over those products,
   and the trunk's output (final norm and LM head);
-- ``eagle.c``: a trained draft head's step.
+- ``eagle.c``: a trained draft head's step;
+- ``amx.c``: the quantized products on AMX-INT8 tiles (the same bits as the others), with a C
+  emulation of the tile instruction that tests them on any CPU.
+
+AMX (``TSSPEC_AMX=auto|0|1``): when the library loads, the C side asks the kernel for the tile
+permission (once per process, before any product runs). With ``auto`` the tiles take the quantized
+products of at least ``AMX_MIN_ROWS`` input rows when the CPU has AMX, the kernel grants it and a
+self-check (the hardware against the emulation, every type) passes; ``amx_status()`` says which.
 
 They are built with the machine's C compiler (``cc``/``gcc``; ``-O3 -march=native -fopenmp``) into
 ``$TSSPEC_CACHE/kernels/`` (default ``~/.cache/tsspec/kernels/``) under a name that hashes the
@@ -70,6 +77,8 @@ _lib: ctypes.CDLL | None = None
 _reason: str | None = None
 _tried = False
 _force_off = False  # tests set this to exercise the pure-torch fallback in one process
+_amx: str = "not checked"  # amx_status()'s answer once the library is loaded
+_amx_error: Exception | None = None  # TSSPEC_AMX=1 where the tiles cannot run: raised by every lib()
 
 
 def cache_dir() -> Path:
@@ -150,7 +159,20 @@ SIGNATURES: dict[str, tuple] = {
     "tsq_forward_batch_taps": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P]),
     "tsq_output": (_I, [_P, _P, _F, _P, _L, _P, _I]),
     "tsq_eagle_step": (_I, [_P, _P, _P, _L, _P, _P, _I]),
+    "tsq_amx_init": (_I, []),
+    "tsq_amx_use": (_I, [_I, _L]),
+    "tsq_matmul_amx": (_I, [_I, _P, _I, _L, _L, _L, _P, _L, _P, _L, _I, _I]),
 }
+
+# Input rows from which the tiles take a product under TSSPEC_AMX=auto/1. The tile backend unpacks
+# each weight group with the reference's scalar reader (products.c tsq_weight_group), once per
+# product whatever its rows: about 3 instructions a weight against VNNI's ~0.025 a weight and row,
+# so on estimate it pays from about a hundred rows (prefill chunks), not yet for a 9-row verify.
+# Not measured: this machine has no AMX. A SIMD unpack moves this down.
+AMX_MIN_ROWS = 128
+# tsq_amx_init's codes -> what ``amx_status`` says
+AMX_REASONS = {1: "not on this CPU", 2: "not enabled by the operating system", 3: "permission refused",
+               4: "not in this build (the compiler has no AMX support)"}
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -162,13 +184,109 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 def _enabled() -> bool:
-    """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
-    from ..settings import check_omp_threads, kernels_enabled
+    """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on.
+    ``TSSPEC_AMX`` is read here too, so a bad value is refused before anything is cached."""
+    from ..settings import amx_mode, check_omp_threads, kernels_enabled
 
     on = kernels_enabled()
     if on:
         check_omp_threads()  # the kernels' OpenMP regions crash on an absurd OMP_NUM_THREADS
+        amx_mode()
     return on
+
+
+def _setup_amx(h: ctypes.CDLL) -> None:
+    """Ask for the tile permission and switch the tiles on as ``TSSPEC_AMX`` says; sets ``_amx``.
+    TSSPEC_AMX=1 where they cannot run leaves ``_amx_error`` for lib() to raise."""
+    global _amx, _amx_error
+    from ..errors import BadInput
+    from ..settings import amx_mode
+
+    mode = amx_mode()
+    state = h.tsq_amx_init()  # the permission, asked once, on this (the loading) thread
+    if mode == "0":
+        _amx = "off (TSSPEC_AMX=0)"
+        return
+    if state != 0:
+        _amx = AMX_REASONS.get(state, f"unavailable (code {state})")
+        if mode == "1":
+            _amx_error = BadInput(f"TSSPEC_AMX=1: AMX cannot run here: {_amx}")
+        return
+    bad = amx_self_check(h)
+    if bad:
+        _amx = f"self-check failed ({bad}): not used"
+        if mode == "1":
+            _amx_error = BadInput(f"TSSPEC_AMX=1: the AMX tiles gave wrong products on this machine ({bad})")
+        return
+    h.tsq_amx_use(1, AMX_MIN_ROWS)
+    _amx = "in use"
+
+
+def amx_self_check(h: ctypes.CDLL) -> str | None:
+    """The hardware tiles against their C emulation on random weights of every quantized type, 33
+    input rows (three tiles, a short one) and 40 weight rows (a short panel): None when every bit
+    agrees, else the first type that differs."""
+    rng = np.random.default_rng(7)
+    k = 256
+    x = torch.from_numpy(rng.standard_normal((33, k)).astype(np.float32))
+    xq = torch.empty(33 * h.tsq_xrow_bytes(k), dtype=torch.uint8)
+    h.tsq_quantize(_ptr(x), 33, k, _ptr(xq))
+    for name, tid in TYPE_IDS.items():
+        if name in FLOAT_TYPES:
+            continue
+        rb = h.tsq_row_bytes(tid, k)
+        w = rng.integers(0, 256, size=(40, rb), dtype=np.uint8)
+        w = _sane_scales(name, w)
+        ys = []
+        for emulate in (1, 0):
+            y = torch.zeros(33, 40, dtype=torch.float32)
+            if h.tsq_matmul_amx(tid, _ptr(w), 0, rb, 40, k, _ptr(xq), 33, _ptr(y), 40, 1, emulate):
+                return name
+            ys.append(y)
+        if not torch.equal(ys[0].view(torch.int32), ys[1].view(torch.int32)):
+            return name
+    return None
+
+
+def _sane_scales(name: str, w: np.ndarray) -> np.ndarray:
+    """Random GGUF rows with their f16 scales set to small finite values (random bytes make NaN and
+    infinite scales, whose sums compare unequal to themselves)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    elems, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    blocks = w.reshape(w.shape[0], -1, size)
+    half = np.float16(0.01).view(np.uint8)
+    at = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}[name]
+    for o in at:
+        blocks[:, :, o], blocks[:, :, o + 1] = half[0], half[1]
+    return blocks.reshape(w.shape)
+
+
+def products_line() -> str:
+    """One line on which path the products take, for ``tsspec info``."""
+    h = lib()
+    if h is None:
+        return f"pure torch (native kernels unavailable: {unavailable_reason()})"
+    return f"native, {'AVX-512 VNNI' if simd() else 'plain C'}; AMX: {amx_status()}"
+
+
+def use_tiles(mode: int, min_rows: int = AMX_MIN_ROWS) -> None:
+    """Route the quantized products of at least ``min_rows`` rows: 0 off the tiles, 1 the hardware
+    tiles, 2 their C emulation (tests run a whole model through the backend on any CPU this way).
+    ``TSSPEC_AMX`` sets this when the library loads; tests set it and put it back."""
+    rc = lib().tsq_amx_use(mode, min_rows)
+    if rc:
+        raise ValueError(f"the AMX tiles cannot be switched on: {AMX_REASONS.get(rc, rc)}")
+
+
+def amx_status() -> str:
+    """Which product path the quantized multi-row products take on AMX, and why: "in use", "not on
+    this CPU", "permission refused", "off (TSSPEC_AMX=0)", ... (the kernels' own reason where they
+    are not built)."""
+    h = lib()
+    if h is None:
+        return f"not used (native kernels unavailable: {unavailable_reason()})"
+    return _amx
 
 
 def lib() -> ctypes.CDLL | None:
@@ -176,6 +294,8 @@ def lib() -> ctypes.CDLL | None:
     global _lib, _reason, _tried
     if _force_off:
         return None
+    if _amx_error is not None:
+        raise _amx_error
     if _tried:
         return _lib
     enabled = _enabled()  # raises on a bad value, before anything is cached
@@ -193,12 +313,15 @@ def lib() -> ctypes.CDLL | None:
             h = ctypes.CDLL(str(path))
             _declare(h)
             _check_layouts(h)
+            _setup_amx(h)
             _lib = h
         except Exception as e:  # noqa: BLE001 - any failure means: use the pure-torch formats
             _reason = str(e) or type(e).__name__
             _lib = None
         _tried = True
-        return _lib
+    if _amx_error is not None:
+        raise _amx_error
+    return _lib
 
 
 def available() -> bool:
@@ -328,6 +451,20 @@ def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Ten
     rc = h.tsq_matmul(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, rb, n, k, _ptr(x), 0 if xq is None else _ptr(xq), m,
                       _ptr(y) + 4 * col0, ldy, nt, 1 if use_simd else 0)
     _check_rc(rc, f"{type_name}: cannot multiply rows of {k} elements")
+
+
+def matmul_tiles(type_name: str, w: np.ndarray, k: int, xq: torch.Tensor, y: torch.Tensor, *, packed: bool = False,
+                 threads: int | None = None, emulate: bool = True) -> None:
+    """y[m, n] = the quantized input ``xq`` (``quantize(x)``, m rows) against the GGUF rows ``w``
+    through the AMX tile backend: ``emulate`` (default) with the tile instruction done in C, on any
+    CPU; else on the hardware (a ValueError where it cannot run). The same bits as ``matmul``."""
+    h = lib()
+    n, rb = w.shape
+    m, ldy = y.shape
+    nt = threads if threads is not None else torch.get_num_threads()
+    rc = h.tsq_matmul_amx(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, rb, n, k, _ptr(xq), m, _ptr(y), ldy, nt,
+                          1 if emulate else 0)
+    _check_rc(rc, f"{type_name}: the tile backend cannot multiply rows of {k} elements here")
 
 
 def dequant_rows(type_name: str, w: np.ndarray, k: int, ids, *, packed: bool = False) -> torch.Tensor:

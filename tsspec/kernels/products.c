@@ -545,11 +545,19 @@ static void get_wgroup(int type, const uint8_t *w, long g, long nblocks, int pac
     }
 }
 
-/* The reduction of eight lanes both paths use: (0+4, 1+5, 2+6, 3+7), then pairs, then the two. */
-static inline float sum8(const float *v) {
-    const float s0 = v[0] + v[4], s1 = v[1] + v[5], s2 = v[2] + v[6], s3 = v[3] + v[7];
-    return (s0 + s2) + (s1 + s3);
+/* Weight group g of a row as the tile backend (amx.c) takes it: lane L's 16 unsigned codes at
+ * lanes[16 L ..] in element order (lane L = 4h + b: half h of block b, as in xgroup), its eight
+ * lane scales a[] and the offsets m[] (wgroup's), all exactly as the reference reads them. */
+void tsq_weight_group(int type, const uint8_t *w, long g, long nblocks, int packed, uint8_t lanes[QG], float a[8],
+                      float m[8]) {
+    wgroup wg;
+    get_wgroup(type, w, g, nblocks, packed, &wg);
+    for (int L = 0; L < 8; L++) memcpy(lanes + 16 * L, wg.c + 32 * (L % 4) + 16 * (L / 4), 16);
+    memcpy(a, wg.a, sizeof wg.a);
+    memcpy(m, wg.m, sizeof wg.m);
 }
+
+int tsq_offset_shift(int type) { return offset_shift(type); }
 
 /* ------------------------------------------------------------------ reference products */
 
@@ -1139,6 +1147,9 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
     use_simd = 0;
 #endif
     if (n_threads < 1) n_threads = 1;
+    const int tiles = use_simd && !fl ? tsq_amx_on(m) : 0;
+    if (tiles) /* the tile backend (amx.c), while switched on (2: its emulation) */
+        return tsq_matmul_tiles(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads, tiles == 2);
 #if TSQ_SIMD
     if (use_simd && !fl && !one_q_tile(m, ng))
         return matmul_blocked(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);

@@ -60,6 +60,12 @@ static inline long n_groups(long k) { return (k + QG - 1) / QG; }
 
 #define TSQ_INTERNAL __attribute__((visibility("hidden")))
 
+/* The reduction of eight lanes every product uses: (0+4, 1+5, 2+6, 3+7), then pairs, then the two. */
+static inline float sum8(const float *v) {
+    const float s0 = v[0] + v[4], s1 = v[1] + v[5], s2 = v[2] + v[6], s3 = v[3] + v[7];
+    return (s0 + s2) + (s1 + s3);
+}
+
 #if TSQ_SIMD
 static inline float hsum8(__m256 v) { /* sum8's order */
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -103,6 +109,17 @@ long tsq_xrow_bytes(long k);
 void tsq_quantize(const float *x, long m, long k, xgroup *out);
 int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k, const float *x,
                const void *xqv, long m, float *y, long ldy, int n_threads, int use_simd);
+
+/* products.c, for the tile backend */
+TSQ_INTERNAL void tsq_weight_group(int type, const uint8_t *w, long g, long nblocks, int packed, uint8_t lanes[QG],
+                                   float a[8], float m[8]);
+TSQ_INTERNAL int tsq_offset_shift(int type);
+
+/* amx.c: the AMX-INT8 tile products (tsq_matmul hands them the multi-row quantized products while
+ * tsq_amx_use has switched them on) */
+TSQ_INTERNAL int tsq_amx_on(long m);
+TSQ_INTERNAL int tsq_matmul_tiles(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
+                                  const xgroup *xq, long m, float *y, long ldy, int n_threads, int emulate);
 
 /* blocks.c: the pieces of a block the draft head's step reuses */
 TSQ_INTERNAL int tsq_linear_apply(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt);
