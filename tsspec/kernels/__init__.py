@@ -157,6 +157,7 @@ SIGNATURES: dict[str, tuple] = {
     "tsq_unpack": (_I, [_I, _P, _L, _L, _L, _P, _I]),
     "tsq_forward": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _L, _P, _P, _I]),
     "tsq_forward_batch_taps": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P]),
+    "tsq_forward_tree": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P, _P]),
     "tsq_output": (_I, [_P, _P, _F, _P, _L, _P, _I]),
     "tsq_eagle_step": (_I, [_P, _P, _P, _L, _P, _P, _I]),
     "tsq_amx_init": (_I, []),
@@ -647,12 +648,19 @@ class FusedBlocks:
 
     def run_batch(self, h: torch.Tensor, l0: int, l1: int, row0: list[int], starts: list[int],
                   k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos: list[torch.Tensor],
-                  sin: list[torch.Tensor], taps: Sequence[int] = ()) -> torch.Tensor | None:
+                  sin: list[torch.Tensor], taps: Sequence[int] = (), parents: Sequence[int] | None = None
+                  ) -> torch.Tensor | None:
         """Blocks [l0, l1) on the rows of several sequences, ``h`` [m, d] updated in place: rows
         ``row0[s]:row0[s + 1]`` are sequence s's, at positions ``starts[s]..`` of its own cache
         (``k_caches[s]``/``v_caches[s]`` [layers, n_kv, capacity, head_dim], float32, contiguous).
         The products run once over all rows; each row attends over its own sequence only, and gets
-        the bits a lone ``run`` gives it. ``taps``: as ``run``'s."""
+        the bits a lone ``run`` gives it. ``taps``: as ``run``'s.
+
+        ``parents`` [m] (None: every sequence's rows are a chain): token trees, row r's parent as an
+        index among its sequence's rows (-1: it follows the cached prefix), parents before children.
+        A tree row is written to slot ``starts[s]`` + its index and sits at ``starts[s]`` + its depth;
+        its attention reads the prefix, then its ancestors' slots, so it gets the bits a chain of
+        its path gets."""
         ns = len(starts)
         if any(not l0 <= t <= l1 for t in taps):
             raise ValueError(f"run_batch: taps {list(taps)} outside layers [{l0}, {l1}]")
@@ -669,11 +677,16 @@ class FusedBlocks:
         cos_p = (ctypes.c_void_p * len(cos))(*[t.data_ptr() for t in cos])
         sin_p = (ctypes.c_void_p * len(sin))(*[t.data_ptr() for t in sin])
         out = torch.empty(h.shape[0], len(taps) * h.shape[1], dtype=torch.float32) if taps else None
-        rc = h_lib.tsq_forward_batch_taps(ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], ns,
-                                          (ctypes.c_long * (ns + 1))(*row0), longs(*starts),
-                                          ptrs(*[k.data_ptr() for k in k_caches]), ptrs(*[v.data_ptr() for v in v_caches]),
-                                          longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p, torch.get_num_threads(),
-                                          (ctypes.c_int * len(taps))(*taps), len(taps),
-                                          None if out is None else out.data_ptr())
+        args = (ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], ns,
+                (ctypes.c_long * (ns + 1))(*row0), longs(*starts), ptrs(*[k.data_ptr() for k in k_caches]),
+                ptrs(*[v.data_ptr() for v in v_caches]), longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p,
+                torch.get_num_threads(), (ctypes.c_int * len(taps))(*taps), len(taps),
+                None if out is None else out.data_ptr())
+        if parents is None:
+            rc = h_lib.tsq_forward_batch_taps(*args)
+        else:
+            if len(parents) != h.shape[0]:
+                raise ValueError(f"run_batch: {len(parents)} parents for {h.shape[0]} rows")
+            rc = h_lib.tsq_forward_tree(*args, (ctypes.c_int * len(parents))(*parents))
         _check_rc(rc, f"native batched block forward failed ({rc})", RuntimeError)
         return out

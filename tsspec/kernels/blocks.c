@@ -114,6 +114,14 @@ void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n) {
 }
 #endif
 
+/* Row j of a head's keys or values: position j's own slot, except that positions from `split` on
+ * are a token tree's rows, at the slots map[j - split] (the row's ancestors, then itself). A chain
+ * passes map NULL, and the compiler drops the test where it is the constant. */
+static inline __attribute__((always_inline)) const float *kv_row(const float *b, long j, long hd, long split,
+                                                               const long *map) {
+    return b + (map && j >= split ? map[j - split] : j) * hd;
+}
+
 /* One query row's attention over positions [lo, hi] of one KV head: o = softmax(q . k_j) v_j.
  * Each row's float steps depend only on its own span, never on other rows (batch invariance).
  * The SIMD path (head dimensions that are a multiple of 8) scores eight positions at a time (eight
@@ -122,9 +130,10 @@ void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n) {
  * does the same sums one lane at a time, not in the same order (the two agree to rounding).
  * sc: scratch for hi - lo + 1 scores, rounded up to 8. */
 #if TSQ_SIMD
-static inline __attribute__((always_inline)) __m256 scores8(const float *q, const float *k, long hd, long c) {
+static inline __attribute__((always_inline)) __m256 scores8(const float *q, const float *kb, long j0, long hd, long c,
+                                                            long split, const long *map) {
     const float *kr[8];
-    for (int p = 0; p < 8; p++) kr[p] = k + (p < c ? p : c - 1) * hd; /* past the span: a valid row, masked */
+    for (int p = 0; p < 8; p++) kr[p] = kv_row(kb, j0 + (p < c ? p : c - 1), hd, split, map); /* past the span: a valid row, masked */
     __m256 a[8];
     for (int p = 0; p < 8; p++) a[p] = _mm256_setzero_ps();
     for (long i = 0; i < hd; i += 8) {
@@ -138,28 +147,29 @@ static inline __attribute__((always_inline)) __m256 scores8(const float *q, cons
     return c >= 8 ? s : _mm256_mask_blend_ps((__mmask8)((1u << c) - 1), _mm256_set1_ps(-INFINITY), s);
 }
 
-/* o[0..8U) = sum over j < n of p[j] v[j * hd + 0..8U), accumulated in j order */
-static inline __attribute__((always_inline)) void value_sum(const float *p, const float *v, long n, long hd,
-                                                            float *o, const int U) {
+/* o[0..8U) = sum over j < n of p[j] v_(lo + j)[i0 + 0..8U), accumulated in j order */
+static inline __attribute__((always_inline)) void value_sum(const float *p, const float *vb, long lo, long i0, long n,
+                                                            long hd, long split, const long *map, float *o, const int U) {
     __m256 a[8];
     for (int u = 0; u < U; u++) a[u] = _mm256_setzero_ps();
     for (long j = 0; j < n; j++) {
         const __m256 pj = _mm256_set1_ps(p[j]);
-        for (int u = 0; u < U; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * hd + 8 * u), a[u]);
+        const float *v = kv_row(vb, lo + j, hd, split, map) + i0;
+        for (int u = 0; u < U; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * u), a[u]);
     }
     for (int u = 0; u < U; u++) _mm256_storeu_ps(o + 8 * u, a[u]);
 }
 #endif
 
-static void attend_row(const float *q, const float *kb, const float *vb, long lo, long hi, long hd, float *sc,
-                       float *o) {
+static inline __attribute__((always_inline)) void attend_row(const float *q, const float *kb, const float *vb, long lo,
+                                                            long hi, long hd, long split, const long *map, float *sc,
+                                                            float *o) {
     const long n = hi - lo + 1;
-    const float *k = kb + lo * hd, *v = vb + lo * hd;
 #if TSQ_SIMD
     if (hd % 8 == 0) {
         __m256 vmx = _mm256_set1_ps(-INFINITY);
         for (long j = 0; j < n; j += 8) {
-            const __m256 s = scores8(q, k + j * hd, hd, n - j);
+            const __m256 s = scores8(q, kb, lo + j, hd, n - j, split, map);
             _mm256_storeu_ps(sc + j, s);
             vmx = _mm256_max_ps(vmx, s);
         }
@@ -177,19 +187,20 @@ static void attend_row(const float *q, const float *kb, const float *vb, long lo
         const __m256 inv = _mm256_set1_ps(1.f / hsum8(vs));
         for (long j = 0; j < n; j += 8) _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_loadu_ps(sc + j), inv));
         long i0 = 0; /* outputs in registers across all positions: 64 at a time, then 32, then 8 */
-        for (; i0 + 64 <= hd; i0 += 64) value_sum(sc, v + i0, n, hd, o + i0, 8);
-        for (; i0 + 32 <= hd; i0 += 32) value_sum(sc, v + i0, n, hd, o + i0, 4);
-        for (; i0 < hd; i0 += 8) value_sum(sc, v + i0, n, hd, o + i0, 1);
+        for (; i0 + 64 <= hd; i0 += 64) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 8);
+        for (; i0 + 32 <= hd; i0 += 32) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 4);
+        for (; i0 < hd; i0 += 8) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 1);
         return;
     }
 #endif
     float mx = -INFINITY;
     for (long j = 0; j < n; j++) {
+        const float *k = kv_row(kb, lo + j, hd, split, map);
         float l[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t = 0.f;
         long i = 0;
         for (; i + 8 <= hd; i += 8)
-            for (int u = 0; u < 8; u++) l[u] += q[i + u] * k[j * hd + i + u];
-        for (; i < hd; i++) t += q[i] * k[j * hd + i];
+            for (int u = 0; u < 8; u++) l[u] += q[i + u] * k[i + u];
+        for (; i < hd; i++) t += q[i] * k[i];
         sc[j] = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + t;
         if (sc[j] > mx) mx = sc[j];
     }
@@ -200,8 +211,10 @@ static void attend_row(const float *q, const float *kb, const float *vb, long lo
     }
     for (long j = 0; j < n; j++) sc[j] = sc[j] / sum;
     for (long i = 0; i < hd; i++) o[i] = 0.f;
-    for (long j = 0; j < n; j++)
-        for (long i = 0; i < hd; i++) o[i] += sc[j] * v[j * hd + i];
+    for (long j = 0; j < n; j++) {
+        const float *v = kv_row(vb, lo + j, hd, split, map);
+        for (long i = 0; i < hd; i++) o[i] += sc[j] * v[i];
+    }
 }
 
 /* Blocks [l0, l1) over m rows that belong to ns sequences: rows [row0[s], row0[s+1]) are sequence
@@ -217,10 +230,15 @@ static void copy_taps(const float *h, long m, long d, int li, const int *tap_at,
             for (long r = 0; r < m; r++) memcpy(tap_out + (r * ntap + j) * d, h + r * d, sizeof(float) * d);
 }
 
+/* parent (NULL: every sequence's rows are a chain): row r's parent as an index among its sequence's
+ * rows, -1 for a row that follows the cached prefix directly; parents come before their children.
+ * A tree row is written to its own slot, start + its index, and is at position start + its depth:
+ * rope, the window and attention take that position, attention reading the prefix and then the
+ * row's ancestors' slots in order, so it gets the bits a chain of its path would give it. */
 static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
                         const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
                         const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at, int ntap,
-                        float *tap_out) {
+                        float *tap_out, const int *parent) {
     const long d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv, f = c->ffn_dim;
     const long qd = nh * hd, kvd = nkv * hd, rep = nh / nkv;
     if (nt < 1) nt = 1;
@@ -235,17 +253,32 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     float *gu = malloc(sizeof(float) * m * 2 * f);
     float *y = malloc(sizeof(float) * m * d);
     xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
-    long *rseq = malloc(sizeof(long) * m), *rpos = malloc(sizeof(long) * m);
+    long *rseq = malloc(sizeof(long) * m), *rpos = malloc(sizeof(long) * m), *rslot = malloc(sizeof(long) * m);
+    long *aoff = parent ? malloc(sizeof(long) * m) : NULL, *anc = NULL; /* row r's path: anc[aoff[r]..] */
     float *scores = NULL; /* attention scratch, maxpos + 8 floats per thread */
     int rc = 0;
-    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos) { rc = -2; goto done; }
-    long maxpos = 0;
+    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos || !rslot || (parent && !aoff)) { rc = -2; goto done; }
+    long maxpos = 0, nanc = 0;
     for (long s = 0; s < ns; s++) {
         if (row0[s + 1] < row0[s] || start[s] < 0 || start[s] + row0[s + 1] - row0[s] > cap[s]) { rc = -3; goto done; }
         for (long r = row0[s]; r < row0[s + 1]; r++) {
+            const long i = r - row0[s], p = parent ? parent[r] : i - 1;
+            if (p < -1 || p >= i) { rc = -3; goto done; }
             rseq[r] = s;
-            rpos[r] = start[s] + r - row0[s];
+            rslot[r] = start[s] + i;
+            rpos[r] = p < 0 ? start[s] : rpos[row0[s] + p] + 1;
             if (rpos[r] > maxpos) maxpos = rpos[r];
+            if (parent) {
+                aoff[r] = nanc;
+                nanc += rpos[r] - start[s] + 1;
+            }
+        }
+    }
+    if (parent) { /* each tree row's path, root first, as slots */
+        if (!(anc = malloc(sizeof(long) * (nanc ? nanc : 1)))) { rc = -2; goto done; }
+        for (long r = 0; r < m; r++) {
+            const long s = rseq[r], d = rpos[r] - start[s];
+            for (long q = r, j = d; j >= 0; j--, q = parent[q] < 0 ? -1 : row0[s] + parent[q]) anc[aoff[r] + j] = rslot[q];
         }
     }
     if (!(scores = malloc(sizeof(float) * (maxpos + 8) * nt))) { rc = -2; goto done; }
@@ -270,8 +303,8 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
             for (long hh = 0; hh < nkv; hh++) {
                 if (L->k_norm) tsq_rms_norm_row(k + hh * hd, L->k_norm, hd, c->eps, k + hh * hd);
                 rope_row(k + hh * hd, ct + pos * c->rope_half, st + pos * c->rope_half, c->rope_half, c->rope_neox);
-                memcpy(kl + (hh * cp + pos) * hd, k + hh * hd, sizeof(float) * hd);
-                memcpy(vl + (hh * cp + pos) * hd, v + hh * hd, sizeof(float) * hd);
+                memcpy(kl + (hh * cp + rslot[r]) * hd, k + hh * hd, sizeof(float) * hd);
+                memcpy(vl + (hh * cp + rslot[r]) * hd, v + hh * hd, sizeof(float) * hd);
             }
         }
 #pragma omp parallel num_threads(nt) if (nt > 1 && m * nh > 1)
@@ -288,7 +321,10 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
                 long lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
                 const float *q = qkv + r * w3 + hh * hd;
                 const float *kb = kc[s] + ((long)li * nkv + g) * cp * hd, *vb = vc[s] + ((long)li * nkv + g) * cp * hd;
-                attend_row(q, kb, vb, lo, pos, hd, sc, att + r * qd + hh * hd);
+                if (parent)
+                    attend_row(q, kb, vb, lo, pos, hd, start[s], anc + aoff[r], sc, att + r * qd + hh * hd);
+                else
+                    attend_row(q, kb, vb, lo, pos, hd, 0, NULL, sc, att + r * qd + hh * hd);
             }
         }
         if ((rc = tsq_linear_apply(&L->o, att, m, y, xq, nt))) break;
@@ -310,7 +346,8 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     }
     if (!rc) copy_taps(h, m, d, l1, tap_at, ntap, tap_out);
 done:
-    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(scores);
+    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(rslot); free(aoff);
+    free(anc); free(scores);
     return rc;
 }
 
@@ -341,7 +378,7 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
                 int nt) {
     const long row0[2] = {0, m};
     float *const k1[1] = {kc}, *const v1[1] = {vc};
-    return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt, NULL, 0, NULL);
+    return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt, NULL, 0, NULL, NULL);
 }
 
 /* Several sequences' rows in one pass (see forward_rows): row0[ns + 1], start/kc/vc/cap[ns]; and
@@ -352,6 +389,15 @@ int tsq_forward_batch_taps(const tsq_config *c, const tsq_layer *layers, int l0,
                            const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at,
                            int ntap, float *tap_out) {
     return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
-                        tap_out);
+                        tap_out, NULL);
+}
+
+/* tsq_forward_batch_taps with token trees: parent[m] as forward_rows takes it */
+int tsq_forward_tree(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
+                     const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
+                     const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at, int ntap,
+                     float *tap_out, const int *parent) {
+    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
+                        tap_out, parent);
 }
 

@@ -299,8 +299,9 @@ class TransformerModel:
     # -- compute ------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], cache: KVCache, *, all_logits: bool = False,
-                taps: Sequence[int] | None = None) -> ForwardOutput:
-        return self._forward([ForwardItem(tokens, cache, all_logits, taps)])[0]
+                taps: Sequence[int] | None = None, parents: Sequence[int] | None = None) -> ForwardOutput:
+        """``tokens`` appended to ``cache`` (``parents``: as a token tree, see ``ForwardItem``)."""
+        return self._forward([ForwardItem(tokens, cache, all_logits, taps, parents)])[0]
 
     @torch.inference_mode()
     def forward_batch(self, items: Sequence[ForwardItem]) -> list[ForwardOutput]:
@@ -320,6 +321,9 @@ class TransformerModel:
         # a subclass whose trunk cannot share rows (see the attribute) runs them in turn: the
         # same promise, so every item is checked before the first forward
         for it in items:
+            if it.parents is not None:
+                raise ValueError(f"{self.cfg.arch}: token trees need a trunk that shares one forward among rows "
+                                 "(a recurrent state follows one chain of rows)")
             self._check_tokens(it.tokens)
             it.cache.reserve(it.cache.length + len(it.tokens))
         return [self.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps) for it in items]

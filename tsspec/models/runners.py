@@ -30,14 +30,46 @@ if TYPE_CHECKING:
 
 @dataclass
 class Segment:
-    """One sequence's rows [i, j) of a forward, its cache, the position of row i, and (torch
-    attention) its span groups."""
+    """One sequence's rows [i, j) of a forward, its cache, the position of row i, (torch attention)
+    its span groups, and for a token tree its rows' parents (``ForwardItem.parents``)."""
 
     i: int
     j: int
     cache: object
     start: int
     groups: list | None
+    parents: Sequence[int] | None = None
+
+    def depths(self) -> list[int]:
+        """Each row's depth (0 for the rows that follow the cache; a chain's row i is at depth i)."""
+        if self.parents is None:
+            return list(range(self.j - self.i))
+        d: list[int] = []
+        for p in self.parents:
+            d.append(0 if p < 0 else d[p] + 1)
+        return d
+
+    def path(self, r: int) -> list[int]:
+        """Row r's ancestors and itself, root first (indices among the segment's rows)."""
+        out = [r]
+        while self.parents[out[-1]] >= 0:
+            out.append(self.parents[out[-1]])
+        return out[::-1]
+
+
+def tree_parents(items: Sequence[ForwardItem]) -> list[int] | None:
+    """The rows' parents over every item (a chain's rows each under the one before), or None when
+    no item is a tree; every tree's parents checked to come before their children."""
+    if all(it.parents is None for it in items):
+        return None
+    out: list[int] = []
+    for it in items:
+        n = len(it.tokens)
+        ps = list(range(-1, n - 1)) if it.parents is None else [int(p) for p in it.parents]
+        if len(ps) != n or any(not -1 <= p < i for i, p in enumerate(ps)):
+            raise ValueError(f"a token tree's parents must precede their rows: {ps} for {n} tokens")
+        out += ps
+    return out
 
 
 class TorchRunner:
@@ -50,7 +82,10 @@ class TorchRunner:
                starts: list[int], want: dict) -> tuple[torch.Tensor, tuple | None]:
         """Every block on the rows ``h`` [m, d]; ``want``'s layers get the residual entering them
         (``n_layers``: after the last). -> (h, None)."""
-        segs = [Segment(row0[s], row0[s + 1], it.cache, starts[s], self.plan(model, starts[s], len(it.tokens), it.cache))
+        tree_parents(items)  # checked before any cache changes
+        segs = [Segment(row0[s], row0[s + 1], it.cache, starts[s],
+                        None if it.parents is not None else self.plan(model, starts[s], len(it.tokens), it.cache),
+                        it.parents)
                 for s, it in enumerate(items)]
         for li, blk in enumerate(model.blocks):
             if li in want:
@@ -90,10 +125,10 @@ class TorchRunner:
             q = rms_norm(q, blk.q_norm, cfg.rms_eps)
             k = rms_norm(k, blk.k_norm, cfg.rms_eps)
         cos, sin = model.rope(spec.rope_base)
-        if len(segs) == 1:
+        if len(segs) == 1 and segs[0].parents is None:
             cos, sin = cos[segs[0].start : segs[0].start + n], sin[segs[0].start : segs[0].start + n]
-        else:  # each row at its own sequence's position
-            pos = torch.cat([torch.arange(g.start, g.start + g.j - g.i) for g in segs]).to(cos.device)
+        else:  # each row at its own sequence's position (a tree row's: its depth past the cache)
+            pos = torch.tensor([g.start + d for g in segs for d in g.depths()]).to(cos.device)
             cos, sin = cos[pos], sin[pos]
         q = apply_rope(q, cos, sin, cfg.rope_neox) * model.q_scale
         k = apply_rope(k, cos, sin, cfg.rope_neox)
@@ -102,7 +137,10 @@ class TorchRunner:
             cache, start, m = g.cache, g.start, g.j - g.i
             cache.k[li, :, start : start + m] = k[g.i : g.j].transpose(0, 1)
             cache.v[li, :, start : start + m] = v[g.i : g.j].transpose(0, 1)
-            parts.append(self.attend(q[g.i : g.j], cache.k[li], cache.v[li], g, spec.window))
+            if g.parents is None:
+                parts.append(self.attend(q[g.i : g.j], cache.k[li], cache.v[li], g, spec.window))
+            else:
+                parts.append(self.attend_tree(model, q[g.i : g.j], cache.k[li], cache.v[li], g, spec.window))
         a = parts[0] if len(parts) == 1 else torch.cat(parts)
         a = blk.o(a.reshape(n, qd))
         if blk.post_attn_norm is not None:
@@ -115,6 +153,26 @@ class TorchRunner:
         if blk.post_ffn_norm is not None:
             y = rms_norm(y, blk.post_ffn_norm, cfg.rms_eps)
         return h + y
+
+    def attend_tree(self, model: "TransformerModel", q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment,
+                    window) -> torch.Tensor:
+        """A token tree's rows, each alone over the logical sequence a chain of its path would have
+        in the cache: the prefix, then its ancestors' slots, in a span of the size the chain's row
+        would get (zeros past the row, masked as there)."""
+        from .base import attend, plan_attention
+
+        cfg = model.cfg
+        out = []
+        for r, d in enumerate(seg.depths()):
+            pos = seg.start + d
+            groups = plan_attention(pos, 1, seg.cache.capacity, cfg.n_heads // cfg.n_kv_heads, model.windows)
+            slots = torch.tensor(list(range(seg.start)) + [seg.start + a for a in seg.path(r)], device=k.device)
+            kk = k.new_zeros(k.shape[0], groups[0].span, k.shape[2])
+            vv = torch.zeros_like(kk)
+            kk[:, : len(slots)] = k[:, slots]
+            vv[:, : len(slots)] = v[:, slots]
+            out.append(attend(q[r : r + 1], kk, vv, groups, window))
+        return torch.cat(out)
 
     def head(self, model: "TransformerModel", x: torch.Tensor) -> torch.Tensor:
         """The final norm and LM head over the rows ``x`` [m, d] -> logits [m, vocab] (before any
@@ -161,7 +219,11 @@ class NativeRunner(TorchRunner):
         h = h.contiguous()
         cos, sin = model.rope_lists()
         taps = sorted(t for t in want if 0 <= t <= model.n_layers)
-        if len(items) == 1:
+        parents = tree_parents(items)
+        if parents is not None:
+            rows = self.fused.run_batch(h, 0, model.n_layers, row0, starts, [it.cache.k for it in items],
+                                        [it.cache.v for it in items], cos, sin, taps, parents=parents)
+        elif len(items) == 1:
             c = items[0].cache
             rows = self.fused.run(h, 0, model.n_layers, starts[0], c.k, c.v, cos, sin, taps)
         else:
