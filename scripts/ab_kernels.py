@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Paired speed of two builds of the native kernels (tsspec/kernels/qgemm.c) in ONE process.
+"""Paired speed of two builds of the native kernels (tsspec/kernels/*.c) in ONE process.
 
     python scripts/ab_kernels.py --base REV [--new REV] [--models smollm2-135m ...] [--rows 1,5]
                                  [--rounds 200] [--steps 8] [--no-head] [--json FILE]
@@ -31,24 +31,35 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SOURCE = "tsspec/kernels/qgemm.c"
+KERNELS = "tsspec/kernels"
 
 
 class ScriptError(Exception):
     pass
 
 
-def source_at(rev: str | None) -> bytes:
-    """qgemm.c at a git revision (None: the working tree)."""
+def source_at(rev: str | None) -> dict[str, bytes]:
+    """The kernel sources (file name -> bytes: every .c and .h of tsspec/kernels; before the split,
+    the one qgemm.c) at a git revision (None: the working tree)."""
     if rev is None:
-        return (ROOT / SOURCE).read_bytes()
-    r = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{SOURCE}"], capture_output=True)
-    if r.returncode != 0:
-        raise ScriptError(f"no {SOURCE} at {rev!r}: {r.stderr.decode().strip()}")
-    return r.stdout
+        from tsspec import kernels
+
+        return kernels.sources()
+    r = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{rev}:{KERNELS}"], capture_output=True)
+    names = [n for n in r.stdout.decode().split() if n.endswith((".c", ".h"))] if r.returncode == 0 else []
+    if not names:
+        why = r.stderr.decode().strip() or "no .c files there"
+        raise ScriptError(f"no kernel sources ({KERNELS}/*.c) at {rev!r}: {why}")
+    out = {}
+    for n in names:
+        f = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{KERNELS}/{n}"], capture_output=True)
+        if f.returncode != 0:
+            raise ScriptError(f"cannot read {KERNELS}/{n} at {rev!r}: {f.stderr.decode().strip()}")
+        out[n] = f.stdout
+    return out
 
 
-def build(src: bytes) -> ctypes.CDLL:
+def build(src: dict[str, bytes]) -> ctypes.CDLL:
     """``src`` built and cached as tsspec builds its own kernels, loaded, its functions declared as
     tsspec declares them."""
     from tsspec import kernels
@@ -86,8 +97,7 @@ class Stepper:
         self.context = 64
         t.forward(list(range(100, 100 + self.context)), self.cache)
         self.cache.reserve(self.context + steps * rows)  # each round's steps go to new positions
-        cos = [t._rope[b][0] for b in t._rope_bases]
-        sin = [t._rope[b][1] for b in t._rope_bases]
+        cos, sin = t.rope_lists()
         self._keep = (cos, sin)
         self.cos_p = (ctypes.c_void_p * len(cos))(*[x.data_ptr() for x in cos])
         self.sin_p = (ctypes.c_void_p * len(sin))(*[x.data_ptr() for x in sin])

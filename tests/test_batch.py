@@ -20,6 +20,7 @@ import torch
 from tiny import ARCHS, write_tiny_model
 from tsspec.errors import BadInput
 from tsspec.models import load_model
+from tsspec.models.runners import TorchRunner
 from tsspec.models.protocols import BatchedTarget, ForwardItem
 from tsspec.spec.loop import forward_each
 
@@ -50,7 +51,7 @@ def load(paths, arch, path_kind):
         return m
     if path_kind == "gguf-torch":
         m = load_model(paths[f"{arch}-q4"])
-        m.fused = None
+        m.runner = TorchRunner()  # the same weights through the torch reference
         return m
     m = load_model(paths[arch], fmt=path_kind)
     assert m.fused is None

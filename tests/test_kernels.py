@@ -1,4 +1,4 @@
-"""The native GGUF kernels (tsspec/kernels/qgemm.c) against plain references.
+"""The native GGUF kernels (tsspec/kernels/products.c) against plain references.
 
 * dequantization of every supported type equals gguf-py's, bit for bit (random blocks);
 * the AVX-512 product equals the plain C reference bit for bit, and both equal a float64
@@ -22,6 +22,7 @@ from gguf.quants import dequantize
 from tiny import write_tiny_model
 from tsspec import kernels
 from tsspec.models import load_model
+from tsspec.models.runners import TorchRunner
 from tsspec.models.base import rms_norm
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"native kernels: {kernels.unavailable_reason()}")
@@ -303,9 +304,9 @@ def test_fused_forward_matches_torch_blocks(tiny_q):
     ids = [int(t) for t in np.random.default_rng(0).integers(0, 300, size=40)]
     fused = m.forward(ids, m.make_cache(), all_logits=True, taps=[1, m.n_layers]).logits
     c = m.make_cache()
-    keep, m.fused = m.fused, None
+    keep, m.runner = m.runner, TorchRunner()
     ref = m.forward(ids, c, all_logits=True).logits
-    m.fused = keep
+    m.runner = keep
     scale = float(ref.abs().max())
     # int8 inputs: the two paths round a few inputs differently, nothing more
     assert float((fused - ref).abs().max()) <= 0.05 * scale, arch
@@ -362,9 +363,9 @@ def test_fused_attention_head_dims(tmp_path, head_dim, n_heads):
     assert m.fused is not None
     ids = [int(t) for t in np.random.default_rng(2).integers(0, 300, size=45)]
     fused = m.forward(ids, m.make_cache(), all_logits=True).logits
-    keep, m.fused = m.fused, None
+    keep, m.runner = m.runner, TorchRunner()
     ref = m.forward(ids, m.make_cache(), all_logits=True).logits
-    m.fused = keep
+    m.runner = keep
     assert float((fused - ref).abs().max()) <= 0.05 * float(ref.abs().max())
     c = m.make_cache()
     m.forward(ids[:30], c)
@@ -390,8 +391,7 @@ def test_taps_copied_by_the_one_native_call_equal_runs_split_at_each_tap(tiny_q)
     arch, path = tiny_q
     m = load_model(path, n_ctx=256)
     f, L, d = m.fused, m.n_layers, m.hidden_size
-    cos = [m._rope[b][0] for b in m._rope_bases]
-    sin = [m._rope[b][1] for b in m._rope_bases]
+    cos, sin = m.rope_lists()
     ids = list(range(3, 12))
     taps = [0, 1, L]
     c1, c2 = m.make_cache(), m.make_cache()

@@ -43,9 +43,7 @@ LAYERS = (
     ("__main__",),
 )
 # edges that point up for now, each with the change that removes it
-ALLOWED_UP = {
-    ("kernels", "settings"),  # removed when kernels import env
-}
+ALLOWED_UP: set = set()
 
 
 def module_name(path: Path) -> str:

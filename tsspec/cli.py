@@ -523,6 +523,9 @@ def info(
         t.add_row("quant types", ", ".join(f"{k} x{v}" for k, v in sorted(g.quant_types().items())))
         t.add_row("special tokens", f"bos={tok.bos_id} eos={sorted(tok.eos_ids)} add_bos={tok.add_bos}")
         t.add_row("chat template", "yes" if tok.chat_template else "no")
+        from . import kernels
+
+        t.add_row("products", escape(kernels.products_line()))
         out.print(t)
         if load:
             from .session import Session

@@ -28,6 +28,7 @@ from .errors import BadInput
 
 ENV_CACHE = "TSSPEC_CACHE"
 ENV_KERNELS = "TSSPEC_KERNELS"
+ENV_AMX = "TSSPEC_AMX"  # auto | 0 | 1: the AMX tile products (kernels/amx.c)
 ENV_CC = "CC"
 ENV_LLAMA_CPP_DIR = "LLAMA_CPP_DIR"
 ENV_OMP_THREADS = "OMP_NUM_THREADS"  # not tsspec's, but the native kernels' OpenMP runtime obeys it
@@ -83,6 +84,19 @@ def kernels_enabled(env: Mapping[str, str] | None = None) -> bool:
     """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
     raw = value(environ(env), ENV_KERNELS)
     return True if raw is None else parse_bool(ENV_KERNELS, raw)
+
+
+def amx_mode(env: Mapping[str, str] | None = None) -> str:
+    """``TSSPEC_AMX``: "auto" (default: the tiles where the CPU has AMX and the kernel grants it),
+    "0" (never) or "1" (always: a machine without them is an error); booleans' other spellings
+    read as 0/1. Anything else is a BadInput."""
+    raw = value(environ(env), ENV_AMX)
+    if raw is None or raw.strip().lower() == "auto":
+        return "auto"
+    v = bool_word(raw)
+    if v is None:
+        raise BadInput(f"{ENV_AMX}={raw!r}: expected auto, 0 or 1")
+    return "1" if v else "0"
 
 
 def check_omp_threads(env: Mapping[str, str] | None = None) -> None:

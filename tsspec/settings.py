@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, MutableMapping
 
-# the process-wide accessors, re-exported: importable from here until every reader (the kernels)
-# imports them from ``env``
+# the process-wide accessors live in ``env`` (the kernels read them there); re-exported beside the
+# run configuration for the callers that compose a run
 from .env import (  # noqa: F401
     ENV_CACHE, ENV_CC, ENV_KERNELS, ENV_LLAMA_CPP_DIR, ENV_OMP_THREADS, MAX_THREADS_PER_CPU, c_compilers, cache_root,
     check_omp_threads, kernels_enabled, llama_cpp_dir,

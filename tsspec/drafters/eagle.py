@@ -17,7 +17,7 @@ draft vocabulary are never proposed; that costs acceptance only, never exactness
 With no attention the head keeps no per-sequence cache: a step depends on (t, h) alone, so the
 folded catch-up is one step on the last committed row. ``head_step`` is the definition of the
 math: ``tsspec.distill`` trains through it with autograd, and this adapter runs it on loaded weights,
-as one native call (``tsq_eagle_step`` in ``tsspec/kernels/qgemm.c``) where every matrix is on the
+as one native call (``tsq_eagle_step`` in ``tsspec/kernels/eagle.c``) where every matrix is on the
 native kernels; a test holds the native step to ``head_step``.
 
 The file binds to one trunk: its architecture, hidden size, layer count, vocabulary size and the

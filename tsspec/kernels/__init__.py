@@ -1,8 +1,22 @@
-"""Native kernels over GGUF blocks (``qgemm.c``), compiled on first use and cached.
+"""Native kernels over GGUF blocks, compiled on first use and cached.
 
-The C source is built with the machine's C compiler (``cc``/``gcc``; ``-O3 -march=native -fopenmp``)
-into ``$TSSPEC_CACHE/kernels/`` (default ``~/.cache/tsspec/kernels/``) under a name that hashes the
-source, the flags, the compiler and the CPU's feature flags, so a rebuilt tree or another CPU gets
+The C sources, one library (``tsq.h`` is what they share):
+- ``products.c``: the GGUF products (x @ W.T over the stored blocks), the plain C reference and the
+  AVX-512 VNNI path;
+- ``blocks.c``: a whole llama-family block forward (norms, rope, attention) over those products,
+  and the trunk's output (final norm and LM head);
+- ``eagle.c``: a trained draft head's step;
+- ``amx.c``: the quantized products on AMX-INT8 tiles (the same bits as the others), with a C
+  emulation of the tile instruction that tests them on any CPU.
+
+AMX (``TSSPEC_AMX=auto|0|1``): when the library loads, the C side asks the kernel for the tile
+permission (once per process, before any product runs). With ``auto`` the tiles take the quantized
+products of at least ``AMX_MIN_ROWS`` input rows when the CPU has AMX, the kernel grants it and a
+self-check (the hardware against the emulation, every type) passes; ``amx_status()`` says which.
+
+They are built with the machine's C compiler (``cc``/``gcc``; ``-O3 -march=native -fopenmp``) into
+``$TSSPEC_CACHE/kernels/`` (default ``~/.cache/tsspec/kernels/``) under a name that hashes the
+sources, the flags, the compiler and the CPU's feature flags, so a rebuilt tree or another CPU gets
 its own artifact and a cached one is reused. The build is atomic (temporary file, then rename).
 
 Where no compiler is found, the build fails, or ``TSSPEC_KERNELS=0`` is set, ``lib()`` returns
@@ -19,6 +33,7 @@ import ctypes
 import hashlib
 import mmap
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,11 +46,29 @@ import torch
 
 from ..interrupts import catchable
 
-SOURCE = Path(__file__).with_name("qgemm.c")
+SOURCE_DIR = Path(__file__).parent
+HEADER = "tsq.h"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
 
-# GGUF type name -> the C enum in qgemm.c
-TYPE_IDS = {"F32": 0, "F16": 1, "BF16": 2, "Q4_0": 3, "Q4_1": 4, "Q5_0": 5, "Q8_0": 6, "Q4_K": 7, "Q6_K": 8}
+
+def sources() -> dict[str, bytes]:
+    """This tree's kernel sources, file name -> bytes (every ``.c`` and ``.h`` beside this module)."""
+    return {p.name: p.read_bytes() for p in sorted(SOURCE_DIR.iterdir()) if p.suffix in (".c", ".h")}
+
+
+def type_ids(header: str) -> dict[str, int]:
+    """The C type enum (``enum { T_F32 = 0, ... }`` in tsq.h) as GGUF type name -> id: the one
+    definition, read rather than copied."""
+    body = re.search(r"enum\s*\{([^}]*T_F32[^}]*)\}", header)
+    if body is None:
+        raise RuntimeError(f"{HEADER}: no type enum")
+    ids = {n: int(v) for n, v in re.findall(r"T_(\w+)\s*=\s*(\d+)", body.group(1))}
+    ids.pop("COUNT", None)
+    return ids
+
+
+# GGUF type name -> the C enum
+TYPE_IDS = type_ids((SOURCE_DIR / HEADER).read_text())
 QUANT_BLOCK = 32  # activation block: input rows are quantized per 32 elements
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
@@ -44,17 +77,19 @@ _lib: ctypes.CDLL | None = None
 _reason: str | None = None
 _tried = False
 _force_off = False  # tests set this to exercise the pure-torch fallback in one process
+_amx: str = "not checked"  # amx_status()'s answer once the library is loaded
+_amx_error: Exception | None = None  # TSSPEC_AMX=1 where the tiles cannot run: raised by every lib()
 
 
 def cache_dir() -> Path:
-    from ..settings import cache_root
+    from ..env import cache_root
 
     root = cache_root()
     return (root if root is not None else Path.home() / ".cache" / "tsspec") / "kernels"
 
 
 def _compiler() -> str | None:
-    from ..settings import c_compilers
+    from ..env import c_compilers
 
     for cc in c_compilers():
         if shutil.which(cc):
@@ -73,28 +108,32 @@ def cpu_flags() -> str:
     return ""
 
 
-def _build(cc: str, source: bytes | None = None) -> Path:
-    """The cached shared library of ``source`` (default: this tree's qgemm.c), compiled on first use;
-    keyed by the source, the flags, the compiler and the CPU. (scripts/ab_kernels.py builds other
-    revisions' sources through it.)"""
-    src = SOURCE.read_bytes() if source is None else source
+def _build(cc: str, srcs: dict[str, bytes] | None = None) -> Path:
+    """The cached shared library of ``srcs`` (file name -> bytes; default: this tree's ``sources()``),
+    compiled on first use; keyed by the sources, the flags, the compiler and the CPU. (scripts/ab_kernels.py
+    builds other revisions' sources through it.)"""
+    srcs = sources() if srcs is None else srcs
     try:
         ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         ver = ""
-    key = hashlib.sha256(src + " ".join(CFLAGS).encode() + ver.encode() + cpu_flags().encode()).hexdigest()[:16]
-    out = cache_dir() / f"qgemm-{key}.so"
+    h = hashlib.sha256()
+    for name in sorted(srcs):
+        h.update(name.encode() + b"\0" + hashlib.sha256(srcs[name]).digest())
+    h.update(" ".join(CFLAGS).encode() + ver.encode() + cpu_flags().encode())
+    out = cache_dir() / f"tsq-{h.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".qgemm-", suffix=".so", dir=out.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".tsq-", suffix=".so", dir=out.parent)
     os.close(fd)
-    c_file = SOURCE if source is None else out.with_suffix(".c")
     try:
-        if source is not None:
-            c_file.write_bytes(source)
-        r = subprocess.run([cc, *CFLAGS, "-o", tmp, str(c_file), "-lm"], capture_output=True, text=True,
-                           timeout=300)
+        with tempfile.TemporaryDirectory(prefix=".tsq-src-", dir=out.parent) as d:
+            for name, data in srcs.items():
+                Path(d, name).write_bytes(data)
+            c_files = [str(Path(d, n)) for n in sorted(srcs) if n.endswith(".c")]
+            r = subprocess.run([cc, *CFLAGS, "-o", tmp, *c_files, "-lm"], capture_output=True, text=True,
+                               timeout=300)
         if r.returncode != 0:
             msg = (r.stderr or r.stdout).strip().splitlines()
             raise RuntimeError(f"{cc} failed: {msg[0] if msg else 'exit ' + str(r.returncode)}")
@@ -102,47 +141,153 @@ def _build(cc: str, source: bytes | None = None) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        if source is not None and c_file.exists():
-            c_file.unlink()
     return out
 
 
+_L, _I, _P, _F = ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+# every function the library exports that Python calls: name -> (result, arguments)
+SIGNATURES: dict[str, tuple] = {
+    "tsq_simd": (_I, []),
+    "tsq_xrow_bytes": (_L, [_L]),
+    "tsq_row_bytes": (_L, [_I, _L]),
+    "tsq_quantize": (None, [_P, _L, _L, _P]),
+    "tsq_dequant_rows": (_I, [_I, _P, _I, _L, _L, _P, _L, _P]),
+    "tsq_matmul": (_I, [_I, _P, _I, _L, _L, _L, _P, _P, _L, _P, _L, _I, _I]),
+    "tsq_repack": (_I, [_I, _P, _L, _L, _L, _P, _I]),
+    "tsq_unpack": (_I, [_I, _P, _L, _L, _L, _P, _I]),
+    "tsq_forward": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _L, _P, _P, _I]),
+    "tsq_forward_batch_taps": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P]),
+    "tsq_forward_tree": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P, _P]),
+    "tsq_output": (_I, [_P, _P, _F, _P, _L, _P, _I]),
+    "tsq_eagle_step": (_I, [_P, _P, _P, _L, _P, _P, _I]),
+    "tsq_amx_init": (_I, []),
+    "tsq_amx_use": (_I, [_I, _L]),
+    "tsq_matmul_amx": (_I, [_I, _P, _I, _L, _L, _L, _P, _L, _P, _L, _I, _I]),
+}
+
+# Input rows from which the tiles take a product under TSSPEC_AMX=auto/1. The tile backend unpacks
+# each weight group with the reference's scalar reader (products.c tsq_weight_group), once per
+# product whatever its rows: about 3 instructions a weight against VNNI's ~0.025 a weight and row,
+# so on estimate it pays from about a hundred rows (prefill chunks), not yet for a 9-row verify.
+# Not measured: this machine has no AMX. A SIMD unpack moves this down.
+AMX_MIN_ROWS = 128
+# tsq_amx_init's codes -> what ``amx_status`` says
+AMX_REASONS = {1: "not on this CPU", 2: "not enabled by the operating system", 3: "permission refused",
+               4: "not in this build (the compiler has no AMX support)"}
+
+
 def _declare(lib: ctypes.CDLL) -> None:
-    c_long, c_int, vp = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
-    lib.tsq_simd.restype = c_int
-    lib.tsq_xrow_bytes.restype = c_long
-    lib.tsq_xrow_bytes.argtypes = [c_long]
-    lib.tsq_row_bytes.restype = c_long
-    lib.tsq_row_bytes.argtypes = [c_int, c_long]
-    lib.tsq_quantize.restype = None
-    lib.tsq_quantize.argtypes = [vp, c_long, c_long, vp]
-    lib.tsq_dequant_rows.restype = c_int
-    lib.tsq_dequant_rows.argtypes = [c_int, vp, c_int, c_long, c_long, vp, c_long, vp]
-    lib.tsq_matmul.restype = c_int
-    lib.tsq_matmul.argtypes = [c_int, vp, c_int, c_long, c_long, c_long, vp, vp, c_long, vp, c_long, c_int, c_int]
-    lib.tsq_repack.restype = c_int
-    lib.tsq_repack.argtypes = [c_int, vp, c_long, c_long, c_long, vp, c_int]
-    lib.tsq_unpack.restype = c_int
-    lib.tsq_unpack.argtypes = [c_int, vp, c_long, c_long, c_long, vp, c_int]
-    lib.tsq_forward.restype = c_int
-    lib.tsq_forward.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, c_long, vp, vp, c_int]
-    lib.tsq_forward_batch_taps.restype = c_int
-    lib.tsq_forward_batch_taps.argtypes = [vp, vp, c_int, c_int, vp, c_long, c_long, vp, vp, vp, vp, vp, vp, vp, c_int,
-                                           vp, c_int, vp]
-    lib.tsq_output.restype = c_int
-    lib.tsq_output.argtypes = [vp, vp, ctypes.c_float, vp, c_long, vp, c_int]
-    lib.tsq_eagle_step.restype = c_int
-    lib.tsq_eagle_step.argtypes = [vp, vp, vp, c_long, vp, vp, c_int]
+    """Every function of ``SIGNATURES`` typed on ``lib`` (AttributeError where an older build, as
+    scripts/ab_kernels.py loads, lacks one: the ones before it are declared)."""
+    for name, (res, args) in SIGNATURES.items():
+        f = getattr(lib, name)
+        f.restype, f.argtypes = res, args
 
 
 def _enabled() -> bool:
-    """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
-    from ..settings import check_omp_threads, kernels_enabled
+    """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on.
+    ``TSSPEC_AMX`` is read here too, so a bad value is refused before anything is cached."""
+    from ..env import amx_mode, check_omp_threads, kernels_enabled
 
     on = kernels_enabled()
     if on:
         check_omp_threads()  # the kernels' OpenMP regions crash on an absurd OMP_NUM_THREADS
+        amx_mode()
     return on
+
+
+def _setup_amx(h: ctypes.CDLL) -> None:
+    """Ask for the tile permission and switch the tiles on as ``TSSPEC_AMX`` says; sets ``_amx``.
+    TSSPEC_AMX=1 where they cannot run leaves ``_amx_error`` for lib() to raise."""
+    global _amx, _amx_error
+    from ..errors import BadInput
+    from ..env import amx_mode
+
+    mode = amx_mode()
+    state = h.tsq_amx_init()  # the permission, asked once, on this (the loading) thread
+    if mode == "0":
+        _amx = "off (TSSPEC_AMX=0)"
+        return
+    if state != 0:
+        _amx = AMX_REASONS.get(state, f"unavailable (code {state})")
+        if mode == "1":
+            _amx_error = BadInput(f"TSSPEC_AMX=1: AMX cannot run here: {_amx}")
+        return
+    bad = amx_self_check(h)
+    if bad:
+        _amx = f"self-check failed ({bad}): not used"
+        if mode == "1":
+            _amx_error = BadInput(f"TSSPEC_AMX=1: the AMX tiles gave wrong products on this machine ({bad})")
+        return
+    h.tsq_amx_use(1, AMX_MIN_ROWS)
+    _amx = "in use"
+
+
+def amx_self_check(h: ctypes.CDLL) -> str | None:
+    """The hardware tiles against their C emulation on random weights of every quantized type, 33
+    input rows (three tiles, a short one) and 40 weight rows (a short panel): None when every bit
+    agrees, else the first type that differs."""
+    rng = np.random.default_rng(7)
+    k = 256
+    x = torch.from_numpy(rng.standard_normal((33, k)).astype(np.float32))
+    xq = torch.empty(33 * h.tsq_xrow_bytes(k), dtype=torch.uint8)
+    h.tsq_quantize(_ptr(x), 33, k, _ptr(xq))
+    for name, tid in TYPE_IDS.items():
+        if name in FLOAT_TYPES:
+            continue
+        rb = h.tsq_row_bytes(tid, k)
+        w = rng.integers(0, 256, size=(40, rb), dtype=np.uint8)
+        w = _sane_scales(name, w)
+        ys = []
+        for emulate in (1, 0):
+            y = torch.zeros(33, 40, dtype=torch.float32)
+            if h.tsq_matmul_amx(tid, _ptr(w), 0, rb, 40, k, _ptr(xq), 33, _ptr(y), 40, 1, emulate):
+                return name
+            ys.append(y)
+        if not torch.equal(ys[0].view(torch.int32), ys[1].view(torch.int32)):
+            return name
+    return None
+
+
+def _sane_scales(name: str, w: np.ndarray) -> np.ndarray:
+    """Random GGUF rows with their f16 scales set to small finite values (random bytes make NaN and
+    infinite scales, whose sums compare unequal to themselves)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    elems, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    blocks = w.reshape(w.shape[0], -1, size)
+    half = np.float16(0.01).view(np.uint8)
+    at = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}[name]
+    for o in at:
+        blocks[:, :, o], blocks[:, :, o + 1] = half[0], half[1]
+    return blocks.reshape(w.shape)
+
+
+def products_line() -> str:
+    """One line on which path the products take, for ``tsspec info``."""
+    h = lib()
+    if h is None:
+        return f"pure torch (native kernels unavailable: {unavailable_reason()})"
+    return f"native, {'AVX-512 VNNI' if simd() else 'plain C'}; AMX: {amx_status()}"
+
+
+def use_tiles(mode: int, min_rows: int = AMX_MIN_ROWS) -> None:
+    """Route the quantized products of at least ``min_rows`` rows: 0 off the tiles, 1 the hardware
+    tiles, 2 their C emulation (tests run a whole model through the backend on any CPU this way).
+    ``TSSPEC_AMX`` sets this when the library loads; tests set it and put it back."""
+    rc = lib().tsq_amx_use(mode, min_rows)
+    if rc:
+        raise ValueError(f"the AMX tiles cannot be switched on: {AMX_REASONS.get(rc, rc)}")
+
+
+def amx_status() -> str:
+    """Which product path the quantized multi-row products take on AMX, and why: "in use", "not on
+    this CPU", "permission refused", "off (TSSPEC_AMX=0)", ... (the kernels' own reason where they
+    are not built)."""
+    h = lib()
+    if h is None:
+        return f"not used (native kernels unavailable: {unavailable_reason()})"
+    return _amx
 
 
 def lib() -> ctypes.CDLL | None:
@@ -150,6 +295,8 @@ def lib() -> ctypes.CDLL | None:
     global _lib, _reason, _tried
     if _force_off:
         return None
+    if _amx_error is not None:
+        raise _amx_error
     if _tried:
         return _lib
     enabled = _enabled()  # raises on a bad value, before anything is cached
@@ -167,12 +314,15 @@ def lib() -> ctypes.CDLL | None:
             h = ctypes.CDLL(str(path))
             _declare(h)
             _check_layouts(h)
+            _setup_amx(h)
             _lib = h
         except Exception as e:  # noqa: BLE001 - any failure means: use the pure-torch formats
             _reason = str(e) or type(e).__name__
             _lib = None
         _tried = True
-        return _lib
+    if _amx_error is not None:
+        raise _amx_error
+    return _lib
 
 
 def available() -> bool:
@@ -205,7 +355,7 @@ def _ptr(a) -> int:
 
 def quantize(x: torch.Tensor) -> torch.Tensor:
     """x float32 [m, k] (contiguous, k a multiple of 32) -> the form every quantized type multiplies
-    (int8 per 32 elements in groups of 128, ``xgroup`` in qgemm.c), as an opaque byte tensor. Float
+    (int8 per 32 elements in groups of 128, ``xgroup`` in tsq.h), as an opaque byte tensor. Float
     types multiply x itself."""
     h = lib()
     m, k = x.shape
@@ -302,6 +452,20 @@ def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Ten
     rc = h.tsq_matmul(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, rb, n, k, _ptr(x), 0 if xq is None else _ptr(xq), m,
                       _ptr(y) + 4 * col0, ldy, nt, 1 if use_simd else 0)
     _check_rc(rc, f"{type_name}: cannot multiply rows of {k} elements")
+
+
+def matmul_tiles(type_name: str, w: np.ndarray, k: int, xq: torch.Tensor, y: torch.Tensor, *, packed: bool = False,
+                 threads: int | None = None, emulate: bool = True) -> None:
+    """y[m, n] = the quantized input ``xq`` (``quantize(x)``, m rows) against the GGUF rows ``w``
+    through the AMX tile backend: ``emulate`` (default) with the tile instruction done in C, on any
+    CPU; else on the hardware (a ValueError where it cannot run). The same bits as ``matmul``."""
+    h = lib()
+    n, rb = w.shape
+    m, ldy = y.shape
+    nt = threads if threads is not None else torch.get_num_threads()
+    rc = h.tsq_matmul_amx(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, rb, n, k, _ptr(xq), m, _ptr(y), ldy, nt,
+                          1 if emulate else 0)
+    _check_rc(rc, f"{type_name}: the tile backend cannot multiply rows of {k} elements here")
 
 
 def dequant_rows(type_name: str, w: np.ndarray, k: int, ids, *, packed: bool = False) -> torch.Tensor:
@@ -484,12 +648,19 @@ class FusedBlocks:
 
     def run_batch(self, h: torch.Tensor, l0: int, l1: int, row0: list[int], starts: list[int],
                   k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos: list[torch.Tensor],
-                  sin: list[torch.Tensor], taps: Sequence[int] = ()) -> torch.Tensor | None:
+                  sin: list[torch.Tensor], taps: Sequence[int] = (), parents: Sequence[int] | None = None
+                  ) -> torch.Tensor | None:
         """Blocks [l0, l1) on the rows of several sequences, ``h`` [m, d] updated in place: rows
         ``row0[s]:row0[s + 1]`` are sequence s's, at positions ``starts[s]..`` of its own cache
         (``k_caches[s]``/``v_caches[s]`` [layers, n_kv, capacity, head_dim], float32, contiguous).
         The products run once over all rows; each row attends over its own sequence only, and gets
-        the bits a lone ``run`` gives it. ``taps``: as ``run``'s."""
+        the bits a lone ``run`` gives it. ``taps``: as ``run``'s.
+
+        ``parents`` [m] (None: every sequence's rows are a chain): token trees, row r's parent as an
+        index among its sequence's rows (-1: it follows the cached prefix), parents before children.
+        A tree row is written to slot ``starts[s]`` + its index and sits at ``starts[s]`` + its depth;
+        its attention reads the prefix, then its ancestors' slots, so it gets the bits a chain of
+        its path gets."""
         ns = len(starts)
         if any(not l0 <= t <= l1 for t in taps):
             raise ValueError(f"run_batch: taps {list(taps)} outside layers [{l0}, {l1}]")
@@ -506,11 +677,16 @@ class FusedBlocks:
         cos_p = (ctypes.c_void_p * len(cos))(*[t.data_ptr() for t in cos])
         sin_p = (ctypes.c_void_p * len(sin))(*[t.data_ptr() for t in sin])
         out = torch.empty(h.shape[0], len(taps) * h.shape[1], dtype=torch.float32) if taps else None
-        rc = h_lib.tsq_forward_batch_taps(ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], ns,
-                                          (ctypes.c_long * (ns + 1))(*row0), longs(*starts),
-                                          ptrs(*[k.data_ptr() for k in k_caches]), ptrs(*[v.data_ptr() for v in v_caches]),
-                                          longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p, torch.get_num_threads(),
-                                          (ctypes.c_int * len(taps))(*taps), len(taps),
-                                          None if out is None else out.data_ptr())
+        args = (ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], ns,
+                (ctypes.c_long * (ns + 1))(*row0), longs(*starts), ptrs(*[k.data_ptr() for k in k_caches]),
+                ptrs(*[v.data_ptr() for v in v_caches]), longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p,
+                torch.get_num_threads(), (ctypes.c_int * len(taps))(*taps), len(taps),
+                None if out is None else out.data_ptr())
+        if parents is None:
+            rc = h_lib.tsq_forward_batch_taps(*args)
+        else:
+            if len(parents) != h.shape[0]:
+                raise ValueError(f"run_batch: {len(parents)} parents for {h.shape[0]} rows")
+            rc = h_lib.tsq_forward_tree(*args, (ctypes.c_int * len(parents))(*parents))
         _check_rc(rc, f"native batched block forward failed ({rc})", RuntimeError)
         return out

@@ -33,6 +33,7 @@ from ..gguf_file import GGUFFile
 from .protocols import ForwardItem, ForwardOutput
 from ..weights import Embedding, Linear, pad_rows, to_tensor
 from .cache import SPAN_BLOCK, KVCache, round_span
+from .runners import pick_runner
 
 # fp32 batched GEMM takes a different route below 4 rows; pad to stay on the invariant one.
 ATTN_MIN_ROWS = 4
@@ -207,17 +208,6 @@ def attend(
     return out
 
 
-@dataclass
-class _Segment:
-    """One sequence's rows [i, j) of a forward, its cache, the position of row i, its span groups."""
-
-    i: int
-    j: int
-    cache: KVCache
-    start: int
-    groups: list[SpanGroup]
-
-
 # ----------------------------------------------------------------------------- weights
 
 
@@ -249,7 +239,6 @@ class TransformerModel:
         # ``device`` set: the Triton path (``load_model(device=...)``): every Linear on the triton
         # backend, norms, rope tables and caches on the device, attention by the Triton kernel;
         # the embedding stays on the host (only the rows a forward needs cross over)
-        self.triton = device is not None
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.blocks = blocks
         self.embed = embed if isinstance(embed, Embedding) else Embedding(embed)  # rows -> float32
@@ -270,13 +259,28 @@ class TransformerModel:
         self.q_scale = scale
         self.q_dim = cfg.n_heads * cfg.head_dim
         self.kv_dim = cfg.n_kv_heads * cfg.head_dim
-        self._windows = {spec.window for spec in cfg.layers}
+        self.windows = {spec.window for spec in cfg.layers}
         self._rope_bases = sorted({spec.rope_base for spec in cfg.layers})
-        # every block in one native call per forward when the weights are all on the gguf backend
-        # (``fused`` None: the torch path below, which is also the reference the fused one is tested against)
         if self.FUSABLE:
             check_block_shapes(self)
-        self.fused = fused_blocks(self) if self.FUSABLE and not self.triton else None
+        # how the blocks and the head execute (runners.py): native where every block weight is on
+        # the gguf backend, Triton on a device, else the torch reference the others are tested against
+        self.runner = pick_runner(self, device)
+
+    @property
+    def triton(self) -> bool:
+        """Whether the trunk runs on a device (the Triton path)."""
+        return self.runner.name == "triton"
+
+    @property
+    def fused(self):
+        """The native blocks (``kernels.FusedBlocks``) where the native runner runs, else None."""
+        return self.runner.fused
+
+    def rope_lists(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The cos and sin tables of every rope base the layers use, in ``_rope_bases`` order (the
+        native blocks index them per layer)."""
+        return [self._rope[b][0] for b in self._rope_bases], [self._rope[b][1] for b in self._rope_bases]
 
     # -- SpecTarget surface ------------------------------------------------------------------
     @property
@@ -295,8 +299,9 @@ class TransformerModel:
     # -- compute ------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], cache: KVCache, *, all_logits: bool = False,
-                taps: Sequence[int] | None = None) -> ForwardOutput:
-        return self._forward([ForwardItem(tokens, cache, all_logits, taps)])[0]
+                taps: Sequence[int] | None = None, parents: Sequence[int] | None = None) -> ForwardOutput:
+        """``tokens`` appended to ``cache`` (``parents``: as a token tree, see ``ForwardItem``)."""
+        return self._forward([ForwardItem(tokens, cache, all_logits, taps, parents)])[0]
 
     @torch.inference_mode()
     def forward_batch(self, items: Sequence[ForwardItem]) -> list[ForwardOutput]:
@@ -316,6 +321,9 @@ class TransformerModel:
         # a subclass whose trunk cannot share rows (see the attribute) runs them in turn: the
         # same promise, so every item is checked before the first forward
         for it in items:
+            if it.parents is not None:
+                raise ValueError(f"{self.cfg.arch}: token trees need a trunk that shares one forward among rows "
+                                 "(a recurrent state follows one chain of rows)")
             self._check_tokens(it.tokens)
             it.cache.reserve(it.cache.length + len(it.tokens))
         return [self.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps) for it in items]
@@ -331,46 +339,10 @@ class TransformerModel:
             row0.append(row0[-1] + len(it.tokens))
         h = (hs[0] if len(hs) == 1 else torch.cat(hs)).to(self.device)  # [rows, d]
         want = {t: None for it in items for t in (it.taps or ())}
-        tapped = None  # (taps in order, their rows [m, taps * d]) where the native call copied them out
-        if self.fused is not None:
-            h, tapped = self._fused_forward(h, items, row0, starts, want)
-        else:
-            rep = cfg.n_heads // cfg.n_kv_heads
-            segs = [_Segment(row0[s], row0[s + 1], it.cache, starts[s],
-                             None if self.triton else
-                             plan_attention(starts[s], len(it.tokens), it.cache.capacity, rep, self._windows))
-                    for s, it in enumerate(items)]
-            for li, blk in enumerate(self.blocks):
-                if li in want:
-                    want[li] = h
-                h = self._block(li, blk, h, segs)
-            if cfg.n_layers in want:
-                want[cfg.n_layers] = h
+        h, tapped = self.runner.blocks(self, h, items, row0, starts, want)
         for it, start in zip(items, starts):
             it.cache.length = start + len(it.tokens)
         return self._output(h, want, items, row0, tapped)
-
-    def _fused_forward(self, h: torch.Tensor, items: list[ForwardItem], row0: list[int], starts: list[int],
-                       want: dict) -> tuple[torch.Tensor, tuple | None]:
-        """All blocks natively in one call; the tapped residuals are copied out by that call (one
-        call per stretch between taps, and a clone per tap, cost a drafter that reads four layers
-        ~7-11% of a smollm2 step). -> (h, (taps in order, their rows [m, taps * d]) or None)."""
-        h = h.contiguous()
-        cos = [self._rope[b][0] for b in self._rope_bases]
-        sin = [self._rope[b][1] for b in self._rope_bases]
-        taps = sorted(t for t in want if 0 <= t <= self.n_layers)
-        if len(items) == 1:
-            c = items[0].cache
-            rows = self.fused.run(h, 0, self.n_layers, starts[0], c.k, c.v, cos, sin, taps)
-        else:
-            rows = self.fused.run_batch(h, 0, self.n_layers, row0, starts, [it.cache.k for it in items],
-                                        [it.cache.v for it in items], cos, sin, taps)
-        if not taps:
-            return h, None
-        d = h.shape[1]
-        for j, t in enumerate(taps):
-            want[t] = rows[:, j * d : (j + 1) * d]
-        return h, (tuple(taps), rows)
 
     def _check_tokens(self, tokens: Sequence[int]) -> None:
         """The one place token ids are checked."""
@@ -398,15 +370,10 @@ class TransformerModel:
             idx = [r for s, it in enumerate(items)
                    for r in (range(row0[s], row0[s + 1]) if it.all_logits else (row0[s + 1] - 1,))]
             x = h[torch.tensor(idx, device=h.device)]
-        native = self.fused.output if self.fused is not None else None
-        if native is not None:
-            logits = native(x)
-        else:
-            logits = self.lm_head(rms_norm(x, self.out_norm, cfg.rms_eps))
+        logits = self.runner.head(self, x)
         if cfg.final_softcap:
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
-        if self.triton:  # the loop, the samplers and the drafters take host tensors
-            logits = logits.cpu()
+        logits = self.runner.to_host(logits)  # the loop, the samplers and the drafters take host tensors
         outs, at = [], 0
         for s, it in enumerate(items):
             n = row0[s + 1] - row0[s] if it.all_logits else 1
@@ -416,59 +383,12 @@ class TransformerModel:
                 hidden = tapped[1][row0[s] : row0[s + 1]]
             else:
                 hidden = torch.cat([want[t][row0[s] : row0[s + 1]] for t in it.taps], dim=-1)
-            if hidden is not None and self.triton:
-                hidden = hidden.cpu()
+            if hidden is not None:
+                hidden = self.runner.to_host(hidden)
             outs.append(ForwardOutput(logits=logits if len(items) == 1 else logits[at : at + n], hidden=hidden))
             at += n
         return outs
 
-    def _block(self, li: int, blk: Block, h: torch.Tensor, segs: list["_Segment"]) -> torch.Tensor:
-        """One block over the rows of one or more sequences: the products once over all rows, rope,
-        cache writes and attention per sequence (``segs``: each one's rows, cache and position)."""
-        cfg = self.cfg
-        spec = cfg.layers[li]
-        n = h.shape[0]
-        x = rms_norm(h, blk.attn_norm, cfg.rms_eps)
-        qkv = blk.qkv(x)  # [n, q_dim + 2*kv_dim]
-        q = qkv[:, : self.q_dim].view(n, cfg.n_heads, cfg.head_dim)
-        k = qkv[:, self.q_dim : self.q_dim + self.kv_dim].view(n, cfg.n_kv_heads, cfg.head_dim)
-        v = qkv[:, self.q_dim + self.kv_dim :].view(n, cfg.n_kv_heads, cfg.head_dim)
-        if blk.q_norm is not None:
-            q = rms_norm(q, blk.q_norm, cfg.rms_eps)
-            k = rms_norm(k, blk.k_norm, cfg.rms_eps)
-        cos, sin = self._rope[spec.rope_base]
-        if len(segs) == 1:
-            cos, sin = cos[segs[0].start : segs[0].start + n], sin[segs[0].start : segs[0].start + n]
-        else:  # each row at its own sequence's position
-            pos = torch.cat([torch.arange(g.start, g.start + g.j - g.i) for g in segs]).to(cos.device)
-            cos, sin = cos[pos], sin[pos]
-        q = apply_rope(q, cos, sin, cfg.rope_neox) * self.q_scale
-        k = apply_rope(k, cos, sin, cfg.rope_neox)
-        parts = []
-        for g in segs:
-            cache, start, m = g.cache, g.start, g.j - g.i
-            cache.k[li, :, start : start + m] = k[g.i : g.j].transpose(0, 1)
-            cache.v[li, :, start : start + m] = v[g.i : g.j].transpose(0, 1)
-            if self.triton:
-                from ..kernels import triton_attention
-
-                parts.append(triton_attention.attend(q[g.i : g.j], cache.k[li], cache.v[li], start, spec.window))
-            else:
-                parts.append(attend(q[g.i : g.j], cache.k[li], cache.v[li], g.groups, spec.window))
-        a = parts[0] if len(parts) == 1 else torch.cat(parts)
-        a = blk.o(a.reshape(n, self.q_dim))
-        if blk.post_attn_norm is not None:
-            a = rms_norm(a, blk.post_attn_norm, cfg.rms_eps)
-        h = h + a
-        x = rms_norm(h, blk.ffn_norm, cfg.rms_eps)
-        gu = blk.gate_up(x)
-        f = cfg.ffn_dim
-        y = blk.down(self.act(gu[:, :f]) * gu[:, f:])
-        if blk.post_ffn_norm is not None:
-            y = rms_norm(y, blk.post_ffn_norm, cfg.rms_eps)
-        return h + y
-
-    # -- reporting -----------------------------------------------------------------------------
     def weight_bytes(self) -> int:
         n = self.embed.nbytes()
         for b in self.blocks:
@@ -500,54 +420,6 @@ def check_block_shapes(model: "TransformerModel") -> None:
                                    blk.q_norm, blk.k_norm)):
             if t is not None and t.numel() != norms[what]:
                 raise ModelFileError(f"{name}: blk.{li}.{what} has {t.numel()} elements, expected {norms[what]}")
-
-
-def fused_blocks(model: "TransformerModel"):
-    """The native fused form of a llama-family trunk's blocks, or None when a block has a weight
-    off the gguf backend (bf16/f32/int4 formats, unsupported quant types) or the kernels are missing."""
-    from .. import kernels
-
-    if not kernels.simd():
-        return None
-    cfg = model.cfg
-    if cfg.activation not in ("silu", "gelu_tanh") or cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
-        return None
-    layers, keep = [], []
-    for li, blk in enumerate(model.blocks):
-        lins = [kernels.c_linear(x) for x in (blk.qkv, blk.o, blk.gate_up, blk.down)]
-        if any(x is None for x in lins):
-            return None
-        L = kernels.CLayer()
-        L.qkv, L.o, L.gate_up, L.down = lins
-        norms = {}
-        for name in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):
-            t = getattr(blk, name)
-            if t is not None:
-                t = t.float().contiguous()
-                keep.append(t)
-                norms[name] = t.data_ptr()
-            setattr(L, name, norms.get(name))
-        spec = cfg.layers[li]
-        L.window = spec.window or 0
-        L.rope = model._rope_bases.index(spec.rope_base)
-        layers.append(L)
-        keep.append(blk)
-    c = kernels.CConfig(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.rope_dim // 2,
-                        1 if cfg.rope_neox else 0, 1 if cfg.activation == "gelu_tanh" else 0, cfg.rms_eps,
-                        model.q_scale)
-    return kernels.FusedBlocks(c, layers, keep, output=fused_output(model))
-
-
-def fused_output(model: "TransformerModel"):
-    """The native form of the final norm and LM head, or None when the head is off the gguf
-    backend (the torch path then runs them)."""
-    from .. import kernels
-
-    head = kernels.c_linear(model.lm_head)
-    if head is None:
-        return None
-    norm = model.out_norm.float().contiguous()
-    return kernels.FusedOutput(head, norm, model.cfg.rms_eps, [model.lm_head, norm])
 
 
 def _shares_storage(head: Linear, embed: Embedding) -> bool:

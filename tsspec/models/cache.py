@@ -106,6 +106,18 @@ class KVCache:
             self.length = max(n, 0)
         return self.length
 
+    def keep_path(self, start: int, rows: Sequence[int]) -> None:
+        """After a token tree's forward from ``start``: keep the tree rows ``rows`` (indices among
+        its tokens, increasing: an accepted path, root first) as positions start, start + 1, ...
+        and drop the rest. Each row's K/V moves from its slot ``start + rows[j]`` to ``start + j``."""
+        if any(b <= a for a, b in zip(rows, rows[1:])) or (rows and (rows[0] < 0 or start + rows[-1] >= self.length)):
+            raise ValueError(f"keep_path: rows {list(rows)} are not increasing tree rows after {start}")
+        for j, r in enumerate(rows):
+            if r != j:
+                self.k[:, :, start + j] = self.k[:, :, start + r]
+                self.v[:, :, start + j] = self.v[:, :, start + r]
+        self.length = start + len(rows)
+
     def nbytes(self) -> int:
         return self.k.numel() * 4 + self.v.numel() * 4
 

@@ -30,6 +30,11 @@ class ForwardItem(NamedTuple):
     cache: "Cache"
     all_logits: bool = False
     taps: Sequence[int] | None = None
+    # a token tree (None: the tokens are a chain): each token's parent as an index among these
+    # tokens, -1 for one that follows the cache directly, parents before children. Token i sits at
+    # the cache's length + its depth and attends to the cache and its own ancestors only; its row
+    # is written to slot length + i (``KVCache.keep`` moves an accepted path into place).
+    parents: Sequence[int] | None = None
 
 
 @runtime_checkable

@@ -27,6 +27,7 @@ import torch
 from ..sampling import Sampler
 from .protocols import Cache, Draft, DraftContext, ForwardItem, ForwardOutput, SpecTarget, Speculator
 from .stats import SpecStats
+from . import tree
 from .verify import verify
 
 PREFILL_CHUNK = 256
@@ -43,7 +44,14 @@ def forward_each(target: SpecTarget, items: Seq[ForwardItem]) -> list[ForwardOut
     the shared one is tested against. Item i's output is the same bits either way."""
     if len(items) > 1 and getattr(target, "batches_sequences", False):
         return target.forward_batch(items)
-    return [target.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps) for it in items]
+    return [_forward(target, it) for it in items]
+
+
+def _forward(target: SpecTarget, it: ForwardItem) -> ForwardOutput:
+    """One item's forward (a tree's parents passed where it is one)."""
+    if it.parents is not None:
+        return target.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps, parents=it.parents)
+    return target.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps)
 
 
 @dataclass
@@ -156,8 +164,7 @@ class Sequence:
         next prompt chunk, emitting nothing, or the first token after the last chunk."""
         rows = self.prepare(budget)
         t0 = time.perf_counter()
-        it = rows.item
-        out = self.target.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps)
+        out = _forward(self.target, rows.item)
         return self.finish(rows, out, _ms(t0))
 
     def prepare(self, budget: int) -> Rows:
@@ -171,7 +178,9 @@ class Sequence:
         pos = self.cache.length  # the last token takes this position
         draft = self._draft(pos, budget)
         taps = self.taps or None
-        if draft.tokens:
+        if draft.parents is not None:  # row 0 is the last token; token i's row is i + 1
+            item = ForwardItem([self.last, *draft.tokens], self.cache, True, taps, [-1, *(p + 1 for p in draft.parents)])
+        elif draft.tokens:
             item = ForwardItem([self.last, *draft.tokens], self.cache, True, taps)
         else:
             item = ForwardItem([self.last], self.cache, False, taps)
@@ -217,7 +226,10 @@ class Sequence:
             ctx = DraftContext(self.last, pos, k_max, self.history, self.hidden_last, self.sampler,
                                None if gov is None else gov.min_draft_prob())
             draft = spec.propose(ctx)
-        if len(draft.tokens) > k_max:
+        if draft.parents is not None:  # a tree: as many nodes as the context holds, no deeper than k_max
+            toks, parents = tree.prune(draft.tokens, draft.parents, self.target.max_context - pos - 1, k_max)
+            draft = Draft(toks, None, setup_ms=draft.setup_ms, parents=parents if toks else None)
+        elif len(draft.tokens) > k_max:
             draft = Draft(draft.tokens[:k_max], None if draft.probs is None else draft.probs[:k_max],
                           setup_ms=draft.setup_ms)
         return draft
@@ -236,6 +248,8 @@ class Sequence:
         """Given the forward over [last, d1..dK]: keep the accepted prefix, trim the rest from the cache."""
         st = self.stats
         k = len(draft.tokens)
+        if draft.parents is not None:
+            return self._verify_tree(pos, draft, out)
         with st.phase("accept"):
             verdict = verify(self.accept_rule, out.logits, draft.tokens, draft.probs, self.sampler, pos + 1,
                              self.history)
@@ -245,6 +259,21 @@ class Sequence:
             self.cache.trim(k - verdict.accepted)
         self._commit(kept, out.hidden, pos)
         return verdict.emitted(draft.tokens)
+
+    def _verify_tree(self, pos: int, draft: Draft, out: ForwardOutput) -> list[int]:
+        """Given the tree forward over [last, *tokens]: walk the trunk's draws down the tree, move
+        the accepted path's cache rows into place (the rest dropped), commit them."""
+        st = self.stats
+        with st.phase("accept"):
+            path, token = tree.walk(out.logits, draft.tokens, draft.parents, self.sampler, pos + 1, self.history)
+        st.record_verify(len(draft.tokens), len(path))
+        rows = [0, *(i + 1 for i in path)]
+        with st.phase("rollback"):
+            self.cache.keep_path(pos, rows)
+        hidden = out.hidden[rows] if out.hidden is not None else None
+        accepted = [draft.tokens[i] for i in path]
+        self._commit([self.last, *accepted], hidden, pos)
+        return [*accepted, token]
 
     def _commit(self, kept: list[int], hidden: torch.Tensor | None, pos: int) -> None:
         """Tell the speculator which tokens landed in the trunk, with their tap rows."""

@@ -39,6 +39,7 @@ from typing import Sequence
 import torch
 
 from tsspec.spec.protocols import Draft, DraftContext, MinDraftProb
+from tsspec.spec.tree import Trie
 
 __all__ = ["ngram_propose", "NGramIndex", "NGramSpeculator"]
 
@@ -167,6 +168,28 @@ class NGramIndex:
         """Draft for the longest suffix of order in [min_order, max_order] seen before (see module doc)."""
         return self.lookup_order(max_tokens, min_order)[1]
 
+    def lookup_tree(self, depth: int, nodes: int, min_order: int | None = None, per_order: int = 8
+                    ) -> tuple[int, list[int], list[int]]:
+        """``(n, tokens, parents)``: a token tree of at most ``nodes`` tokens and ``depth`` levels.
+        Its first path is ``lookup_order(depth)``'s chain (so a tree accepts at least what that chain
+        does); then the continuations of the same suffix's other occurrences, newest first, and of
+        shorter suffixes (up to ``per_order`` occurrences each), merged into one trie under the
+        budget. ``(0, [], [])`` when nothing matches."""
+        order, first = self.lookup_order(depth, min_order)
+        if not first:
+            return 0, [], []
+        trie = Trie(nodes)
+        trie.insert(first)
+        lo = self.min_order if min_order is None else max(min_order, self.min_order)
+        toks, length = self._tokens, len(self._tokens)
+        for n in range(order, lo - 1, -1):
+            ends = self._ends[n - self.min_order].get(tuple(toks[length - n :]))
+            for end in reversed((ends or [])[-1 - per_order : -1]):  # newest first, the suffix itself left out
+                if trie.full:
+                    return order, trie.tokens, trie.parents
+                trie.insert(_copy(toks, end, depth, self.periodic))
+        return order, trie.tokens, trie.parents
+
 
 # ----------------------------------------------------------------------------- the speculator
 
@@ -187,10 +210,14 @@ class NGramSpeculator:
         min_draft_prob: float | None = None,
         min_order: int = 2,
         max_order: int = 8,
+        tree: int = 0,
     ) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        if tree < 0:
+            raise ValueError(f"tree must be >= 0 nodes, got {tree}")
         self.max_draft_tokens = max_draft_tokens
+        self.tree = tree  # node budget of a tree draft (0: chains)
         self.index = NGramIndex(min_order, max_order)
         self.min_draft_prob = min_draft_prob  # validated; None: the default
         # counters one report line can print: proposals asked, proposals with a match, tokens drafted
@@ -229,12 +256,16 @@ class NGramSpeculator:
         self._sync(ctx.history)
         self.proposals += 1
         k = min(ctx.max_tokens, self.max_draft_tokens)
-        order, tokens = self.index.lookup_order(k, self.required_order)
+        parents = None
+        if self.tree:
+            order, tokens, parents = self.index.lookup_tree(k, self.tree, self.required_order)
+        else:
+            order, tokens = self.index.lookup_order(k, self.required_order)
         self.last_order = order
         if tokens:
             self.matches += 1
             self.drafted += len(tokens)
-        return Draft(tokens=tokens)
+        return Draft(tokens=tokens, parents=parents if tokens else None)
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         """Write the landed tokens at ``start_pos``.. so the index is current before the next propose.

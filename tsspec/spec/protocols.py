@@ -62,6 +62,10 @@ class Draft:
     # drafter catching up on the tokens it missed while parked, or restarting its cache. The
     # governor judges a draft's cost without it and bounds how often such work is paid for.
     setup_ms: float = 0.0
+    # a token tree (None: a chain): each token's parent as an index among ``tokens``, -1 for one
+    # that follows the last emitted token; parents first, distinct siblings (``spec/tree.py``).
+    # Only a trunk that shares one forward among rows verifies trees (not a recurrent one).
+    parents: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -22,57 +22,7 @@
  * to rounding (tests compare both). Compile with -ffp-contract=off: the scalar float terms must
  * not be fused differently in different places.
  */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-#include <stdlib.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__F16C__)
-#include <immintrin.h>
-#define TSQ_SIMD 1
-#else
-#define TSQ_SIMD 0
-#endif
-
-enum { T_F32 = 0, T_F16 = 1, T_BF16 = 2, T_Q4_0 = 3, T_Q4_1 = 4, T_Q5_0 = 5, T_Q8_0 = 6, T_Q4_K = 7,
-       T_Q6_K = 8, T_COUNT = 9 };
-
-#define QB 32   /* elements per activation block and per legacy weight block */
-#define QG 128  /* elements per input group: four activation blocks, laid out for the products */
-#define ROW_CHUNK 32 /* input rows per pass over the weights */
-
-/* One group of an input row: four 32-element blocks quantized to int8 (x ~= d * q, per block, as
- * llama.cpp quantizes activations for its legacy types), stored interleaved. Call lane L = 4h + b
- * the half-block h (elements 16h..16h+15) of block b; word j of the group (bytes 32j..32j+31)
- * holds in lane L elements 32b + 16h + 4j .. +3. A weight group transposed the same way meets it
- * in four vpdpbusd that leave in lane L the exact integer sum over one half-block: no horizontal
- * reduction, one float step per eight half-blocks and row. Blocks past a row's end are zero. */
-typedef struct {
-    int8_t q[QG];
-    float d[8];   /* lane L: its block's scale */
-    int32_t s[8]; /* lane L: the sum of its 16 codes (for the weight offsets) */
-    /* for Q4_1/Q4_K's float offsets, per block: fs[b] = d * (sum of block b's 32 codes) for this
-     * group's blocks b = 0..3; fs[4 + b] the next group's fs[b] in an even group (0 past the row's
-     * end), 0 in an odd one. So a Q4_K super-block (an even group and the next) has its eight
-     * sub-blocks' sums in one vector, and takes its offsets in one step instead of two. */
-    float fs[8];
-} xgroup;
-
-/* Two input rows' group g side by side, for the 512-bit products: word j (bytes 64j..64j+63) is
- * row a's word j then row b's, and each per-lane array holds row a's eight lanes then row b's. A
- * weight group broadcast to both halves of a 512-bit register then meets two rows in each
- * instruction, every lane doing what the 256-bit product does for its row alone. */
-typedef struct {
-    int8_t q[2 * QG];
-    float d[16];
-    int32_t s[16];
-    float fs[16];
-} xpair;
-
-static const int BLOCK_ELEMS[T_COUNT] = {1, 1, 1, 32, 32, 32, 32, 256, 256};
-static const int BLOCK_BYTES[T_COUNT] = {4, 2, 2, 18, 20, 22, 34, 144, 210};
+#include "tsq.h"
 
 int tsq_simd(void) { return TSQ_SIMD; }
 
@@ -124,8 +74,6 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
 
 /* ------------------------------------------------------------------ activation quantization */
 
-static inline int is_float_type(int type) { return type == T_F32 || type == T_F16 || type == T_BF16; }
-static inline long n_groups(long k) { return (k + QG - 1) / QG; }
 
 /* max |v[i]| in 8 lanes (vectorizes; max is exact, so the lane split changes nothing).
  * Rounding below is rintf: round-to-nearest-even, inlined as one instruction (nearbyintf was a
@@ -597,11 +545,19 @@ static void get_wgroup(int type, const uint8_t *w, long g, long nblocks, int pac
     }
 }
 
-/* The reduction of eight lanes both paths use: (0+4, 1+5, 2+6, 3+7), then pairs, then the two. */
-static inline float sum8(const float *v) {
-    const float s0 = v[0] + v[4], s1 = v[1] + v[5], s2 = v[2] + v[6], s3 = v[3] + v[7];
-    return (s0 + s2) + (s1 + s3);
+/* Weight group g of a row as the tile backend (amx.c) takes it: lane L's 16 unsigned codes at
+ * lanes[16 L ..] in element order (lane L = 4h + b: half h of block b, as in xgroup), its eight
+ * lane scales a[] and the offsets m[] (wgroup's), all exactly as the reference reads them. */
+void tsq_weight_group(int type, const uint8_t *w, long g, long nblocks, int packed, uint8_t lanes[QG], float a[8],
+                      float m[8]) {
+    wgroup wg;
+    get_wgroup(type, w, g, nblocks, packed, &wg);
+    for (int L = 0; L < 8; L++) memcpy(lanes + 16 * L, wg.c + 32 * (L % 4) + 16 * (L / 4), 16);
+    memcpy(a, wg.a, sizeof wg.a);
+    memcpy(m, wg.m, sizeof wg.m);
 }
+
+int tsq_offset_shift(int type) { return offset_shift(type); }
 
 /* ------------------------------------------------------------------ reference products */
 
@@ -672,12 +628,6 @@ static inline int one_q_tile(long m, long ng) {
     return m <= TILE || (m <= QTILE_MAX && m * ng * (long)sizeof(xgroup) <= 44 * 1024);
 }
 
-static inline float hsum8(__m256 v) { /* sum8's order */
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* W[j] = word j of the four blocks b0..b3: a 4x4 transpose of 32-bit words in each 128-bit lane */
 static inline __attribute__((always_inline)) void transpose4(__m256i b0, __m256i b1, __m256i b2, __m256i b3,
@@ -1197,6 +1147,9 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
     use_simd = 0;
 #endif
     if (n_threads < 1) n_threads = 1;
+    const int tiles = use_simd && !fl ? tsq_amx_on(m) : 0;
+    if (tiles) /* the tile backend (amx.c), while switched on (2: its emulation) */
+        return tsq_matmul_tiles(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads, tiles == 2);
 #if TSQ_SIMD
     if (use_simd && !fl && !one_q_tile(m, ng))
         return matmul_blocked(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
@@ -1311,432 +1264,3 @@ static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes
     return 0;
 }
 #endif
-
-/* ================================================================== a whole transformer block
- * One llama-family block (llama, qwen2, qwen3, gemma3) for m rows at positions start..start+m-1,
- * in place on the residual h [m, d]. The same arithmetic as tsspec/models/base.py's torch path
- * (its reference), without a Python dispatch per operation. Every row is computed on its own:
- * norms, rope and activations per row, attention per (row, head) over the row's own key range in
- * a fixed order, products through tsq_matmul. So the block is batch invariant like its parts. */
-
-#define MAX_PARTS 4
-
-typedef struct {
-    int nparts;
-    int type[MAX_PARTS];
-    int packed[MAX_PARTS]; /* 1: w stored by tsq_repack */
-    const uint8_t *w[MAX_PARTS];
-    long row_bytes[MAX_PARTS];
-    long n[MAX_PARTS];
-    long k, n_total;
-    const float *bias; /* [n_total] or NULL */
-} tsq_linear;
-
-typedef struct {
-    tsq_linear qkv, o, gate_up, down;
-    const float *attn_norm, *ffn_norm;
-    const float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm; /* NULL when absent */
-    long window; /* sliding window (0: global attention) */
-    int rope;    /* index of this layer's rope tables */
-} tsq_layer;
-
-typedef struct {
-    long d_model, n_heads, n_kv, head_dim, ffn_dim, rope_half;
-    int rope_neox, act; /* act: 0 silu, 1 gelu (tanh) */
-    float eps, q_scale;
-} tsq_config;
-
-int tsq_sizeof_linear(void) { return (int)sizeof(tsq_linear); }
-int tsq_sizeof_layer(void) { return (int)sizeof(tsq_layer); }
-int tsq_sizeof_config(void) { return (int)sizeof(tsq_config); }
-
-/* y [m, n_total] = x [m, k] W.T (+ bias); xq: scratch for the quantized input */
-static int linear_apply(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt) {
-    int have = 0;
-    long col = 0;
-    for (int i = 0; i < L->nparts; i++) {
-        if (!is_float_type(L->type[i]) && !have) { tsq_quantize(x, m, L->k, xq); have = 1; }
-        int rc = tsq_matmul(L->type[i], L->w[i], L->packed[i], L->row_bytes[i], L->n[i], L->k, x,
-                            xq, m, y + col, L->n_total, nt, 1);
-        if (rc) return rc;
-        col += L->n[i];
-    }
-    if (L->bias)
-        for (long r = 0; r < m; r++)
-            for (long j = 0; j < L->n_total; j++) y[r * L->n_total + j] += L->bias[j];
-    return 0;
-}
-
-/* out = x * rsqrt(mean(x^2) + eps) * w over n elements (out may alias x) */
-static void rms_norm_row(const float *x, const float *w, long n, float eps, float *out) {
-    double ss = 0.0;
-    for (long i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-    for (long i = 0; i < n; i++) out[i] = x[i] * r * w[i];
-}
-
-static void rope_row(float *v, const float *c, const float *s, long half, int neox) {
-    for (long i = 0; i < half; i++) {
-        long ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-        float a = v[ia], b = v[ib];
-        v[ia] = a * c[i] - b * s[i];
-        v[ib] = b * c[i] + a * s[i];
-    }
-}
-
-static inline float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-
-#if TSQ_SIMD
-/* e^x for eight lanes: x = n ln2 + r, |r| <= ln2/2, e^r by Cephes' degree-7 polynomial (about 1 ulp
- * over the float range), 2^n through the exponent bits. x is clamped to [-87, 88]: e^-87 ~ 1.6e-38
- * stands for anything smaller, 88 for anything larger (both only ever feed 1/(1 + e)). */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-/* tanh for eight lanes, Cephes' tanhf: an odd polynomial below 0.625, else 1 - 2 / (e^2|x| + 1) */
-static inline __m256 tanh8(__m256 x) {
-    const __m256 sign = _mm256_set1_ps(-0.f);
-    const __m256 ax = _mm256_andnot_ps(sign, x), z = _mm256_mul_ps(x, x);
-    __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
-    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
-    const __m256 e = exp8(_mm256_add_ps(ax, ax));
-    const __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.f), _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, _mm256_set1_ps(1.f))));
-    const __m256 large = _mm256_or_ps(big, _mm256_and_ps(sign, x)); /* tanh(-x) = -tanh(x) */
-    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
-}
-
-/* a[i] = act(g[i]) * u[i] over n elements, eight at a time (the last eight masked): silu is
- * g / (1 + e^-g); gelu (tanh form) is 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), in the
- * order torch and transformers compute it. */
-static void act_row(int gelu, const float *g, const float *u, float *a, long n) {
-    const __m256 one = _mm256_set1_ps(1.f);
-    for (long i = 0; i < n; i += 8) {
-        const __mmask8 mk = n - i >= 8 ? 0xFF : (__mmask8)((1u << (n - i)) - 1);
-        const __m256 gv = _mm256_maskz_loadu_ps(mk, g + i), uv = _mm256_maskz_loadu_ps(mk, u + i);
-        __m256 act;
-        if (gelu) {
-            const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
-            const __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
-                                           _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, gv));
-            act = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), gv), _mm256_add_ps(one, tanh8(z)));
-        } else {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-            act = _mm256_div_ps(gv, _mm256_add_ps(one, e));
-        }
-        _mm256_mask_storeu_ps(a + i, mk, _mm256_mul_ps(act, uv));
-    }
-}
-#else
-static void act_row(int gelu, const float *g, const float *u, float *a, long n) {
-    for (long i = 0; i < n; i++) a[i] = (gelu ? gelu_tanh(g[i]) : g[i] / (1.0f + expf(-g[i]))) * u[i];
-}
-#endif
-
-/* One query row's attention over positions [lo, hi] of one KV head: o = softmax(q . k_j) v_j.
- * Each row's float steps depend only on its own span, never on other rows (batch invariance).
- * The SIMD path (head dimensions that are a multiple of 8) scores eight positions at a time (eight
- * FMA chains over the head dimension, then a fixed add tree), exponentiates eight at a time, and
- * accumulates the values in position order with up to 64 outputs held in registers; the plain path
- * does the same sums one lane at a time, not in the same order (the two agree to rounding).
- * sc: scratch for hi - lo + 1 scores, rounded up to 8. */
-#if TSQ_SIMD
-static inline __attribute__((always_inline)) __m256 scores8(const float *q, const float *k, long hd, long c) {
-    const float *kr[8];
-    for (int p = 0; p < 8; p++) kr[p] = k + (p < c ? p : c - 1) * hd; /* past the span: a valid row, masked */
-    __m256 a[8];
-    for (int p = 0; p < 8; p++) a[p] = _mm256_setzero_ps();
-    for (long i = 0; i < hd; i += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + i);
-        for (int p = 0; p < 8; p++) a[p] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[p] + i), a[p]);
-    }
-    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 h03 = _mm256_hadd_ps(h01, h23), h47 = _mm256_hadd_ps(h45, h67);
-    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20), _mm256_permute2f128_ps(h03, h47, 0x31));
-    return c >= 8 ? s : _mm256_mask_blend_ps((__mmask8)((1u << c) - 1), _mm256_set1_ps(-INFINITY), s);
-}
-
-/* o[0..8U) = sum over j < n of p[j] v[j * hd + 0..8U), accumulated in j order */
-static inline __attribute__((always_inline)) void value_sum(const float *p, const float *v, long n, long hd,
-                                                            float *o, const int U) {
-    __m256 a[8];
-    for (int u = 0; u < U; u++) a[u] = _mm256_setzero_ps();
-    for (long j = 0; j < n; j++) {
-        const __m256 pj = _mm256_set1_ps(p[j]);
-        for (int u = 0; u < U; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + j * hd + 8 * u), a[u]);
-    }
-    for (int u = 0; u < U; u++) _mm256_storeu_ps(o + 8 * u, a[u]);
-}
-#endif
-
-static void attend_row(const float *q, const float *kb, const float *vb, long lo, long hi, long hd, float *sc,
-                       float *o) {
-    const long n = hi - lo + 1;
-    const float *k = kb + lo * hd, *v = vb + lo * hd;
-#if TSQ_SIMD
-    if (hd % 8 == 0) {
-        __m256 vmx = _mm256_set1_ps(-INFINITY);
-        for (long j = 0; j < n; j += 8) {
-            const __m256 s = scores8(q, k + j * hd, hd, n - j);
-            _mm256_storeu_ps(sc + j, s);
-            vmx = _mm256_max_ps(vmx, s);
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
-        __m256 vs = _mm256_setzero_ps();
-        for (long j = 0; j < n; j += 8) {
-            const __mmask8 mk = n - j >= 8 ? 0xFF : (__mmask8)((1u << (n - j)) - 1);
-            const __m256 e = _mm256_maskz_mov_ps(mk, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mx)));
-            _mm256_storeu_ps(sc + j, e);
-            vs = _mm256_add_ps(vs, e);
-        }
-        const __m256 inv = _mm256_set1_ps(1.f / hsum8(vs));
-        for (long j = 0; j < n; j += 8) _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_loadu_ps(sc + j), inv));
-        long i0 = 0; /* outputs in registers across all positions: 64 at a time, then 32, then 8 */
-        for (; i0 + 64 <= hd; i0 += 64) value_sum(sc, v + i0, n, hd, o + i0, 8);
-        for (; i0 + 32 <= hd; i0 += 32) value_sum(sc, v + i0, n, hd, o + i0, 4);
-        for (; i0 < hd; i0 += 8) value_sum(sc, v + i0, n, hd, o + i0, 1);
-        return;
-    }
-#endif
-    float mx = -INFINITY;
-    for (long j = 0; j < n; j++) {
-        float l[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t = 0.f;
-        long i = 0;
-        for (; i + 8 <= hd; i += 8)
-            for (int u = 0; u < 8; u++) l[u] += q[i + u] * k[j * hd + i + u];
-        for (; i < hd; i++) t += q[i] * k[j * hd + i];
-        sc[j] = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + t;
-        if (sc[j] > mx) mx = sc[j];
-    }
-    float sum = 0.f;
-    for (long j = 0; j < n; j++) {
-        sc[j] = expf(sc[j] - mx);
-        sum += sc[j];
-    }
-    for (long j = 0; j < n; j++) sc[j] = sc[j] / sum;
-    for (long i = 0; i < hd; i++) o[i] = 0.f;
-    for (long j = 0; j < n; j++)
-        for (long i = 0; i < hd; i++) o[i] += sc[j] * v[j * hd + i];
-}
-
-/* Blocks [l0, l1) over m rows that belong to ns sequences: rows [row0[s], row0[s+1]) are sequence
- * s's, at positions start[s].. of its own cache (kc[s], vc[s], cap[s] positions per layer and head).
- * Every product runs once over all m rows (batch invariant: a row's result never depends on the
- * others); each row's rope, cache write and attention read only its own sequence's positions. A
- * lone forward is the case ns = 1, so both run exactly this code. */
-/* Row r's residual entering layer tap_at[j] (tap_at[j] == l1: after the last) into tap_out at
- * (r * ntap + j) * d: a drafter's tapped rows without splitting the forward into several calls */
-static void copy_taps(const float *h, long m, long d, int li, const int *tap_at, int ntap, float *tap_out) {
-    for (int j = 0; j < ntap; j++)
-        if (tap_at[j] == li)
-            for (long r = 0; r < m; r++) memcpy(tap_out + (r * ntap + j) * d, h + r * d, sizeof(float) * d);
-}
-
-static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
-                        const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
-                        const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at, int ntap,
-                        float *tap_out) {
-    const long d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv, f = c->ffn_dim;
-    const long qd = nh * hd, kvd = nkv * hd, rep = nh / nkv;
-    if (nt < 1) nt = 1;
-    if (ns < 1 || row0[0] != 0 || row0[ns] != m || ntap < 0 || (ntap > 0 && !tap_out)) return -3;
-    for (int j = 0; j < ntap; j++)
-        if (tap_at[j] < l0 || tap_at[j] > l1) return -3;
-    long kmax = d > qd ? d : qd;
-    if (f > kmax) kmax = f;
-    float *x = malloc(sizeof(float) * m * kmax);
-    float *qkv = malloc(sizeof(float) * m * (qd + 2 * kvd));
-    float *att = malloc(sizeof(float) * m * qd);
-    float *gu = malloc(sizeof(float) * m * 2 * f);
-    float *y = malloc(sizeof(float) * m * d);
-    xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
-    long *rseq = malloc(sizeof(long) * m), *rpos = malloc(sizeof(long) * m);
-    float *scores = NULL; /* attention scratch, maxpos + 8 floats per thread */
-    int rc = 0;
-    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos) { rc = -2; goto done; }
-    long maxpos = 0;
-    for (long s = 0; s < ns; s++) {
-        if (row0[s + 1] < row0[s] || start[s] < 0 || start[s] + row0[s + 1] - row0[s] > cap[s]) { rc = -3; goto done; }
-        for (long r = row0[s]; r < row0[s + 1]; r++) {
-            rseq[r] = s;
-            rpos[r] = start[s] + r - row0[s];
-            if (rpos[r] > maxpos) maxpos = rpos[r];
-        }
-    }
-    if (!(scores = malloc(sizeof(float) * (maxpos + 8) * nt))) { rc = -2; goto done; }
-    for (int li = l0; li < l1 && !rc; li++) {
-        const tsq_layer *L = layers + li;
-        const float *ct = cos_t[L->rope], *st = sin_t[L->rope];
-        copy_taps(h, m, d, li, tap_at, ntap, tap_out);
-        #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
-        for (long r = 0; r < m; r++) rms_norm_row(h + r * d, L->attn_norm, d, c->eps, x + r * d);
-        if ((rc = linear_apply(&L->qkv, x, m, qkv, xq, nt))) break;
-        const long w3 = qd + 2 * kvd;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
-        for (long r = 0; r < m; r++) {
-            float *q = qkv + r * w3, *k = q + qd, *v = k + kvd;
-            const long s = rseq[r], pos = rpos[r], cp = cap[s];
-            float *kl = kc[s] + (long)li * nkv * cp * hd, *vl = vc[s] + (long)li * nkv * cp * hd;
-            for (long hh = 0; hh < nh; hh++) {
-                if (L->q_norm) rms_norm_row(q + hh * hd, L->q_norm, hd, c->eps, q + hh * hd);
-                rope_row(q + hh * hd, ct + pos * c->rope_half, st + pos * c->rope_half, c->rope_half, c->rope_neox);
-                for (long i = 0; i < hd; i++) q[hh * hd + i] *= c->q_scale;
-            }
-            for (long hh = 0; hh < nkv; hh++) {
-                if (L->k_norm) rms_norm_row(k + hh * hd, L->k_norm, hd, c->eps, k + hh * hd);
-                rope_row(k + hh * hd, ct + pos * c->rope_half, st + pos * c->rope_half, c->rope_half, c->rope_neox);
-                memcpy(kl + (hh * cp + pos) * hd, k + hh * hd, sizeof(float) * hd);
-                memcpy(vl + (hh * cp + pos) * hd, v + hh * hd, sizeof(float) * hd);
-            }
-        }
-#pragma omp parallel num_threads(nt) if (nt > 1 && m * nh > 1)
-        {
-#ifdef _OPENMP
-            float *sc = scores + (maxpos + 8) * omp_get_thread_num();
-#else
-            float *sc = scores;
-#endif
-#pragma omp for schedule(static)
-            for (long t = 0; t < m * nh; t++) {
-                long r = t / nh, hh = t % nh, g = hh / rep, pos = rpos[r];
-                const long s = rseq[r], cp = cap[s];
-                long lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
-                const float *q = qkv + r * w3 + hh * hd;
-                const float *kb = kc[s] + ((long)li * nkv + g) * cp * hd, *vb = vc[s] + ((long)li * nkv + g) * cp * hd;
-                attend_row(q, kb, vb, lo, pos, hd, sc, att + r * qd + hh * hd);
-            }
-        }
-        if ((rc = linear_apply(&L->o, att, m, y, xq, nt))) break;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
-        for (long r = 0; r < m; r++) {
-            if (L->post_attn_norm) rms_norm_row(y + r * d, L->post_attn_norm, d, c->eps, y + r * d);
-            for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
-            rms_norm_row(h + r * d, L->ffn_norm, d, c->eps, x + r * d);
-        }
-        if ((rc = linear_apply(&L->gate_up, x, m, gu, xq, nt))) break;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
-        for (long r = 0; r < m; r++) act_row(c->act == 1, gu + r * 2 * f, gu + r * 2 * f + f, x + r * f, f);
-        if ((rc = linear_apply(&L->down, x, m, y, xq, nt))) break;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
-        for (long r = 0; r < m; r++) {
-            if (L->post_ffn_norm) rms_norm_row(y + r * d, L->post_ffn_norm, d, c->eps, y + r * d);
-            for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
-        }
-    }
-    if (!rc) copy_taps(h, m, d, l1, tap_at, ntap, tap_out);
-done:
-    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(scores);
-    return rc;
-}
-
-/* The trunk's output: the final norm and the head's product over m rows of the residual h (d =
- * head->k wide) into logits [m, head->n_total]. One native call where the final norm (torch) and
- * the head (a second call) were: after the blocks have streamed their weights through the caches,
- * torch's few small operations on a lone row cost ~0.1 ms a token, a norm here ~2 us. */
-int tsq_output(const tsq_linear *head, const float *norm_w, float eps, const float *h, long m, float *logits, int nt) {
-    const long d = head->k;
-    float *x = malloc(sizeof(float) * m * d);
-    xgroup *xq = malloc((size_t)tsq_xrow_bytes(d) * m);
-    int rc = 0;
-    if (!x || !xq) {
-        rc = -2;
-    } else {
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
-        for (long r = 0; r < m; r++) rms_norm_row(h + r * d, norm_w, d, eps, x + r * d);
-        rc = linear_apply(head, x, m, logits, xq, nt);
-    }
-    free(x);
-    free(xq);
-    return rc;
-}
-
-/* One sequence: blocks [l0, l1) on m rows at positions start.. of the cache kc/vc. */
-int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long start,
-                float *kc, float *vc, long cap, const float *const *cos_t, const float *const *sin_t,
-                int nt) {
-    const long row0[2] = {0, m};
-    float *const k1[1] = {kc}, *const v1[1] = {vc};
-    return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt, NULL, 0, NULL);
-}
-
-/* Several sequences' rows in one pass (see forward_rows): row0[ns + 1], start/kc/vc/cap[ns]; and
- * the residual entering each layer of tap_at[0..ntap) (in [l0, l1]; l1: after the last) copied
- * into tap_out [m, ntap * d], tap j of row r at (r * ntap + j) * d (ntap 0: no taps, tap_out NULL) */
-int tsq_forward_batch_taps(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
-                           const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
-                           const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at,
-                           int ntap, float *tap_out) {
-    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
-                        tap_out);
-}
-
-/* A trained per-token draft head (tsspec-eagle; tsspec/drafters/eagle.py's head_step is the
- * reference): for m rows of token embeddings e and hidden rows h (both [m, d]),
- *   x  = fc([norm(e, enorm), norm(h, hnorm)]);  x += down(act(gate(y)) * up(y)), y = norm(x, ffn_norm)
- *   h' = norm(x, out_norm);  logits = head(h')   (the trunk's rows of the draft vocabulary)
- * into h_out [m, d] and logits [m, head.n_total]. One call where torch ran ~15 small operations a
- * draft token; the products are the trunk's (batch invariant, so row r's bits do not depend on m). */
-typedef struct {
-    tsq_linear fc, gate_up, down, head; /* gate_up: the gate's rows, then the up rows */
-    const float *enorm, *hnorm, *ffn_norm, *out_norm;
-    long ffn;
-    float eps;
-    int act; /* 0 silu, 1 gelu (tanh) */
-} tsq_eagle;
-
-int tsq_sizeof_eagle(void) { return (int)sizeof(tsq_eagle); }
-
-int tsq_eagle_step(const tsq_eagle *E, const float *e, const float *h, long m, float *h_out, float *logits, int nt) {
-    const long d = E->fc.n_total, f = E->ffn;
-    if (E->fc.k != 2 * d || E->gate_up.k != d || E->gate_up.n_total != 2 * f || E->down.k != f ||
-        E->down.n_total != d || E->head.k != d || m < 1)
-        return -3;
-    const long kmax = 2 * d > f ? 2 * d : f;
-    float *cat = malloc(sizeof(float) * m * kmax); /* the fc input, later the activation */
-    float *x = malloc(sizeof(float) * m * d), *y = malloc(sizeof(float) * m * d);
-    float *gu = malloc(sizeof(float) * m * 2 * f);
-    xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
-    int rc = 0;
-    if (!cat || !x || !y || !gu || !xq) { rc = -2; goto done; }
-    for (long r = 0; r < m; r++) {
-        rms_norm_row(e + r * d, E->enorm, d, E->eps, cat + r * 2 * d);
-        rms_norm_row(h + r * d, E->hnorm, d, E->eps, cat + r * 2 * d + d);
-    }
-    if ((rc = linear_apply(&E->fc, cat, m, x, xq, nt))) goto done;
-    for (long r = 0; r < m; r++) rms_norm_row(x + r * d, E->ffn_norm, d, E->eps, y + r * d);
-    if ((rc = linear_apply(&E->gate_up, y, m, gu, xq, nt))) goto done;
-    for (long r = 0; r < m; r++) act_row(E->act, gu + r * 2 * f, gu + r * 2 * f + f, cat + r * f, f);
-    if ((rc = linear_apply(&E->down, cat, m, y, xq, nt))) goto done;
-    for (long r = 0; r < m; r++) {
-        for (long i = 0; i < d; i++) x[r * d + i] += y[r * d + i];
-        rms_norm_row(x + r * d, E->out_norm, d, E->eps, h_out + r * d);
-    }
-    rc = linear_apply(&E->head, h_out, m, logits, xq, nt);
-done:
-    free(cat); free(x); free(y); free(gu); free(xq);
-    return rc;
-}

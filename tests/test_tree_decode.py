@@ -1,0 +1,125 @@
+"""Token trees in the loop: the acceptance walk, n-gram trees, and exactness against plain decoding.
+
+* ``tree.walk`` on a chain accepts exactly what ``verify_match`` accepts (greedy and seeded), and on
+  a tree follows the trunk's draws into whichever branch holds them;
+* ``NGramIndex.lookup_tree``'s first path is the chain lookup's draft, the rest a trie under the
+  node budget;
+* n-gram trees decode token for token as plain decoding, greedy and seeded, on tiny llama, qwen2
+  and gemma3 trunks (branching trees actually verified, more accepted than the chains), and a
+  hybrid trunk refuses a tree.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from test_loop import GREEDY, PROMPTS, models, plain, sampled  # noqa: F401 (fixtures)
+from tsspec.spec import tree
+from tsspec.spec.loop import decode
+from tsspec.spec.ngram import NGramIndex, NGramSpeculator
+from tsspec.spec.stats import SpecStats
+from tsspec.spec.verify import verify_match
+
+N_NEW = 48
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(one_thread):
+    yield
+
+
+def test_walk_on_a_chain_is_verify_match():
+    rng = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        k = 1 + trial % 6
+        logits = torch.randn(k + 1, 50, generator=rng)
+        draws = logits.argmax(-1).tolist()
+        draft = [draws[i] if (trial >> i) & 1 else (draws[i] + 1) % 50 for i in range(k)]
+        for sampler in (GREEDY, sampled(trial)):
+            v = verify_match(logits, draft, sampler, 10, [1, 2, 3])
+            path, tok = tree.walk(logits, draft, list(range(-1, k - 1)), sampler, 10, [1, 2, 3])
+            assert (len(path), tok) == (v.accepted, v.token) and path == list(range(v.accepted))
+
+
+def test_walk_follows_the_branch_holding_the_draw():
+    logits = torch.full((5, 10), -5.0)
+    logits[0, 7] = 5  # after the last token the trunk says 7
+    logits[2, 3] = 5  # after 7 (token 1's row) it says 3
+    logits[4, 9] = 5  # after 7, 3 it says 9
+    tokens, parents = [4, 7, 2, 3], [-1, -1, 1, 1]  # 4 | 7 -> (2 | 3)
+    path, tok = tree.walk(logits, tokens, parents, GREEDY, 0, [0])
+    assert path == [1, 3] and tok == 9
+
+
+def test_check_and_prune():
+    tree.check([1, 2, 3], [-1, 0, 0])
+    with pytest.raises(ValueError, match="does not come before"):
+        tree.check([1, 2], [0, -1])
+    with pytest.raises(ValueError, match="sibling already holds"):
+        tree.check([1, 2, 2], [-1, 0, 0])
+    toks, pars = tree.prune([1, 2, 3, 4, 5], [-1, 0, 1, -1, 3], max_nodes=4, max_depth=2)
+    assert (toks, pars) == ([1, 2, 4, 5], [-1, 0, -1, 2])
+    assert tree.depths(pars) == [1, 2, 1, 2]
+
+
+def test_lookup_tree_starts_with_the_chain_and_keeps_the_budget():
+    rng = random.Random(1)
+    for _ in range(200):
+        hist = [rng.randrange(6) for _ in range(rng.randrange(5, 60))]
+        idx = NGramIndex(1, 4)
+        idx.extend(hist)
+        order, chain = idx.lookup_order(5)
+        n, toks, pars = idx.lookup_tree(5, 12)
+        assert n == order
+        if not chain:
+            assert toks == []
+            continue
+        tree.check(toks, pars)
+        assert len(toks) <= 12 and max(tree.depths(pars)) <= 5
+        assert toks[: len(chain)] == chain and pars[: len(chain)] == list(range(-1, len(chain) - 1))
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen2", "gemma3"))
+def test_ngram_trees_equal_plain(models, arch):
+    m = models[arch]
+    branched = tree_acc = chain_acc = 0
+    for name, prompt in PROMPTS.items():
+        for sampler in (GREEDY, sampled(3)):
+            want = plain(m, prompt, sampler)
+            stats = SpecStats()
+            spec = NGramSpeculator(max_draft_tokens=8, min_order=1, tree=16)
+            seen = []
+            orig = spec.propose
+
+            def propose(ctx, orig=orig, seen=seen):
+                d = orig(ctx)
+                seen.append(d)
+                return d
+
+            spec.propose = propose
+            got = decode(m, sampler, prompt, N_NEW, speculator=spec, window=8, stats=stats)
+            assert got == want, (name, sampler.greedy)
+            branched += sum(1 for d in seen if d.parents and len(set(d.parents)) < len(d.parents))
+            tree_acc += stats.accepted
+            cstats = SpecStats()
+            decode(m, sampler, prompt, N_NEW, speculator=NGramSpeculator(max_draft_tokens=8, min_order=1), window=8,
+                   stats=cstats)
+            chain_acc += cstats.accepted
+    assert branched > 0  # trees with more than one child somewhere were verified
+    assert tree_acc >= chain_acc  # a tree holds its chain, so it accepts at least as much
+
+
+def test_a_hybrid_trunk_refuses_a_tree(tmp_path):
+    from tiny_hybrid import write_hybrid
+    from tsspec.models import load_model
+    from tsspec.models.protocols import ForwardItem
+
+    m = load_model(write_hybrid(tmp_path / "h.gguf")[0])
+    c = m.make_cache()
+    m.forward([1, 2, 3], c)
+    with pytest.raises(ValueError, match="token trees need a trunk that shares one forward"):
+        m.forward_batch([ForwardItem([4, 5], c, True, None, [-1, -1])])
+    assert c.length == 3

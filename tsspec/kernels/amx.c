@@ -1,0 +1,266 @@
+/* amx.c: the quantized products on Intel AMX-INT8 tiles, a backend beside products.c's.
+ *
+ * The arithmetic is the one every product performs (products.c's header): per weight row, input
+ * row, 128-element group and lane L (the 16 elements of one half-block), the exact integer sum of
+ * code times input code, less the weight offset times the input's code sum (an exact integer), then
+ * one float step acc[L] = fma(isum, a[L] * dx[L], acc[L]); Q4_K's eight offsets fma'd into acc ahead
+ * of each super-block's products, Q4_1's into a second set of accumulators added at the end; the
+ * eight lanes reduced by sum8. Only the integer sums move to the tiles: a tile product's int32 sums
+ * are exact, so the result is the reference's and the VNNI path's bit for bit.
+ *
+ * One TDPBUSD per (16 weight rows, 16 input rows, lane): A = 16 weight rows x the lane's 16 unsigned
+ * codes (K = 16), B = the 16 input rows' 16 signed codes in the four-byte groups the instruction
+ * reads, C = the 16 x 16 int32 lane sums. The sums are taken per lane, not over whole rows of 64,
+ * because each lane has its own pair of scales.
+ *
+ * emulate = 1 runs the same sequence with the tile instructions done in C (tile_dp below), bit for
+ * bit what the hardware computes (integer sums), so the backend's data movement and float steps are
+ * tested on every CPU; emulate = 0 needs AMX and the kernel's permission (tsq_amx_init).
+ *
+ * Two things the hardware is strict about, both kept here: the tile configuration is a static,
+ * fully zeroed structure (a non-zero reserved byte, or a configuration the compiler drops as dead
+ * stores, makes LDTILECFG fault: llama.cpp b11434's crash on these CPUs), and the permission is
+ * asked for once per process before any thread issues a tile instruction.
+ */
+#define _GNU_SOURCE /* syscall() under -std=c11 */
+#include "tsq.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+#define TSQ_AMX_BUILD 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
+#else
+#define TSQ_AMX_BUILD 0
+#endif
+
+#define TR 16 /* rows of a tile: weight rows (A, C) and input rows (C's columns) */
+
+/* ------------------------------------------------------------------ detection and permission */
+
+enum { AMX_OK = 0, AMX_NO_CPU = 1, AMX_NO_OS = 2, AMX_REFUSED = 3, AMX_NOT_BUILT = 4 };
+
+static int amx_state = -1; /* tsq_amx_init's answer, once */
+static int amx_use = 0;    /* tsq_amx_use: 1 while the products take the tiles */
+static long amx_min_rows = 1 << 30;
+
+/* What this process may do with AMX: 0 usable (the kernel granted the tile data), 1 not on this
+ * CPU (CPUID), 2 the OS does not enable the tile state (XCR0), 3 the kernel refused the permission,
+ * 4 this build has no AMX code. Asks for the permission the first time; call it on the main thread
+ * before any product runs (the Python side does, when it loads the library). */
+int tsq_amx_init(void) {
+    if (amx_state >= 0) return amx_state;
+#if TSQ_AMX_BUILD
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) {
+        amx_state = AMX_NO_CPU; /* AMX-TILE is EDX bit 24, AMX-INT8 bit 25 */
+    } else if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) {
+        amx_state = AMX_NO_OS; /* no OSXSAVE: XGETBV is not there to ask */
+    } else {
+        unsigned lo, hi;
+        __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+        if (((lo >> 17) & 3) != 3) amx_state = AMX_NO_OS; /* XTILECFG and XTILEDATA */
+        else amx_state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0
+                             ? AMX_OK : AMX_REFUSED;
+    }
+#else
+    amx_state = AMX_NOT_BUILT;
+#endif
+    return amx_state;
+}
+
+/* Switch the tile products on (1: the hardware; 2: their emulation, for tests on any CPU) or off
+ * (0) for tsq_matmul's quantized products of at least min_rows input rows. -> 0, or the
+ * tsq_amx_init code that forbids switching the hardware on. */
+int tsq_amx_use(int on, long min_rows) {
+    if (on == 1 && tsq_amx_init() != AMX_OK) return tsq_amx_init();
+    amx_use = on;
+    amx_min_rows = min_rows < 1 ? 1 : min_rows;
+    return 0;
+}
+
+/* 0: products of m rows keep the other paths; 1: the hardware tiles take them; 2: the emulation */
+TSQ_INTERNAL int tsq_amx_on(long m) { return m >= amx_min_rows ? amx_use : 0; }
+
+/* ------------------------------------------------------------------ the tiles, real and emulated */
+
+/* A tile's working set: the configured shapes are C (tmm0) 16 rows x 64 bytes, A (tmm1) 16 x 16,
+ * B (tmm2) 4 x 64. */
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+
+#if TSQ_AMX_BUILD
+static AMX_TARGET void tiles_begin(void) {
+    static tilecfg cfg; /* static: the compiler cannot drop it as dead stores; zeroed whole below */
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    cfg.rows[0] = TR; cfg.colsb[0] = 4 * TR;
+    cfg.rows[1] = TR; cfg.colsb[1] = 16;
+    cfg.rows[2] = 4;  cfg.colsb[2] = 4 * TR;
+    _tile_loadconfig(&cfg);
+}
+static AMX_TARGET void tiles_end(void) { _tile_release(); }
+/* c[16][16] = A (16 rows x 16 codes, `as` bytes apart) . B (4 rows x 64 bytes) */
+static AMX_TARGET void tile_dp_hw(const uint8_t *A, long as, const int8_t *B, int32_t *c) {
+    _tile_zero(0);
+    _tile_loadd(1, A, as);
+    _tile_loadd(2, B, 4 * TR);
+    _tile_dpbusd(0, 1, 2);
+    _tile_stored(0, c, 4 * TR);
+}
+#endif
+
+/* TDPBUSD on zeroed accumulators, in C: c[r][n] = sum over kk < 16 of A[r][kk] (unsigned) times
+ * B[kk / 4][4 n + kk % 4] (signed); integer sums, so the same as the instruction's. */
+static void tile_dp_emu(const uint8_t *A, long as, const int8_t *B, int32_t *c) {
+    for (int r = 0; r < TR; r++)
+        for (int n = 0; n < TR; n++) {
+            int32_t s = 0;
+            for (int kk = 0; kk < 16; kk++) s += (int32_t)A[r * as + kk] * (int32_t)B[(kk / 4) * 4 * TR + 4 * n + kk % 4];
+            c[r * TR + n] = s;
+        }
+}
+
+/* ------------------------------------------------------------------ the product */
+
+/* One input tile's view of group g: per lane L, B (4 x 64 bytes: input row n's codes 4j..4j+3 of
+ * the lane at row j, bytes 4n..4n+3), and per lane and input row its scale, its code sum times
+ * 2^sh and its block sums (xgroup's d, s, fs); rows past m are zero. */
+typedef struct {
+    int8_t B[8][4][4 * TR];
+    float d[8][TR], fs[8][TR];
+    int32_t s[8][TR];
+} xtile;
+
+static void make_xtile(const xgroup *xq, long ng, long g, long n0, long nr, int sh, xtile *t) {
+    memset(t, 0, sizeof *t);
+    for (long n = 0; n < nr; n++) {
+        const xgroup *x = xq + (n0 + n) * ng + g;
+        for (int L = 0; L < 8; L++) {
+            for (int j = 0; j < 4; j++) memcpy(&t->B[L][j][4 * n], x->q + 32 * j + 4 * L, 4);
+            t->d[L][n] = x->d[L];
+            t->s[L][n] = sh ? x->s[L] * (1 << sh) : 0; /* the reference subtracts no offset where sh is 0 */
+            t->fs[L][n] = x->fs[L];
+        }
+    }
+}
+
+/* Weight rows [r0, r1) (at most TR) against every input row, all groups: acc/accm [tiles][TR rows]
+ * [8 lanes][TR inputs] scratch; y[n * ldy + r] for the real rows and inputs. */
+static void panel(int type, const uint8_t *w, int packed, long row_bytes, long r0, long r1, long k,
+                  const xtile *xt, long ntile, long m, float *acc, float *accm, float *y, long ldy, int emulate) {
+    const long ng = n_groups(k), nblocks = k / QB;
+    const int mg = type == T_Q4_1;
+    uint8_t lanes[TR][QG];
+    float a[TR][8], mn[TR][8];
+    int32_t c[TR * TR];
+    memset(acc, 0, sizeof(float) * ntile * TR * 8 * TR);
+    if (mg) memset(accm, 0, sizeof(float) * ntile * TR * 8 * TR);
+    memset(lanes, 0, sizeof lanes);
+    memset(a, 0, sizeof a);
+    memset(mn, 0, sizeof mn);
+    for (long g = 0; g < ng; g++) {
+        for (long r = r0; r < r1; r++)
+            tsq_weight_group(type, w + r * row_bytes, g, nblocks, packed, lanes[r - r0], a[r - r0], mn[r - r0]);
+        for (long t = 0; t < ntile; t++) {
+            const xtile *x = xt + t * ng + g;
+            float *A = acc + t * TR * 8 * TR, *M = accm + t * TR * 8 * TR;
+            if (type == T_Q4_K && g % 2 == 0) /* a super-block's offsets, into acc ahead of its products */
+                for (int r = 0; r < TR; r++)
+                    for (int L = 0; L < 8; L++)
+                        for (int n = 0; n < TR; n++)
+                            A[(r * 8 + L) * TR + n] = fmaf(mn[r][L], x->fs[L][n], A[(r * 8 + L) * TR + n]);
+            for (int L = 0; L < 8; L++) {
+#if TSQ_AMX_BUILD
+                if (!emulate) tile_dp_hw(&lanes[0][16 * L], QG, &x->B[L][0][0], c);
+                else
+#endif
+                    tile_dp_emu(&lanes[0][16 * L], QG, &x->B[L][0][0], c);
+                for (int r = 0; r < TR; r++) {
+                    float *ar = A + (r * 8 + L) * TR;
+                    const float aL = a[r][L];
+                    for (int n = 0; n < TR; n++)
+                        ar[n] = fmaf((float)(c[r * TR + n] - x->s[L][n]), aL * x->d[L][n], ar[n]);
+                }
+            }
+            if (mg) /* offsets per group, apart (lanes 4..7 of m are zero) */
+                for (int r = 0; r < TR; r++)
+                    for (int L = 0; L < 8; L++)
+                        for (int n = 0; n < TR; n++)
+                            M[(r * 8 + L) * TR + n] = fmaf(mn[r][L], x->fs[L][n], M[(r * 8 + L) * TR + n]);
+        }
+    }
+    for (long t = 0; t < ntile; t++)
+        for (long r = r0; r < r1; r++)
+            for (int n = 0; n < TR && t * TR + n < m; n++) {
+                float v[8];
+                for (int L = 0; L < 8; L++) {
+                    v[L] = acc[((t * TR + (r - r0)) * 8 + L) * TR + n];
+                    if (mg) v[L] += accm[((t * TR + (r - r0)) * 8 + L) * TR + n];
+                }
+                y[(t * TR + n) * ldy + r] = sum8(v);
+            }
+}
+
+/* y[m, n_rows] (row stride ldy) = the quantized input xq (m rows) against W's rows, on tiles (real
+ * or emulated); the same bits as tsq_matmul's other paths. Threads take contiguous shares of the
+ * weight rows, whole panels of 16. -> 0, -1 for a type it does not take, -2 out of memory. */
+TSQ_INTERNAL int tsq_matmul_tiles(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
+                                  const xgroup *xq, long m, float *y, long ldy, int n_threads, int emulate) {
+    if (is_float_type(type) || type < 0 || type >= T_COUNT || k % QB) return -1;
+#if TSQ_AMX_BUILD
+    if (!emulate && tsq_amx_init() != AMX_OK) return -1;
+#else
+    if (!emulate) return -1;
+#endif
+    const long ng = n_groups(k), ntile = (m + TR - 1) / TR, npanel = (n_rows + TR - 1) / TR;
+    const int sh = tsq_offset_shift(type);
+    xtile *xt = aligned_alloc(64, sizeof(xtile) * ntile * ng);
+    if (!xt) return -2;
+    for (long t = 0; t < ntile; t++)
+        for (long g = 0; g < ng; g++) make_xtile(xq, ng, g, t * TR, m - t * TR < TR ? m - t * TR : TR, sh, xt + t * ng + g);
+    int rc = 0;
+    if (n_threads < 1) n_threads = 1;
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && npanel > 1)
+    {
+        long p0 = 0, p1 = npanel;
+#ifdef _OPENMP
+        const long nt = omp_get_num_threads(), per = (npanel + nt - 1) / nt;
+        p0 = omp_get_thread_num() * per;
+        p1 = p0 + per < npanel ? p0 + per : npanel;
+#endif
+        const size_t accn = (size_t)ntile * TR * 8 * TR;
+        float *acc = p0 < p1 ? malloc(sizeof(float) * accn) : NULL;
+        float *accm = p0 < p1 && type == T_Q4_1 ? malloc(sizeof(float) * accn) : NULL;
+        if (p0 < p1 && (!acc || (type == T_Q4_1 && !accm))) {
+#pragma omp atomic write
+            rc = -2;
+        } else if (p0 < p1) {
+#if TSQ_AMX_BUILD
+            if (!emulate) tiles_begin();
+#endif
+            for (long p = p0; p < p1; p++) {
+                const long r0 = p * TR, r1 = r0 + TR < n_rows ? r0 + TR : n_rows;
+                panel(type, w, packed, row_bytes, r0, r1, k, xt, ntile, m, acc, accm, y, ldy, emulate);
+            }
+#if TSQ_AMX_BUILD
+            if (!emulate) tiles_end();
+#endif
+        }
+        free(acc);
+        free(accm);
+    }
+    free(xt);
+    return rc;
+}
+
+/* The tile product called directly (tests, and tsspec info's self-check): the same arguments as
+ * tsq_matmul for a quantized type, emulate as above. */
+int tsq_matmul_amx(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k, const void *xqv,
+                   long m, float *y, long ldy, int n_threads, int emulate) {
+    return tsq_matmul_tiles(type, w, packed, row_bytes, n_rows, k, (const xgroup *)xqv, m, y, ldy, n_threads, emulate);
+}

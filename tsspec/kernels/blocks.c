@@ -1,0 +1,403 @@
+/* blocks.c: a whole transformer block.
+ * One llama-family block (llama, qwen2, qwen3, gemma3) for m rows at positions start..start+m-1,
+ * in place on the residual h [m, d]. The same arithmetic as tsspec/models/base.py's torch path
+ * (its reference), without a Python dispatch per operation. Every row is computed on its own:
+ * norms, rope and activations per row, attention per (row, head) over the row's own key range in
+ * a fixed order, products through tsq_matmul. So the block is batch invariant like its parts. */
+
+#include "tsq.h"
+
+int tsq_sizeof_linear(void) { return (int)sizeof(tsq_linear); }
+int tsq_sizeof_layer(void) { return (int)sizeof(tsq_layer); }
+int tsq_sizeof_config(void) { return (int)sizeof(tsq_config); }
+
+/* y [m, n_total] = x [m, k] W.T (+ bias); xq: scratch for the quantized input */
+int tsq_linear_apply(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt) {
+    int have = 0;
+    long col = 0;
+    for (int i = 0; i < L->nparts; i++) {
+        if (!is_float_type(L->type[i]) && !have) { tsq_quantize(x, m, L->k, xq); have = 1; }
+        int rc = tsq_matmul(L->type[i], L->w[i], L->packed[i], L->row_bytes[i], L->n[i], L->k, x,
+                            xq, m, y + col, L->n_total, nt, 1);
+        if (rc) return rc;
+        col += L->n[i];
+    }
+    if (L->bias)
+        for (long r = 0; r < m; r++)
+            for (long j = 0; j < L->n_total; j++) y[r * L->n_total + j] += L->bias[j];
+    return 0;
+}
+
+/* out = x * rsqrt(mean(x^2) + eps) * w over n elements (out may alias x) */
+void tsq_rms_norm_row(const float *x, const float *w, long n, float eps, float *out) {
+    double ss = 0.0;
+    for (long i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (long i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+static void rope_row(float *v, const float *c, const float *s, long half, int neox) {
+    for (long i = 0; i < half; i++) {
+        long ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+        float a = v[ia], b = v[ib];
+        v[ia] = a * c[i] - b * s[i];
+        v[ib] = b * c[i] + a * s[i];
+    }
+}
+
+static inline float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+#if TSQ_SIMD
+/* e^x for eight lanes: x = n ln2 + r, |r| <= ln2/2, e^r by Cephes' degree-7 polynomial (about 1 ulp
+ * over the float range), 2^n through the exponent bits. x is clamped to [-87, 88]: e^-87 ~ 1.6e-38
+ * stands for anything smaller, 88 for anything larger (both only ever feed 1/(1 + e)). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* tanh for eight lanes, Cephes' tanhf: an odd polynomial below 0.625, else 1 - 2 / (e^2|x| + 1) */
+static inline __m256 tanh8(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    const __m256 ax = _mm256_andnot_ps(sign, x), z = _mm256_mul_ps(x, x);
+    __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
+    const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+    const __m256 e = exp8(_mm256_add_ps(ax, ax));
+    const __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.f), _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, _mm256_set1_ps(1.f))));
+    const __m256 large = _mm256_or_ps(big, _mm256_and_ps(sign, x)); /* tanh(-x) = -tanh(x) */
+    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+}
+
+/* a[i] = act(g[i]) * u[i] over n elements, eight at a time (the last eight masked): silu is
+ * g / (1 + e^-g); gelu (tanh form) is 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), in the
+ * order torch and transformers compute it. */
+void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n) {
+    const __m256 one = _mm256_set1_ps(1.f);
+    for (long i = 0; i < n; i += 8) {
+        const __mmask8 mk = n - i >= 8 ? 0xFF : (__mmask8)((1u << (n - i)) - 1);
+        const __m256 gv = _mm256_maskz_loadu_ps(mk, g + i), uv = _mm256_maskz_loadu_ps(mk, u + i);
+        __m256 act;
+        if (gelu) {
+            const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
+            const __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                           _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, gv));
+            act = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), gv), _mm256_add_ps(one, tanh8(z)));
+        } else {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            act = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        }
+        _mm256_mask_storeu_ps(a + i, mk, _mm256_mul_ps(act, uv));
+    }
+}
+#else
+void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n) {
+    for (long i = 0; i < n; i++) a[i] = (gelu ? gelu_tanh(g[i]) : g[i] / (1.0f + expf(-g[i]))) * u[i];
+}
+#endif
+
+/* Row j of a head's keys or values: position j's own slot, except that positions from `split` on
+ * are a token tree's rows, at the slots map[j - split] (the row's ancestors, then itself). A chain
+ * passes map NULL, and the compiler drops the test where it is the constant. */
+static inline __attribute__((always_inline)) const float *kv_row(const float *b, long j, long hd, long split,
+                                                               const long *map) {
+    return b + (map && j >= split ? map[j - split] : j) * hd;
+}
+
+/* One query row's attention over positions [lo, hi] of one KV head: o = softmax(q . k_j) v_j.
+ * Each row's float steps depend only on its own span, never on other rows (batch invariance).
+ * The SIMD path (head dimensions that are a multiple of 8) scores eight positions at a time (eight
+ * FMA chains over the head dimension, then a fixed add tree), exponentiates eight at a time, and
+ * accumulates the values in position order with up to 64 outputs held in registers; the plain path
+ * does the same sums one lane at a time, not in the same order (the two agree to rounding).
+ * sc: scratch for hi - lo + 1 scores, rounded up to 8. */
+#if TSQ_SIMD
+static inline __attribute__((always_inline)) __m256 scores8(const float *q, const float *kb, long j0, long hd, long c,
+                                                            long split, const long *map) {
+    const float *kr[8];
+    for (int p = 0; p < 8; p++) kr[p] = kv_row(kb, j0 + (p < c ? p : c - 1), hd, split, map); /* past the span: a valid row, masked */
+    __m256 a[8];
+    for (int p = 0; p < 8; p++) a[p] = _mm256_setzero_ps();
+    for (long i = 0; i < hd; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+        for (int p = 0; p < 8; p++) a[p] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[p] + i), a[p]);
+    }
+    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 h03 = _mm256_hadd_ps(h01, h23), h47 = _mm256_hadd_ps(h45, h67);
+    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20), _mm256_permute2f128_ps(h03, h47, 0x31));
+    return c >= 8 ? s : _mm256_mask_blend_ps((__mmask8)((1u << c) - 1), _mm256_set1_ps(-INFINITY), s);
+}
+
+/* o[0..8U) = sum over j < n of p[j] v_(lo + j)[i0 + 0..8U), accumulated in j order */
+static inline __attribute__((always_inline)) void value_sum(const float *p, const float *vb, long lo, long i0, long n,
+                                                            long hd, long split, const long *map, float *o, const int U) {
+    __m256 a[8];
+    for (int u = 0; u < U; u++) a[u] = _mm256_setzero_ps();
+    for (long j = 0; j < n; j++) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        const float *v = kv_row(vb, lo + j, hd, split, map) + i0;
+        for (int u = 0; u < U; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * u), a[u]);
+    }
+    for (int u = 0; u < U; u++) _mm256_storeu_ps(o + 8 * u, a[u]);
+}
+#endif
+
+static inline __attribute__((always_inline)) void attend_row(const float *q, const float *kb, const float *vb, long lo,
+                                                            long hi, long hd, long split, const long *map, float *sc,
+                                                            float *o) {
+    const long n = hi - lo + 1;
+#if TSQ_SIMD
+    if (hd % 8 == 0) {
+        __m256 vmx = _mm256_set1_ps(-INFINITY);
+        for (long j = 0; j < n; j += 8) {
+            const __m256 s = scores8(q, kb, lo + j, hd, n - j, split, map);
+            _mm256_storeu_ps(sc + j, s);
+            vmx = _mm256_max_ps(vmx, s);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
+        __m256 vs = _mm256_setzero_ps();
+        for (long j = 0; j < n; j += 8) {
+            const __mmask8 mk = n - j >= 8 ? 0xFF : (__mmask8)((1u << (n - j)) - 1);
+            const __m256 e = _mm256_maskz_mov_ps(mk, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mx)));
+            _mm256_storeu_ps(sc + j, e);
+            vs = _mm256_add_ps(vs, e);
+        }
+        const __m256 inv = _mm256_set1_ps(1.f / hsum8(vs));
+        for (long j = 0; j < n; j += 8) _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_loadu_ps(sc + j), inv));
+        long i0 = 0; /* outputs in registers across all positions: 64 at a time, then 32, then 8 */
+        for (; i0 + 64 <= hd; i0 += 64) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 8);
+        for (; i0 + 32 <= hd; i0 += 32) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 4);
+        for (; i0 < hd; i0 += 8) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 1);
+        return;
+    }
+#endif
+    float mx = -INFINITY;
+    for (long j = 0; j < n; j++) {
+        const float *k = kv_row(kb, lo + j, hd, split, map);
+        float l[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t = 0.f;
+        long i = 0;
+        for (; i + 8 <= hd; i += 8)
+            for (int u = 0; u < 8; u++) l[u] += q[i + u] * k[i + u];
+        for (; i < hd; i++) t += q[i] * k[i];
+        sc[j] = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + t;
+        if (sc[j] > mx) mx = sc[j];
+    }
+    float sum = 0.f;
+    for (long j = 0; j < n; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += sc[j];
+    }
+    for (long j = 0; j < n; j++) sc[j] = sc[j] / sum;
+    for (long i = 0; i < hd; i++) o[i] = 0.f;
+    for (long j = 0; j < n; j++) {
+        const float *v = kv_row(vb, lo + j, hd, split, map);
+        for (long i = 0; i < hd; i++) o[i] += sc[j] * v[i];
+    }
+}
+
+/* Blocks [l0, l1) over m rows that belong to ns sequences: rows [row0[s], row0[s+1]) are sequence
+ * s's, at positions start[s].. of its own cache (kc[s], vc[s], cap[s] positions per layer and head).
+ * Every product runs once over all m rows (batch invariant: a row's result never depends on the
+ * others); each row's rope, cache write and attention read only its own sequence's positions. A
+ * lone forward is the case ns = 1, so both run exactly this code. */
+/* Row r's residual entering layer tap_at[j] (tap_at[j] == l1: after the last) into tap_out at
+ * (r * ntap + j) * d: a drafter's tapped rows without splitting the forward into several calls */
+static void copy_taps(const float *h, long m, long d, int li, const int *tap_at, int ntap, float *tap_out) {
+    for (int j = 0; j < ntap; j++)
+        if (tap_at[j] == li)
+            for (long r = 0; r < m; r++) memcpy(tap_out + (r * ntap + j) * d, h + r * d, sizeof(float) * d);
+}
+
+/* parent (NULL: every sequence's rows are a chain): row r's parent as an index among its sequence's
+ * rows, -1 for a row that follows the cached prefix directly; parents come before their children.
+ * A tree row is written to its own slot, start + its index, and is at position start + its depth:
+ * rope, the window and attention take that position, attention reading the prefix and then the
+ * row's ancestors' slots in order, so it gets the bits a chain of its path would give it. */
+static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
+                        const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
+                        const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at, int ntap,
+                        float *tap_out, const int *parent) {
+    const long d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv, f = c->ffn_dim;
+    const long qd = nh * hd, kvd = nkv * hd, rep = nh / nkv;
+    if (nt < 1) nt = 1;
+    if (ns < 1 || row0[0] != 0 || row0[ns] != m || ntap < 0 || (ntap > 0 && !tap_out)) return -3;
+    for (int j = 0; j < ntap; j++)
+        if (tap_at[j] < l0 || tap_at[j] > l1) return -3;
+    long kmax = d > qd ? d : qd;
+    if (f > kmax) kmax = f;
+    float *x = malloc(sizeof(float) * m * kmax);
+    float *qkv = malloc(sizeof(float) * m * (qd + 2 * kvd));
+    float *att = malloc(sizeof(float) * m * qd);
+    float *gu = malloc(sizeof(float) * m * 2 * f);
+    float *y = malloc(sizeof(float) * m * d);
+    xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
+    long *rseq = malloc(sizeof(long) * m), *rpos = malloc(sizeof(long) * m), *rslot = malloc(sizeof(long) * m);
+    long *aoff = parent ? malloc(sizeof(long) * m) : NULL, *anc = NULL; /* row r's path: anc[aoff[r]..] */
+    float *scores = NULL; /* attention scratch, maxpos + 8 floats per thread */
+    int rc = 0;
+    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos || !rslot || (parent && !aoff)) { rc = -2; goto done; }
+    long maxpos = 0, nanc = 0;
+    for (long s = 0; s < ns; s++) {
+        if (row0[s + 1] < row0[s] || start[s] < 0 || start[s] + row0[s + 1] - row0[s] > cap[s]) { rc = -3; goto done; }
+        for (long r = row0[s]; r < row0[s + 1]; r++) {
+            const long i = r - row0[s], p = parent ? parent[r] : i - 1;
+            if (p < -1 || p >= i) { rc = -3; goto done; }
+            rseq[r] = s;
+            rslot[r] = start[s] + i;
+            rpos[r] = p < 0 ? start[s] : rpos[row0[s] + p] + 1;
+            if (rpos[r] > maxpos) maxpos = rpos[r];
+            if (parent) {
+                aoff[r] = nanc;
+                nanc += rpos[r] - start[s] + 1;
+            }
+        }
+    }
+    if (parent) { /* each tree row's path, root first, as slots */
+        if (!(anc = malloc(sizeof(long) * (nanc ? nanc : 1)))) { rc = -2; goto done; }
+        for (long r = 0; r < m; r++) {
+            const long s = rseq[r], d = rpos[r] - start[s];
+            for (long q = r, j = d; j >= 0; j--, q = parent[q] < 0 ? -1 : row0[s] + parent[q]) anc[aoff[r] + j] = rslot[q];
+        }
+    }
+    if (!(scores = malloc(sizeof(float) * (maxpos + 8) * nt))) { rc = -2; goto done; }
+    for (int li = l0; li < l1 && !rc; li++) {
+        const tsq_layer *L = layers + li;
+        const float *ct = cos_t[L->rope], *st = sin_t[L->rope];
+        copy_taps(h, m, d, li, tap_at, ntap, tap_out);
+        #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
+        for (long r = 0; r < m; r++) tsq_rms_norm_row(h + r * d, L->attn_norm, d, c->eps, x + r * d);
+        if ((rc = tsq_linear_apply(&L->qkv, x, m, qkv, xq, nt))) break;
+        const long w3 = qd + 2 * kvd;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
+        for (long r = 0; r < m; r++) {
+            float *q = qkv + r * w3, *k = q + qd, *v = k + kvd;
+            const long s = rseq[r], pos = rpos[r], cp = cap[s];
+            float *kl = kc[s] + (long)li * nkv * cp * hd, *vl = vc[s] + (long)li * nkv * cp * hd;
+            for (long hh = 0; hh < nh; hh++) {
+                if (L->q_norm) tsq_rms_norm_row(q + hh * hd, L->q_norm, hd, c->eps, q + hh * hd);
+                rope_row(q + hh * hd, ct + pos * c->rope_half, st + pos * c->rope_half, c->rope_half, c->rope_neox);
+                for (long i = 0; i < hd; i++) q[hh * hd + i] *= c->q_scale;
+            }
+            for (long hh = 0; hh < nkv; hh++) {
+                if (L->k_norm) tsq_rms_norm_row(k + hh * hd, L->k_norm, hd, c->eps, k + hh * hd);
+                rope_row(k + hh * hd, ct + pos * c->rope_half, st + pos * c->rope_half, c->rope_half, c->rope_neox);
+                memcpy(kl + (hh * cp + rslot[r]) * hd, k + hh * hd, sizeof(float) * hd);
+                memcpy(vl + (hh * cp + rslot[r]) * hd, v + hh * hd, sizeof(float) * hd);
+            }
+        }
+#pragma omp parallel num_threads(nt) if (nt > 1 && m * nh > 1)
+        {
+#ifdef _OPENMP
+            float *sc = scores + (maxpos + 8) * omp_get_thread_num();
+#else
+            float *sc = scores;
+#endif
+#pragma omp for schedule(static)
+            for (long t = 0; t < m * nh; t++) {
+                long r = t / nh, hh = t % nh, g = hh / rep, pos = rpos[r];
+                const long s = rseq[r], cp = cap[s];
+                long lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
+                const float *q = qkv + r * w3 + hh * hd;
+                const float *kb = kc[s] + ((long)li * nkv + g) * cp * hd, *vb = vc[s] + ((long)li * nkv + g) * cp * hd;
+                if (parent)
+                    attend_row(q, kb, vb, lo, pos, hd, start[s], anc + aoff[r], sc, att + r * qd + hh * hd);
+                else
+                    attend_row(q, kb, vb, lo, pos, hd, 0, NULL, sc, att + r * qd + hh * hd);
+            }
+        }
+        if ((rc = tsq_linear_apply(&L->o, att, m, y, xq, nt))) break;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
+        for (long r = 0; r < m; r++) {
+            if (L->post_attn_norm) tsq_rms_norm_row(y + r * d, L->post_attn_norm, d, c->eps, y + r * d);
+            for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
+            tsq_rms_norm_row(h + r * d, L->ffn_norm, d, c->eps, x + r * d);
+        }
+        if ((rc = tsq_linear_apply(&L->gate_up, x, m, gu, xq, nt))) break;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
+        for (long r = 0; r < m; r++) tsq_act_row(c->act == 1, gu + r * 2 * f, gu + r * 2 * f + f, x + r * f, f);
+        if ((rc = tsq_linear_apply(&L->down, x, m, y, xq, nt))) break;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
+        for (long r = 0; r < m; r++) {
+            if (L->post_ffn_norm) tsq_rms_norm_row(y + r * d, L->post_ffn_norm, d, c->eps, y + r * d);
+            for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
+        }
+    }
+    if (!rc) copy_taps(h, m, d, l1, tap_at, ntap, tap_out);
+done:
+    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(rslot); free(aoff);
+    free(anc); free(scores);
+    return rc;
+}
+
+/* The trunk's output: the final norm and the head's product over m rows of the residual h (d =
+ * head->k wide) into logits [m, head->n_total]. One native call where the final norm (torch) and
+ * the head (a second call) were: after the blocks have streamed their weights through the caches,
+ * torch's few small operations on a lone row cost ~0.1 ms a token, a norm here ~2 us. */
+int tsq_output(const tsq_linear *head, const float *norm_w, float eps, const float *h, long m, float *logits, int nt) {
+    const long d = head->k;
+    float *x = malloc(sizeof(float) * m * d);
+    xgroup *xq = malloc((size_t)tsq_xrow_bytes(d) * m);
+    int rc = 0;
+    if (!x || !xq) {
+        rc = -2;
+    } else {
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
+        for (long r = 0; r < m; r++) tsq_rms_norm_row(h + r * d, norm_w, d, eps, x + r * d);
+        rc = tsq_linear_apply(head, x, m, logits, xq, nt);
+    }
+    free(x);
+    free(xq);
+    return rc;
+}
+
+/* One sequence: blocks [l0, l1) on m rows at positions start.. of the cache kc/vc. */
+int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long start,
+                float *kc, float *vc, long cap, const float *const *cos_t, const float *const *sin_t,
+                int nt) {
+    const long row0[2] = {0, m};
+    float *const k1[1] = {kc}, *const v1[1] = {vc};
+    return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt, NULL, 0, NULL, NULL);
+}
+
+/* Several sequences' rows in one pass (see forward_rows): row0[ns + 1], start/kc/vc/cap[ns]; and
+ * the residual entering each layer of tap_at[0..ntap) (in [l0, l1]; l1: after the last) copied
+ * into tap_out [m, ntap * d], tap j of row r at (r * ntap + j) * d (ntap 0: no taps, tap_out NULL) */
+int tsq_forward_batch_taps(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
+                           const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
+                           const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at,
+                           int ntap, float *tap_out) {
+    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
+                        tap_out, NULL);
+}
+
+/* tsq_forward_batch_taps with token trees: parent[m] as forward_rows takes it */
+int tsq_forward_tree(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
+                     const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
+                     const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at, int ntap,
+                     float *tap_out, const int *parent) {
+    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
+                        tap_out, parent);
+}
+

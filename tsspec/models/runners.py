@@ -1,0 +1,299 @@
+"""How a llama-family trunk's blocks and output head execute: one object per backend.
+
+A ``TransformerModel`` holds weights and the model's facts; the runner it picks when it is built
+says how a forward runs them:
+
+* ``TorchRunner``: the torch reference (products through each ``Linear``'s own backend, attention by
+  ``base.attend`` over span groups). Every other runner is tested against it.
+* ``NativeRunner``: every block in one C call per forward (``kernels.FusedBlocks``), and the final
+  norm and LM head in one more where the head is native too. Taken when every block weight is on
+  the gguf backend and the native kernels are built.
+* ``TritonRunner``: the GPU path: the reference's block code on the device, attention by the Triton
+  kernel, outputs moved to the host (the loop, the samplers and the drafters take host tensors).
+
+All three give a row the same result whatever rows share its forward (batch invariance); the native
+and the torch runner agree to rounding, which tests/test_kernels.py and tests/test_batch.py hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from .protocols import ForwardItem
+
+if TYPE_CHECKING:
+    from .base import Block, TransformerModel
+
+
+@dataclass
+class Segment:
+    """One sequence's rows [i, j) of a forward, its cache, the position of row i, (torch attention)
+    its span groups, and for a token tree its rows' parents (``ForwardItem.parents``)."""
+
+    i: int
+    j: int
+    cache: object
+    start: int
+    groups: list | None
+    parents: Sequence[int] | None = None
+
+    def depths(self) -> list[int]:
+        """Each row's depth (0 for the rows that follow the cache; a chain's row i is at depth i)."""
+        if self.parents is None:
+            return list(range(self.j - self.i))
+        d: list[int] = []
+        for p in self.parents:
+            d.append(0 if p < 0 else d[p] + 1)
+        return d
+
+    def path(self, r: int) -> list[int]:
+        """Row r's ancestors and itself, root first (indices among the segment's rows)."""
+        out = [r]
+        while self.parents[out[-1]] >= 0:
+            out.append(self.parents[out[-1]])
+        return out[::-1]
+
+
+def tree_parents(items: Sequence[ForwardItem]) -> list[int] | None:
+    """The rows' parents over every item (a chain's rows each under the one before), or None when
+    no item is a tree; every tree's parents checked to come before their children."""
+    if all(it.parents is None for it in items):
+        return None
+    out: list[int] = []
+    for it in items:
+        n = len(it.tokens)
+        ps = list(range(-1, n - 1)) if it.parents is None else [int(p) for p in it.parents]
+        if len(ps) != n or any(not -1 <= p < i for i, p in enumerate(ps)):
+            raise ValueError(f"a token tree's parents must precede their rows: {ps} for {n} tokens")
+        out += ps
+    return out
+
+
+class TorchRunner:
+    """The torch reference: every block in torch, over one or more sequences' rows."""
+
+    name = "torch"
+    fused = None  # no native blocks (``NativeRunner`` holds them)
+
+    def blocks(self, model: "TransformerModel", h: torch.Tensor, items: Sequence[ForwardItem], row0: list[int],
+               starts: list[int], want: dict) -> tuple[torch.Tensor, tuple | None]:
+        """Every block on the rows ``h`` [m, d]; ``want``'s layers get the residual entering them
+        (``n_layers``: after the last). -> (h, None)."""
+        tree_parents(items)  # checked before any cache changes
+        segs = [Segment(row0[s], row0[s + 1], it.cache, starts[s],
+                        None if it.parents is not None else self.plan(model, starts[s], len(it.tokens), it.cache),
+                        it.parents)
+                for s, it in enumerate(items)]
+        for li, blk in enumerate(model.blocks):
+            if li in want:
+                want[li] = h
+            h = self.block(model, li, blk, h, segs)
+        if model.n_layers in want:
+            want[model.n_layers] = h
+        return h, None
+
+    def plan(self, model: "TransformerModel", start: int, rows: int, cache) -> list | None:
+        from .base import plan_attention
+
+        cfg = model.cfg
+        return plan_attention(start, rows, cache.capacity, cfg.n_heads // cfg.n_kv_heads, model.windows)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment, window) -> torch.Tensor:
+        from .base import attend
+
+        return attend(q, k, v, seg.groups, window)
+
+    def block(self, model: "TransformerModel", li: int, blk: "Block", h: torch.Tensor,
+              segs: list[Segment]) -> torch.Tensor:
+        """One block over the rows of one or more sequences: the products once over all rows, rope,
+        cache writes and attention per sequence (``segs``: each one's rows, cache and position)."""
+        from .base import apply_rope, rms_norm
+
+        cfg = model.cfg
+        spec = cfg.layers[li]
+        n = h.shape[0]
+        x = rms_norm(h, blk.attn_norm, cfg.rms_eps)
+        qkv = blk.qkv(x)  # [n, q_dim + 2*kv_dim]
+        qd, kvd = model.q_dim, model.kv_dim
+        q = qkv[:, :qd].view(n, cfg.n_heads, cfg.head_dim)
+        k = qkv[:, qd : qd + kvd].view(n, cfg.n_kv_heads, cfg.head_dim)
+        v = qkv[:, qd + kvd :].view(n, cfg.n_kv_heads, cfg.head_dim)
+        if blk.q_norm is not None:
+            q = rms_norm(q, blk.q_norm, cfg.rms_eps)
+            k = rms_norm(k, blk.k_norm, cfg.rms_eps)
+        cos, sin = model.rope(spec.rope_base)
+        if len(segs) == 1 and segs[0].parents is None:
+            cos, sin = cos[segs[0].start : segs[0].start + n], sin[segs[0].start : segs[0].start + n]
+        else:  # each row at its own sequence's position (a tree row's: its depth past the cache)
+            pos = torch.tensor([g.start + d for g in segs for d in g.depths()]).to(cos.device)
+            cos, sin = cos[pos], sin[pos]
+        q = apply_rope(q, cos, sin, cfg.rope_neox) * model.q_scale
+        k = apply_rope(k, cos, sin, cfg.rope_neox)
+        parts = []
+        for g in segs:
+            cache, start, m = g.cache, g.start, g.j - g.i
+            cache.k[li, :, start : start + m] = k[g.i : g.j].transpose(0, 1)
+            cache.v[li, :, start : start + m] = v[g.i : g.j].transpose(0, 1)
+            if g.parents is None:
+                parts.append(self.attend(q[g.i : g.j], cache.k[li], cache.v[li], g, spec.window))
+            else:
+                parts.append(self.attend_tree(model, q[g.i : g.j], cache.k[li], cache.v[li], g, spec.window))
+        a = parts[0] if len(parts) == 1 else torch.cat(parts)
+        a = blk.o(a.reshape(n, qd))
+        if blk.post_attn_norm is not None:
+            a = rms_norm(a, blk.post_attn_norm, cfg.rms_eps)
+        h = h + a
+        x = rms_norm(h, blk.ffn_norm, cfg.rms_eps)
+        gu = blk.gate_up(x)
+        f = cfg.ffn_dim
+        y = blk.down(model.act(gu[:, :f]) * gu[:, f:])
+        if blk.post_ffn_norm is not None:
+            y = rms_norm(y, blk.post_ffn_norm, cfg.rms_eps)
+        return h + y
+
+    def attend_tree(self, model: "TransformerModel", q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment,
+                    window) -> torch.Tensor:
+        """A token tree's rows, each alone over the logical sequence a chain of its path would have
+        in the cache: the prefix, then its ancestors' slots, in a span of the size the chain's row
+        would get (zeros past the row, masked as there)."""
+        from .base import attend, plan_attention
+
+        cfg = model.cfg
+        out = []
+        for r, d in enumerate(seg.depths()):
+            pos = seg.start + d
+            groups = plan_attention(pos, 1, seg.cache.capacity, cfg.n_heads // cfg.n_kv_heads, model.windows)
+            slots = torch.tensor(list(range(seg.start)) + [seg.start + a for a in seg.path(r)], device=k.device)
+            kk = k.new_zeros(k.shape[0], groups[0].span, k.shape[2])
+            vv = torch.zeros_like(kk)
+            kk[:, : len(slots)] = k[:, slots]
+            vv[:, : len(slots)] = v[:, slots]
+            out.append(attend(q[r : r + 1], kk, vv, groups, window))
+        return torch.cat(out)
+
+    def head(self, model: "TransformerModel", x: torch.Tensor) -> torch.Tensor:
+        """The final norm and LM head over the rows ``x`` [m, d] -> logits [m, vocab] (before any
+        soft-capping, which the model applies)."""
+        from .base import rms_norm
+
+        return model.lm_head(rms_norm(x, model.out_norm, model.cfg.rms_eps))
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+class TritonRunner(TorchRunner):
+    """The GPU path: the reference's blocks on the device (every ``Linear`` on the triton backend),
+    attention by the Triton kernel (it needs no span plan), results to the host."""
+
+    name = "triton"
+
+    def plan(self, model, start, rows, cache):
+        return None
+
+    def attend(self, q, k, v, seg, window):
+        from ..kernels import triton_attention
+
+        return triton_attention.attend(q, k, v, seg.start, window)
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        return t.cpu()
+
+
+class NativeRunner(TorchRunner):
+    """Every block natively in one call (``kernels.FusedBlocks``); the head natively where it is on
+    the gguf backend too, else the reference's torch head."""
+
+    name = "native"
+
+    def __init__(self, fused):
+        self.fused = fused  # kernels.FusedBlocks
+
+    def blocks(self, model, h, items, row0, starts, want):
+        """All blocks in one native call; the tapped residuals are copied out by that call (one
+        call per stretch between taps, and a clone per tap, cost a drafter that reads four layers
+        ~7-11% of a smollm2 step). -> (h, (taps in order, their rows [m, taps * d]) or None)."""
+        h = h.contiguous()
+        cos, sin = model.rope_lists()
+        taps = sorted(t for t in want if 0 <= t <= model.n_layers)
+        parents = tree_parents(items)
+        if parents is not None:
+            rows = self.fused.run_batch(h, 0, model.n_layers, row0, starts, [it.cache.k for it in items],
+                                        [it.cache.v for it in items], cos, sin, taps, parents=parents)
+        elif len(items) == 1:
+            c = items[0].cache
+            rows = self.fused.run(h, 0, model.n_layers, starts[0], c.k, c.v, cos, sin, taps)
+        else:
+            rows = self.fused.run_batch(h, 0, model.n_layers, row0, starts, [it.cache.k for it in items],
+                                        [it.cache.v for it in items], cos, sin, taps)
+        if not taps:
+            return h, None
+        d = h.shape[1]
+        for j, t in enumerate(taps):
+            want[t] = rows[:, j * d : (j + 1) * d]
+        return h, (tuple(taps), rows)
+
+    def head(self, model, x):
+        if self.fused.output is not None:
+            return self.fused.output(x)
+        return super().head(model, x)
+
+
+def fused_blocks(model: "TransformerModel"):
+    """The native fused form of a llama-family trunk's blocks, or None when a block has a weight
+    off the gguf backend (bf16/f32/int4 formats, unsupported quant types) or the kernels are missing."""
+    from .. import kernels
+
+    if not kernels.simd():
+        return None
+    cfg = model.cfg
+    if cfg.activation not in ("silu", "gelu_tanh") or cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
+        return None
+    layers, keep = [], []
+    for li, blk in enumerate(model.blocks):
+        lins = [kernels.c_linear(x) for x in (blk.qkv, blk.o, blk.gate_up, blk.down)]
+        if any(x is None for x in lins):
+            return None
+        L = kernels.CLayer()
+        L.qkv, L.o, L.gate_up, L.down = lins
+        norms = {}
+        for name in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):
+            t = getattr(blk, name)
+            if t is not None:
+                t = t.float().contiguous()
+                keep.append(t)
+                norms[name] = t.data_ptr()
+            setattr(L, name, norms.get(name))
+        spec = cfg.layers[li]
+        L.window = spec.window or 0
+        L.rope = model._rope_bases.index(spec.rope_base)
+        layers.append(L)
+        keep.append(blk)
+    c = kernels.CConfig(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.rope_dim // 2,
+                        1 if cfg.rope_neox else 0, 1 if cfg.activation == "gelu_tanh" else 0, cfg.rms_eps,
+                        model.q_scale)
+    return kernels.FusedBlocks(c, layers, keep, output=fused_output(model))
+
+
+def fused_output(model: "TransformerModel"):
+    """The native form of the final norm and LM head, or None when the head is off the gguf
+    backend (the torch path then runs them)."""
+    from .. import kernels
+
+    head = kernels.c_linear(model.lm_head)
+    if head is None:
+        return None
+    norm = model.out_norm.float().contiguous()
+    return kernels.FusedOutput(head, norm, model.cfg.rms_eps, [model.lm_head, norm])
+
+
+def pick_runner(model: "TransformerModel", device) -> TorchRunner:
+    """The runner a trunk gets when it is built: Triton on a device, native where every block weight
+    is on the gguf backend and the kernels are built, else the torch reference."""
+    if device is not None:
+        return TritonRunner()
+    fused = fused_blocks(model) if model.FUSABLE else None
+    return NativeRunner(fused) if fused is not None else TorchRunner()

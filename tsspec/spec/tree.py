@@ -1,0 +1,121 @@
+"""Token trees: several guesses verified in one forward, exactly.
+
+A tree draft is ``tokens`` with ``parents``: token i's parent as an index among the tokens, -1 for
+one that follows the last emitted token directly; parents come before their children, and siblings
+carry distinct tokens (a trie). The trunk forwards ``[last, *tokens]`` as a tree (row 0 the last
+token, row i + 1 token i, ``ForwardItem.parents``), so each row's logits are those a chain verify of
+its path would give (the trunk's contract, tests/test_tree.py).
+
+Acceptance (``walk``) starts at row 0 and at each row draws the trunk's token exactly as plain
+decoding draws it at that position (greedy, or the seeded draw keyed on position and history); it
+moves to the child holding that token, and where none does, the draw is the correction. Every token
+emitted is a trunk draw at its position, so the output is plain decoding's, token for token. A chain
+is the tree whose every token's parent is the one before, and ``walk`` then accepts exactly what
+``verify.verify_match`` accepts.
+
+Pure functions only: the loop (``loop.py``) drives them, the speculators build the trees.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..sampling import Sampler, argmax_rows
+
+
+def check(tokens: Sequence[int], parents: Sequence[int]) -> None:
+    """A ValueError unless ``parents`` make ``tokens`` a trie (parents first, distinct siblings)."""
+    if len(tokens) != len(parents):
+        raise ValueError(f"a tree of {len(tokens)} tokens needs as many parents, got {len(parents)}")
+    seen = set()
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        if not -1 <= p < i:
+            raise ValueError(f"tree token {i}: parent {p} does not come before it")
+        if (p, t) in seen:
+            raise ValueError(f"tree token {i}: a sibling already holds token {t}")
+        seen.add((p, t))
+
+
+def depths(parents: Sequence[int]) -> list[int]:
+    """Each token's depth: 1 for a child of the last emitted token."""
+    d: list[int] = []
+    for p in parents:
+        d.append(1 if p < 0 else d[p] + 1)
+    return d
+
+
+def prune(tokens: Sequence[int], parents: Sequence[int], max_nodes: int, max_depth: int
+          ) -> tuple[list[int], list[int]]:
+    """The tree cut to its first ``max_nodes`` tokens of depth at most ``max_depth`` (parents first,
+    so what remains is still a tree), renumbered."""
+    keep: dict[int, int] = {}
+    toks, pars = [], []
+    for i, (t, p, d) in enumerate(zip(tokens, parents, depths(parents))):
+        if len(toks) >= max_nodes:
+            break
+        if d > max_depth or (p >= 0 and p not in keep):
+            continue
+        keep[i] = len(toks)
+        toks.append(int(t))
+        pars.append(-1 if p < 0 else keep[p])
+    return toks, pars
+
+
+def path_tokens(tokens: Sequence[int], parents: Sequence[int], path: Sequence[int]) -> list[int]:
+    return [int(tokens[i]) for i in path]
+
+
+def walk(logits: torch.Tensor, tokens: Sequence[int], parents: Sequence[int], sampler: Sampler, position: int,
+         history: Sequence[int]) -> tuple[list[int], int]:
+    """The accepted path (token indices, root first) and the token drawn after it (the correction,
+    or the bonus at a leaf). ``logits`` [1 + len(tokens), vocab]: row 0 the last emitted token's,
+    row i + 1 token i's; ``position``: where the first drafted token sits; ``history``: the tokens
+    before it (prompt and emitted, the last included)."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        children.setdefault(p + 1, {})[int(t)] = i
+    greedy = sampler.greedy and not sampler.params.has_penalties
+    drawn = argmax_rows(logits) if greedy else None  # every row at once: a plain step's argmax
+    hist = list(history)
+    path: list[int] = []
+    row = 0
+    while True:
+        tok = drawn[row] if greedy else sampler.sample(logits[row], position + len(path), hist)
+        nxt = children.get(row, {}).get(tok)
+        if nxt is None:
+            return path, tok
+        path.append(nxt)
+        hist.append(tok)
+        row = nxt + 1
+
+
+class Trie:
+    """A tree draft built by inserting chains (continuations), sharing common prefixes, up to a
+    node budget; insertion order is the order the nodes take."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self._child: dict[tuple[int, int], int] = {}
+
+    @property
+    def full(self) -> bool:
+        return len(self.tokens) >= self.budget
+
+    def insert(self, chain: Sequence[int]) -> None:
+        """Add ``chain`` below the root, as far as the budget allows."""
+        at = -1
+        for t in chain:
+            key = (at, int(t))
+            nxt = self._child.get(key)
+            if nxt is None:
+                if self.full:
+                    return
+                nxt = len(self.tokens)
+                self.tokens.append(int(t))
+                self.parents.append(at)
+                self._child[key] = nxt
+            at = nxt
