@@ -25,7 +25,7 @@ from typing import Callable, Sequence as Seq
 import torch
 
 from ..sampling import Sampler
-from .protocols import Cache, Draft, DraftContext, ForwardItem, ForwardOutput, SpecTarget, Speculator
+from .protocols import Cache, Draft, DraftContext, ForwardItem, ForwardOutput, SpecTarget, Speculator, arms_after_prefix_reuse
 from .stats import SpecStats
 from .verify import verify
 
@@ -105,7 +105,7 @@ class Sequence:
         if reused >= len(prompt):
             raise ValueError(f"the cache holds {reused} positions; the prompt must extend it (has {len(prompt)})")
         spec = self.speculator
-        if spec is not None and reused and not spec.can_arm_after_prefix_reuse:
+        if spec is not None and reused and not arms_after_prefix_reuse(spec):
             spec = self.speculator = None
         self.taps = tuple(spec.taps) if spec is not None and spec.needs_hidden_state else ()
         if self.accept_rule is None:
