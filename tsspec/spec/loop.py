@@ -60,6 +60,16 @@ class Rows:
     proposed: bool = False  # the speculator was asked for a draft (it may have drafted nothing)
 
 
+def rollback_memory_bytes(target, window: int) -> int:
+    """The memory one sequence holds to undo a verify of ``window`` drafts: 0 for a KV cache (its
+    trim is arithmetic); a hybrid trunk's per-row recurrent-state slots for window + 1 rows, or, in
+    its copy mode (``TS_Q35_VERIFY_SNAPSHOTS=0``), the one pre-verify copy of its state."""
+    if getattr(target, "verify_snapshots", True) is False and hasattr(target, "state_bytes"):
+        return int(target.state_bytes())
+    per_window = getattr(target, "rollback_state_bytes", None)
+    return int(per_window(window)) if per_window is not None and window > 0 else 0
+
+
 class Sequence:
     """One sequence decoding on a shared target: ``start`` it, then ``step`` until ``done``.
 
@@ -113,6 +123,7 @@ class Sequence:
         st = self.stats
         st.speculator = spec.name if spec is not None else None
         st.window = self.window if spec is not None else 0
+        st.rollback_bytes = rollback_memory_bytes(self.target, st.window) if spec is not None else 0
         st.prompt_tokens = len(prompt)
         if self.governor is not None:
             self.governor.begin_sequence()
