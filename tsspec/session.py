@@ -25,7 +25,7 @@ from .settings import ENV_DFLASH_CONV, ENV_DFLASH_SELECTOR, RunConfig
 
 @dataclass(frozen=True)
 class Speculation:
-    """What the loop needs to speculate: all empty when speculation is off."""
+    """What the loop needs to speculate (all empty but ``options`` when speculation is off)."""
 
     speculator: Any = None
     governor: Any = None
