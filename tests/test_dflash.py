@@ -7,6 +7,8 @@ What is shown here:
 * passes A-C equal a plain step-by-step torch reference written below from the published
   architecture (float64, per head, per row), on the same weights, and the drafter's ring after a
   speculative run holds exactly what a one-shot injection of the whole history gives;
+* ``dflash.logit_scale`` and ``dflash.final_logit_softcapping`` transform the logits (and the
+  selector's unary term) as the reference does, and the scale changes the selector's walk;
 * the selector's greedy walk equals a brute-force search over the same lattice, and differs from
   the maximum-total path only where transitions trade off;
 * the conv never reads across a block boundary; a file without DFlash2's tensors runs as DFlash;
@@ -327,6 +329,12 @@ def reference_block(path, trunk_path, feats, anchor, position, *, conv=True, sel
         x = x + y
     hid = _rms(x[1:], W("output_norm.weight"))
     logits = hid @ embed.T
+    # the target's logit transform as the file states it (0 or absent: none); the selector's unary
+    # is the transformed logit
+    scale, cap = m.get("dflash.logit_scale") or 1.0, m.get("dflash.final_logit_softcapping") or None
+    logits = logits * scale
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
     walk = None
     if selector and g.has_tensor("selector_hidden.weight"):
         A, Bk, P = W("selector_predecessor.weight"), W("selector_successor.weight"), W("selector_hidden.weight")
@@ -354,6 +362,53 @@ def test_passes_match_the_reference(files, which):
     assert torch.allclose(logits.double(), rlogits, atol=1e-4, rtol=1e-4)
     tokens, _ = dr.draft_head.walk_block(PROMPT[-1], P, ring)
     assert tokens == (rwalk if rwalk is not None else rlogits.argmax(-1).tolist())
+
+
+@pytest.mark.parametrize("which, scale, cap", [("dflash2", 0.196, 20.0), ("dflash2", 0.5, 1.5),
+                                               ("dflash2", 3.0, None), ("dflash", None, 1.5)])
+def test_logit_transform_matches_the_reference(files, tmp_path, which, scale, cap):
+    """``dflash.logit_scale`` and ``dflash.final_logit_softcapping`` shape the logits, and through
+    them the selector's unary term (the design: skipping the transform cost more than half the
+    acceptance on a real DFlash2 drafter). The first case is that drafter's (scale 0.196, softcap
+    20); the others make each transform matter on tiny logits. Checked against the reference."""
+    p = write_tiny_dflash(tmp_path / f"{which}.gguf", files["trunk"], dflash2=which == "dflash2",
+                          logit_scale=scale, softcap=cap)
+    target = load_model(files["trunk"], fmt="f32")
+    dr = load_drafter(p, target)
+    P = len(PROMPT) - 1
+    feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
+    ring = dr.draft_head.new_state()
+    dr.draft_head.catch_up(PROMPT[:-1], feats, 0, ring)
+    _, logits = dr.model.block_forward(PROMPT[-1], P, ring)
+    _, rlogits, rwalk = reference_block(p, files["trunk"], feats, PROMPT[-1], P)
+    assert torch.allclose(logits.double(), rlogits, atol=1e-4, rtol=1e-4)
+    if cap:
+        assert rlogits.abs().max() < cap
+    tokens, _ = dr.draft_head.walk_block(PROMPT[-1], P, ring)
+    assert tokens == (rwalk if rwalk is not None else rlogits.argmax(-1).tolist())
+
+
+def test_logit_transform_changes_the_selector_walk(files, tmp_path):
+    """The walk itself depends on the scale (its unary term competes with the transition scores):
+    over a few seeds, some drafter's walk with scale 0.196 differs from its walk with none, and
+    each equals the reference's. Without the transform both walks would be the same."""
+    target = load_model(files["trunk"], fmt="f32")
+    P = len(PROMPT) - 1
+    differ = 0
+    for seed in range(1, 5):
+        walks = []
+        for scale in (None, 0.196):
+            p = write_tiny_dflash(tmp_path / f"s{seed}-{scale}.gguf", files["trunk"], seed=seed, dflash2=True,
+                                  logit_scale=scale)
+            dr = load_drafter(p, target)
+            feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
+            ring = dr.draft_head.new_state()
+            dr.draft_head.catch_up(PROMPT[:-1], feats, 0, ring)
+            tokens, _ = dr.draft_head.walk_block(PROMPT[-1], P, ring)
+            assert tokens == reference_block(p, files["trunk"], feats, PROMPT[-1], P)[2]
+            walks.append(tokens)
+        differ += walks[0] != walks[1]
+    assert differ >= 1
 
 
 @pytest.mark.parametrize("which", ["dflash", "dflash2"])

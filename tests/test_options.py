@@ -154,3 +154,30 @@ def test_the_speculator_names_come_from_the_caller():
     with pytest.raises(BadInput, match="choose from auto, lookahead"):
         options.resolve(flags(type="ngram"), {}, speculators=("lookahead",))
     assert resolve(flags(type="ngram"), {})[0].type == "ngram"
+
+
+def test_ts_qwen35_dflash_attaches_a_drafter():
+    """The design names ``TS_QWEN35_DFLASH`` as a way to attach a DFlash drafter: it names the
+    drafter as ``--draft-model`` does (speculation on unless turned off), below every other name."""
+    opts, warnings = resolve(flags(), {"TS_QWEN35_DFLASH": "d.gguf"})
+    assert opts.draft_model == "d.gguf" and opts.enabled and warnings == []
+    opts, _ = resolve(flags(), {"TS_QWEN35_DFLASH": "d.gguf", "TS_MTP_SPEC": "0"})
+    assert opts.draft_model == "d.gguf" and not opts.enabled
+    opts, _ = resolve(flags(enabled=False), {"TS_QWEN35_DFLASH": "d.gguf"})
+    assert not opts.enabled
+    for kw, env in ((dict(block_drafter="b.gguf"), {}), (dict(draft_model="b.gguf", enabled=True), {}),
+                    ({}, {"TS_SPEC_DRAFT_MODEL": "b.gguf"}), ({}, {"TS_MTP_DRAFT_MODEL": "b.gguf"})):
+        opts, warnings = resolve(flags(**kw), {"TS_QWEN35_DFLASH": "d.gguf", **env})
+        assert opts.draft_model == "b.gguf"
+        assert len(warnings) == 1 and "TS_QWEN35_DFLASH=d.gguf is not used" in warnings[0]
+    _, warnings = resolve(flags(), {"TS_QWEN35_DFLASH": "b.gguf", "TS_SPEC_DRAFT_MODEL": "b.gguf"})
+    assert warnings == []  # the same file: nothing to say
+    with pytest.raises(BadInput, match="TS_QWEN35_DFLASH: empty path"):
+        resolve(flags(), {"TS_QWEN35_DFLASH": "  "})
+    assert resolve(flags(), {"TS_QWEN35_DFLASH": ""})[0] == SpecOptions()  # empty: unset
+
+
+def test_muse_glimmer_dflash_is_warned_about_by_name():
+    opts, warnings = resolve(flags(), {"TS_MUSE_GLIMMER_DFLASH": "d.gguf"})
+    assert opts == SpecOptions()
+    assert len(warnings) == 1 and warnings[0].startswith("TS_MUSE_GLIMMER_DFLASH is not read by tsspec")

@@ -68,19 +68,35 @@ def utf8_text(text: str, what: str) -> str:
 
 
 def resolve_command(*, model, weights, ctx_size, threads, spec, spec_type, spec_draft, spec_pmin, spec_draft_model,
-                    draft_model, spec_accept, spec_adaptive, device=None):
-    """Flags and environment resolved once into the run's configuration (its warnings printed, its
-    speculation settings published for child processes): the start of generate, chat and serve."""
-    from .settings import publish_spec, resolve_run
+                    draft_model, spec_accept, spec_adaptive, device=None, draft_weights=None, mtp_spec=None):
+    """Flags and environment resolved once into the run's configuration (its warnings printed): the
+    start of generate, chat and serve. What runs is published once the model has chosen its window
+    (``start_speculation``)."""
+    from .settings import resolve_run
 
+    if spec is not None and mtp_spec is not None and spec != mtp_spec:
+        raise BadInput("--spec and --mtp-spec disagree")
+    spec = spec if spec is not None else mtp_spec
     flags = dict(enabled=spec, type=spec_type, draft=spec_draft, pmin=spec_pmin, draft_model=spec_draft_model,
                  accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model)
     config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags,
-                         device=device)
+                         device=device, draft_weights=draft_weights)
     for w in config.warnings:
         warn(w)
-    publish_spec(config.spec)
     return config
+
+
+def start_speculation(session):
+    """The session's speculation, its notes said, and its settings as they run (the window after the
+    model's preference: a hybrid trunk runs 3, a draft model 4) published under both families for
+    child processes."""
+    from .settings import publish_spec
+
+    speculation = session.speculation()
+    for n in speculation.notes:
+        note(n)
+    publish_spec(speculation.options)
+    return speculation
 
 
 def open_session(config, *, progress: bool = True):
@@ -210,8 +226,10 @@ TEMPLATE_KWARGS_OPTION = typer.Option(None, "--chat-template-kwargs", help='JSON
 CTX_OPTION = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096, capped at the model's).")
 THREADS_OPTION = typer.Option(None, "-t", "--threads", help="CPU threads (default: torch's choice, all cores).")
 WEIGHTS_OPTION = typer.Option(None, "--weights", help="In-memory weight format: auto (default: the file's own GGUF blocks on the native kernels; pure torch without a C compiler), bf16, f32 (plain reference) or int4 (lossy for non-Q4 tensors). Env: TSSPEC_WEIGHTS.")
+DRAFT_WEIGHTS_OPTION = typer.Option(None, "--draft-weights", help="In-memory format of every drafter's own matrices (a draft model, a draft head, a block drafter; what a head borrows from the trunk stays the trunk's): auto, bf16, f32 or int4 (lossy requantization, smaller). Default: the trunk's format. Env: TSSPEC_DRAFT_WEIGHTS.")
 DEVICE_OPTION = typer.Option(None, "--device", help="auto (default: cuda when torch sees a GPU and triton is installed, else cpu), cpu, or cuda (the Triton kernels over the file's own GGUF blocks; needs --weights auto). Env: TSSPEC_DEVICE.")
 SPEC_OPTION = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC).")
+MTP_SPEC_OPTION = typer.Option(None, "--mtp-spec/--no-mtp-spec", help="Legacy spelling of --spec/--no-spec.")
 SPEC_TYPE_OPTION = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE.")
 SPEC_DRAFT_OPTION = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64 (default 8; a model may prefer fewer). Env TS_SPEC_DRAFT / TS_MTP_DRAFT.")
 SPEC_PMIN_OPTION = typer.Option(None, "--spec-pmin", "--mtp-pmin", help="Confidence gate in [0,1] (default per algorithm: 0.75 draft head, 0.35 block, 0 n-gram). Env TS_SPEC_PMIN.")
@@ -246,9 +264,10 @@ def generate(
     ctx_size: Optional[int] = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     weights: Optional[str] = WEIGHTS_OPTION,
+    draft_weights: Optional[str] = DRAFT_WEIGHTS_OPTION,
     device: Optional[str] = DEVICE_OPTION,
     spec: Optional[bool] = SPEC_OPTION,
-    mtp_spec: Optional[bool] = typer.Option(None, "--mtp-spec/--no-mtp-spec", help="Legacy spelling of --spec/--no-spec."),
+    mtp_spec: Optional[bool] = MTP_SPEC_OPTION,
     spec_type: Optional[str] = SPEC_TYPE_OPTION,
     spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
     spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
@@ -266,17 +285,15 @@ def generate(
     with user_errors():
         if max_tokens < 1:
             raise BadInput("--max-tokens must be >= 1")
-        if spec is not None and mtp_spec is not None and spec != mtp_spec:
-            raise BadInput("--spec and --mtp-spec disagree")
         sampler = Sampler(SamplingParams(
             temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
             repeat_last_n=repeat_last_n, seed=seed,
         ))
         config = resolve_command(
-            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec if spec is not None else mtp_spec, spec_type=spec_type,
+            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, mtp_spec=mtp_spec, spec_type=spec_type,
             spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
-            spec_accept=spec_accept, spec_adaptive=spec_adaptive)
+            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         if (system or kwargs) and not chat:
             warn("--system and --chat-template-kwargs only apply with --chat")
@@ -285,9 +302,7 @@ def generate(
         items = read_prompt_set(prompts) if prompts is not None else [(None, read_prompt(prompt, file))]
         check_texts(system, stop)
         session = open_session(config, progress=not (json_out or quiet))
-        speculation = session.speculation()
-        for n in speculation.notes:
-            note(n)
+        speculation = start_speculation(session)
         engine = session.engine(speculation)
         speculator, governor = speculation.speculator, speculation.governor
 
@@ -332,8 +347,10 @@ def chat(
     ctx_size: Optional[int] = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     weights: Optional[str] = WEIGHTS_OPTION,
+    draft_weights: Optional[str] = DRAFT_WEIGHTS_OPTION,
     device: Optional[str] = DEVICE_OPTION,
     spec: Optional[bool] = SPEC_OPTION,
+    mtp_spec: Optional[bool] = MTP_SPEC_OPTION,
     spec_type: Optional[str] = SPEC_TYPE_OPTION,
     spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
     spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
@@ -357,16 +374,14 @@ def chat(
         sampler = Sampler(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                          repeat_penalty=repeat_penalty, seed=seed))
         config = resolve_command(
-            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, spec_type=spec_type,
+            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, mtp_spec=mtp_spec, spec_type=spec_type,
             spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
-            spec_accept=spec_accept, spec_adaptive=spec_adaptive)
+            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         check_texts(system, stop)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         session = open_session(config, progress=interactive)
-        speculation = session.speculation()
-        for n in speculation.notes:
-            note(n)
+        speculation = start_speculation(session)
         conv = Conversation(session.engine(speculation), system=system, template_kwargs=kwargs)
         startup_done()  # from here Ctrl-C stops a reply (repl) or, at the prompt, leaves with 130
         code = run(conv, sampler=sampler, max_tokens=max_tokens, stop=stop, err=err, interactive=interactive)
@@ -388,8 +403,10 @@ def serve(
     ctx_size: Optional[int] = CTX_OPTION,
     threads: Optional[int] = THREADS_OPTION,
     weights: Optional[str] = WEIGHTS_OPTION,
+    draft_weights: Optional[str] = DRAFT_WEIGHTS_OPTION,
     device: Optional[str] = DEVICE_OPTION,
     spec: Optional[bool] = SPEC_OPTION,
+    mtp_spec: Optional[bool] = MTP_SPEC_OPTION,
     spec_type: Optional[str] = SPEC_TYPE_OPTION,
     spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
     spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
@@ -416,14 +433,12 @@ def serve(
         if max_tokens < 1:
             raise BadInput("--max-tokens must be >= 1")
         config = resolve_command(
-            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, spec_type=spec_type,
+            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, mtp_spec=mtp_spec, spec_type=spec_type,
             spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
-            spec_accept=spec_accept, spec_adaptive=spec_adaptive)
+            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         session = open_session(config)
-        speculation = session.speculation()
-        for n in speculation.notes:
-            note(n)
+        speculation = start_speculation(session)
         server = Server(session.engine(speculation), model_id=session.path.stem, slots=slots,
                         default_max_tokens=max_tokens, template_kwargs=kwargs, parallel=parallel, queue=queue)
         err.print(f"serving {session.path.name} on http://{host}:{port}/v1 "
@@ -492,7 +507,11 @@ def info(
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Also show what an attached drafter enables."),
     load: bool = typer.Option(True, "--load/--no-load", help="Load the weights to report what each speculator would do."),
 ):
-    """Describe a model: architecture, sizes, quant types, vocabulary, context, chat template, speculators."""
+    """Describe a model: architecture, sizes, quant types, vocabulary, context, chat template, speculators.
+
+    Of the speculation environment it reads what changes the report: the drafter (TS_SPEC_DRAFT_MODEL,
+    TS_MTP_DRAFT_MODEL, TS_QWEN35_DFLASH; --draft-model wins) and the window (TS_SPEC_DRAFT,
+    TS_MTP_DRAFT), for the rollback memory a hybrid trunk holds per sequence."""
     from rich.table import Table
 
     from .gguf_file import GGUFFile
@@ -528,12 +547,19 @@ def info(
         t.add_row("products", escape(kernels.products_line()))
         out.print(t)
         if load:
+            from .display import human_bytes
+            from .options import SETTINGS
             from .session import Session
             from .settings import resolve_run
 
-            session = Session.open(resolve_run(model=model), gguf=g, console=err, warn=warn,
+            flags = {**dict.fromkeys(SETTINGS), "block_drafter": draft_model}
+            config = resolve_run(model=model, speculation=flags)
+            for w in config.warnings:
+                warn(w)
+            session = Session.open(config, gguf=g, console=err, warn=warn,
                                    loading=lambda _path: err.status("loading weights", spinner="dots"))
-            drafter = session.load_drafter(resolve_model(draft_model, console=err)) if draft_model else None
+            named = config.spec.draft_model  # --draft-model, else the environment's
+            drafter = session.load_drafter(resolve_model(named, console=err)) if named else None
             s = Table(title="speculators", show_header=True)
             s.add_column("name")
             s.add_column("serves")
@@ -542,6 +568,12 @@ def info(
                 s.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", why)
             out.print(s)
             out.print(f"auto would use: {' -> '.join(session.auto_order(drafter))} (first that serves)")
+            window = session.with_preferred_window(config.spec, drafter).draft
+            held = session.rollback_memory(window)
+            if held:
+                how = ("one copy of the recurrent state, TS_Q35_VERIFY_SNAPSHOTS=0" if not config.verify_snapshots
+                       else f"recurrent-state slots for {window + 1} verify rows")
+                out.print(f"rollback memory: {human_bytes(held)} per sequence at window {window} ({how})")
 
 
 @app.command()
@@ -673,7 +705,7 @@ def bench(
     config: List[str] = typer.Option([], "--config", help="NAME=SPEC or SPEC, e.g. ngram, ngram:draft=4, draft-model:path=X.gguf,draft=3,pmin=0.5 (repeatable)."),
     config_file: Optional[Path] = typer.Option(None, "--config-file", help="TOML file with \\[configs.NAME] tables."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Config name or spec every ratio is taken against (default plain)."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Drafter for configs that need one and name none."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", "--spec-draft-model", "--mtp-draft-model", help="Drafter for configs that need one and name none (also spelled as generate's --spec-draft-model and its legacy --mtp-draft-model)."),
     workload: List[str] = typer.Option([], "-w", "--workload", help="Built-in workload (prose, factual, code, grounded) or a prompts file (text or JSONL); repeatable. Default: all built-ins."),
     max_tokens: int = typer.Option(64, "-n", "--max-tokens", help="Tokens generated per run (every run generates exactly this many unless --stop-at-eos)."),
     reps: int = typer.Option(5, "--reps", help="Repetitions; configurations alternate inside each, order rotating."),
@@ -686,6 +718,7 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     threads: Optional[int] = typer.Option(None, "-t", "--threads", help="CPU threads."),
     weights: Optional[str] = typer.Option(None, "--weights", help="auto (default), bf16, f32 or int4; see generate --help."),
+    draft_weights: Optional[str] = typer.Option(None, "--draft-weights", help="Every drafter's own format (default: the trunk's); see generate --help."),
     device: Optional[str] = typer.Option(None, "--device", help="auto (default), cpu or cuda; see generate --help."),
     ctx_size: Optional[int] = typer.Option(None, "-c", "--ctx-size", help="Context length (default 4096)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the full result as JSON to this file ('-' for stdout)."),
@@ -761,7 +794,13 @@ def bench(
             peer_exe = llama_server.llama_tool("llama-server", llama_bin)
         elif peer_spec or llama_bin:
             raise BadInput("--peer-spec and --llama-bin go with --peer llama.cpp")
-        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, device=device)
+        config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, device=device,
+                             draft_weights=draft_weights)
+        from .settings import speculation_variables
+
+        ignored = speculation_variables()
+        if ignored:
+            warn(f"bench reads no speculation variable (each --config says what it runs): {', '.join(ignored)} ignored")
         session = open_session(config)
         g = session.gguf
 

@@ -21,6 +21,14 @@ from .spec.stats import SpecStats
 LIVE_LINES = 24  # text lines kept on screen while the panel is live
 
 
+def human_bytes(n: int) -> str:
+    """``n`` bytes in B, KB, MB or GB (decimal), three significant figures at most."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} B"
+
+
 def summary_line(result) -> str:
     s: SpecStats = result.stats
     parts = [
@@ -38,6 +46,7 @@ def summary_line(result) -> str:
             + ", "
             + (f"{tpv:.2f} tok/verify" if tpv is not None else "no verifies")
             + f", governor {s.governor_state} (parks {s.governor_parks})"
+            + (f", rollback memory {human_bytes(s.rollback_bytes)}" if s.rollback_bytes else "")
         )
     return " | ".join(parts)
 
@@ -51,6 +60,8 @@ def stats_table(s: SpecStats, governor=None) -> Table:
         acc = s.acceptance_rate
         tpv = s.tokens_per_verify
         t.add_row("speculator", f"{s.speculator}, window {s.window}")
+        if s.rollback_bytes:
+            t.add_row("rollback memory", human_bytes(s.rollback_bytes))
         t.add_row("acceptance", f"{acc:.0%}" if acc is not None else "-")
         t.add_row("tokens/verify", f"{tpv:.2f}" if tpv is not None else "-")
         if governor is not None:

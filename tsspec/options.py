@@ -89,6 +89,13 @@ def _parse(setting: str, name: str, raw: Any, speculators: Sequence[str] = ()) -
 NOT_READ = {
     "FOLD_CATCHUP": "tsspec always folds a draft head's catch-up into its first draft step",
 }
+# the design's per-model ways to attach a DFlash drafter (as ``--draft-model`` does): read, with the
+# lowest precedence among the drafter's names
+ATTACH_DFLASH = "TS_QWEN35_DFLASH"
+# the same contract's names for models tsspec has no architecture for: warned about, never read
+NOT_READ_ATTACH = {
+    "TS_MUSE_GLIMMER_DFLASH": "tsspec has no Muse-Glimmer architecture; attach a drafter with --draft-model",
+}
 
 
 def unknown_env(env: Mapping[str, str]) -> list[str]:
@@ -112,8 +119,11 @@ def unknown_env(env: Mapping[str, str]) -> list[str]:
 
 def read_env(env: Mapping[str, str], warnings: list[str], speculators: Sequence[str]) -> dict[str, Any]:
     """Settings found in the environment, validated; TS_SPEC_* wins over a disagreeing TS_MTP_*; a
-    variable of either family that is no setting is warned about (``unknown_env``)."""
+    variable of either family that is no setting is warned about (``unknown_env``), and so is an
+    attach variable of a model tsspec does not have (``NOT_READ_ATTACH``)."""
     warnings.extend(unknown_env(env))
+    warnings.extend(f"{name} is not read by tsspec ({why}); ignored"
+                    for name, why in NOT_READ_ATTACH.items() if env.get(name, "") != "")
     out: dict[str, Any] = {}
     for setting, (suffix, _flag) in SETTINGS.items():
         vals = {fam + suffix: env[fam + suffix] for fam in FAMILIES if env.get(fam + suffix, "") != ""}
@@ -137,6 +147,8 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str], *,
     ``block_drafter`` (``--draft-model``, which implies ``--spec`` unless ``--no-spec``).
     ``speculators``: the names ``--spec-type`` may take besides ``auto``; the caller asks the
     registry (``tsspec.settings.resolve_run``), so this surface sits below the algorithms it names.
+    ``TS_QWEN35_DFLASH`` in ``env`` names a drafter as ``--draft-model`` does (speculation on unless
+    a flag or variable turns it off), below every other way of naming one.
     """
     warnings: list[str] = []
     envv = read_env(env, warnings, speculators)
@@ -148,6 +160,16 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str], *,
         elif setting in envv:
             vals[setting] = envv[setting]
     block = flags.get("block_drafter")
+    attach = env.get(ATTACH_DFLASH, "")
+    if attach != "":
+        attach = _parse("draft_model", ATTACH_DFLASH, attach)
+        if block is None and "draft_model" not in vals:  # like --draft-model, named in the environment
+            vals["draft_model"] = attach
+            if "enabled" not in vals:
+                vals["enabled"] = True
+        elif (block if block is not None else vals["draft_model"]) != attach:
+            warnings.append(f"{ATTACH_DFLASH}={attach} is not used: a flag or TS_SPEC_DRAFT_MODEL / "
+                            "TS_MTP_DRAFT_MODEL names another drafter")
     if block is not None:
         block = _parse("draft_model", "--draft-model", block)
         if vals.get("draft_model") and vals["draft_model"] != block and flags.get("draft_model") is not None:

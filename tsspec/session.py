@@ -15,7 +15,7 @@ loading indicator; ``warn`` receives what a drafter found worth warning about.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -25,11 +25,14 @@ from .settings import ENV_DFLASH_CONV, ENV_DFLASH_SELECTOR, RunConfig
 
 @dataclass(frozen=True)
 class Speculation:
-    """What the loop needs to speculate: all empty when speculation is off."""
+    """What the loop needs to speculate (all empty but ``options`` when speculation is off)."""
 
     speculator: Any = None
     governor: Any = None
     window: int = 0
+    # the settings as they run: the window after the model's preference and the speculator's cap
+    # (what ``tsspec.settings.publish_spec`` publishes as TS_SPEC_DRAFT / TS_MTP_DRAFT)
+    options: SpecOptions = field(default_factory=SpecOptions)
     accept_rule: str | None = None  # None: the speculator's own default
     notes: tuple[str, ...] = ()  # what the drafter's checks allowed or found, for the operator
     # a fresh (speculator, governor) pair over the same loaded weights, for each sequence decoded at
@@ -121,7 +124,7 @@ class Session:
 
         opts = self.config.spec if options is None else options
         if not opts.enabled:
-            return Speculation()
+            return Speculation(options=opts)
         drafter = None
         notes: list[str] = []
         if opts.draft_model:
@@ -135,10 +138,7 @@ class Session:
 
         speculator, governor = new_speculation()  # this sequence's; a server makes one pair per request
 
-        # the drafter's preferred window (measured for it) first, else the trunk's; --spec-draft wins
-        preferred = (drafter.preferred_window if drafter is not None else None) or getattr(
-            self.target, "preferred_window", None)
-        opts = with_window(opts, preferred)
+        opts = self.with_preferred_window(opts, drafter)
         window = min(opts.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else opts.draft
         return Speculation(
             speculator=speculator,
@@ -147,7 +147,21 @@ class Session:
             accept_rule=None if opts.accept == "auto" else opts.accept,
             notes=tuple(notes),
             new_speculation=new_speculation,
+            options=replace(opts, draft=window),
         )
+
+    def with_preferred_window(self, options: SpecOptions, drafter=None) -> SpecOptions:
+        """``options`` with the window the model prefers: the drafter's (measured for it) first,
+        else the trunk's; a window the user chose (``--spec-draft``, ``TS_SPEC_DRAFT``) wins."""
+        preferred = (drafter.preferred_window if drafter is not None else None) or getattr(
+            self.target, "preferred_window", None)
+        return with_window(options, preferred)
+
+    def rollback_memory(self, window: int) -> int:
+        """Bytes one sequence holds to undo a verify of ``window`` drafts (0 on a KV-cache trunk)."""
+        from .spec.loop import rollback_memory_bytes
+
+        return rollback_memory_bytes(self.target, window)
 
     def engine(self, speculation: Speculation | None = None):
         """A ``tsspec.generate.Engine`` over this trunk (plain when ``speculation`` is None/empty)."""

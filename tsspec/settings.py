@@ -41,16 +41,15 @@ from .options import SpecOptions, publish, resolve
 
 # the run configuration
 ENV_WEIGHTS = "TSSPEC_WEIGHTS"  # the trunk's in-memory weight format (``--weights`` wins)
-ENV_DRAFT_WEIGHTS = "TSSPEC_DRAFT_WEIGHTS"  # a draft model's weight format
+ENV_DRAFT_WEIGHTS = "TSSPEC_DRAFT_WEIGHTS"  # every drafter's own matrices (``--draft-weights`` wins)
 ENV_DFLASH_CONV = "TS_DFLASH_CONV"  # =0: DFlash2's convolution off (attribution only)
 ENV_DFLASH_SELECTOR = "TS_DFLASH_SELECTOR"  # =0: DFlash2's candidate selector off (attribution only)
 ENV_VERIFY_SNAPSHOTS = "TS_Q35_VERIFY_SNAPSHOTS"  # =0: hybrid trunks restore and re-forward
 ENV_DEVICE = "TSSPEC_DEVICE"  # auto | cpu | cuda (``--device`` wins)
 # what a measurement records of the environment (``tsspec.bench.provenance``)
-RECORDED_PREFIXES = ("TSSPEC_", "TS_SPEC_", "TS_MTP_", "TS_DFLASH_", "TS_Q35_")
+RECORDED_PREFIXES = ("TSSPEC_", "TS_SPEC_", "TS_MTP_", "TS_DFLASH_", "TS_Q35_", "TS_QWEN35_")
 
 DEFAULT_WEIGHTS = "auto"  # the file's own GGUF blocks on the native kernels (pure torch without them)
-DEFAULT_DRAFT_WEIGHTS = "auto"
 DEFAULT_DEVICE = "auto"  # CUDA (the Triton kernels) when torch sees a GPU and triton imports, else the CPU
 MIN_CTX = 16
 
@@ -111,7 +110,9 @@ class RunConfig:
 
     model: str | None = None  # a GGUF path or known model name; None: the default model
     weights: str = DEFAULT_WEIGHTS  # the trunk's format: --weights > TSSPEC_WEIGHTS > auto
-    draft_weights: str = DEFAULT_DRAFT_WEIGHTS  # a draft model's format: TSSPEC_DRAFT_WEIGHTS > auto
+    # every drafter's own matrices (a draft model, a head, a block drafter; what a head borrows
+    # from the trunk stays the trunk's): --draft-weights > TSSPEC_DRAFT_WEIGHTS > the trunk's format
+    draft_weights: str = DEFAULT_WEIGHTS
     ctx_size: int | None = None  # None: the model's default (4096, capped at its trained context)
     device: str = "cpu"  # resolved: "cpu" or "cuda" (--device > TSSPEC_DEVICE > auto)
     threads: int | None = None  # None: torch's choice
@@ -153,6 +154,7 @@ def resolve_run(
     speculation: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     device: str | None = None,
+    draft_weights: str | None = None,
 ) -> RunConfig:
     """Flags (None = not given) and the environment -> a ``RunConfig``, or one ``BadInput`` line.
 
@@ -166,15 +168,18 @@ def resolve_run(
     spec, warnings = (SpecOptions(), []) if speculation is None else resolve(
         speculation, env, speculators=speculator_names())
     check_threads(threads)
-    if weights is not None and weights not in FORMATS:
-        raise BadInput(f"--weights {weights!r}: expected one of {', '.join(FORMATS)}")
+    for flag, value in (("--weights", weights), ("--draft-weights", draft_weights)):
+        if value is not None and value not in FORMATS:
+            raise BadInput(f"{flag} {value!r}: expected one of {', '.join(FORMATS)}")
     if ctx_size is not None and ctx_size < MIN_CTX:
         raise BadInput(f"--ctx-size must be >= {MIN_CTX}")
     weights = weights if weights is not None else _weight_format(env, ENV_WEIGHTS, DEFAULT_WEIGHTS)
+    if draft_weights is None:
+        draft_weights = _weight_format(env, ENV_DRAFT_WEIGHTS, weights)
     return RunConfig(
         model=model,
         weights=weights,
-        draft_weights=_weight_format(env, ENV_DRAFT_WEIGHTS, DEFAULT_DRAFT_WEIGHTS),
+        draft_weights=draft_weights,
         ctx_size=ctx_size,
         device=_device(device, env, weights),
         threads=threads,
@@ -184,6 +189,16 @@ def resolve_run(
         verify_snapshots=_switch(env, ENV_VERIFY_SNAPSHOTS),
         warnings=tuple(warnings),
     )
+
+
+def speculation_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """The speculation variables set (non-empty): both families and ``TS_QWEN35_DFLASH``. For a
+    command that reads none of them (``bench``: its configurations say what each one runs) to name
+    them as ignored."""
+    from .options import ATTACH_DFLASH, FAMILIES
+
+    env = _env(env)
+    return [k for k in sorted(env) if (k.startswith(FAMILIES) or k == ATTACH_DFLASH) and env[k] != ""]
 
 
 def publish_spec(opts: SpecOptions, env: MutableMapping[str, str] | None = None) -> None:

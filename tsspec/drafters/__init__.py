@@ -34,13 +34,22 @@ LANGUAGE_MODEL_ADAPTER = "tsspec.drafters.draft_model"
 
 @dataclass(frozen=True)
 class DrafterOptions:
-    """How to load a drafter. A draft model loads in ``weights``; a draft head or a block drafter
-    reads the trunk's activations and borrows its embedding and head, so it loads in the trunk's
-    format. The two DFlash2 switches exist for attribution only (the weights were trained with both)."""
+    """How to load a drafter. Every kind (a draft model, a draft head, a block drafter) holds its
+    own matrices in ``weights`` (None: the trunk's format); what a head or a block drafter borrows
+    from the trunk (its embedding, its LM head) stays as the trunk holds it. The two DFlash2
+    switches exist for attribution only (the weights were trained with both)."""
 
-    weights: str = "auto"
+    weights: str | None = None
     dflash_conv: bool = True
     dflash_selector: bool = True
+
+
+def drafter_format(options: DrafterOptions | None, target) -> str:
+    """The format a drafter's own matrices load in: ``options.weights``, else the trunk's."""
+    from ..weights import load_format
+
+    chosen = options.weights if options is not None else None
+    return load_format(chosen or getattr(target, "weight_format", None))
 
 
 class Drafter(Protocol):

@@ -17,9 +17,9 @@ Contract:
   Anything else is one ``BadInput`` naming the first difference. What was allowed is listed in
   ``drafter.notes``; ``drafter.warnings`` says when the drafter is heavier than the trunk or has a
   shorter context (drafting then stops where the drafter's context ends).
-* The drafter is loaded with ``load_model(g, n_ctx=target.max_context, fmt=options.weights)``:
-  its own KV cache, in the format the run configuration resolved (``TSSPEC_DRAFT_WEIGHTS``,
-  default ``auto`` like the trunk's). The ``draft-model`` registry entry builds its speculator.
+* The drafter is loaded with ``load_model(g, n_ctx=target.max_context, fmt=...)``: its own KV
+  cache, in the drafter format the run configuration resolved (``--draft-weights`` >
+  ``TSSPEC_DRAFT_WEIGHTS`` > the trunk's format, ``auto`` by default). The ``draft-model`` registry entry builds its speculator.
 
 Why ``auto`` by default: a drafter only guesses, so its precision costs some acceptance, never
 correctness; its speed relative to the trunk is what decides the win, and since the native kernels
@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
-from . import DrafterOptions
+from . import DrafterOptions, drafter_format
 
 MAX_PADDING_TOKENS = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 UNUSED = 5  # gguf TokenType.UNUSED
@@ -155,8 +155,9 @@ def load(g: GGUFFile, target, options: DrafterOptions) -> DraftModelDrafter:
         notes.append("the trunk has no file to compare token lists with; only vocabulary sizes were checked")
 
     # on the trunk's device when it runs on the GPU and the drafter's format is the file's own blocks
-    on_gpu = getattr(target, "triton", False) and options.weights == "auto"
-    model = load_model(g, n_ctx=target.max_context, fmt=options.weights,
+    fmt = drafter_format(options, target)
+    on_gpu = getattr(target, "triton", False) and fmt == "auto"
+    model = load_model(g, n_ctx=target.max_context, fmt=fmt,
                        device=target.device if on_gpu else None, triton=True if on_gpu else None)
     tv, dv = int(target.vocab_size), int(model.vocab_size)
     n_tokens = len(g.get("tokenizer.ggml.tokens") or [])

@@ -36,9 +36,10 @@ import torch.nn.functional as F
 
 from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
-from ..weights import GGUFWeight, Linear, load_format, to_tensor
+from ..weights import GGUFWeight, Linear, to_tensor
 from ..models.base import load_weight, rms_norm
 from ..sampling import argmax
+from . import drafter_format
 from .protocols import DraftHeadKind
 
 ARCH = "tsspec-eagle"
@@ -246,7 +247,7 @@ def load(g: GGUFFile, target, options=None) -> EagleDrafter:
         got = tuple(g.tensor_info(tname).shape)
         if got != shape:
             raise BadInput(f"{g.path.name}: {tname} is {got}, but this trunk (hidden {d}) needs {shape}")
-    fmt = load_format(getattr(target, "weight_format", None))
+    fmt = drafter_format(options, target)
     w: dict[str, object] = {n: Linear(load_weight(g, [f"{n}.weight"], fmt)[0], None, fmt) for n in MATRICES}
     w.update({n: to_tensor(g.tensor(f"{n}.weight"), torch.float32) for n in NORMS})
     head = EagleHead(target, w, d2t, draft_head_rows(trunk, d2t, fmt))

@@ -165,8 +165,9 @@ class NextNDrafter:
 
 def load(g: GGUFFile, target, options=None) -> NextNDrafter:
     """Bind a NextN/MTP-only GGUF to ``target`` (shapes must match; embeddings/head are borrowed)."""
-    fmt = getattr(target, "weight_format", None)  # the trunk's format
-    return NextNDrafter(NextNHead.from_gguf(g, target, fmt=fmt), path=g.path)
+    from . import drafter_format
+
+    return NextNDrafter(NextNHead.from_gguf(g, target, fmt=drafter_format(options, target)), path=g.path)
 
 
 _BUILTIN: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from .ops import apply_rope, attend, plan_attention, rms_norm
 from .protocols import ForwardItem
 
 if TYPE_CHECKING:
@@ -96,22 +97,16 @@ class TorchRunner:
         return h, None
 
     def plan(self, model: "TransformerModel", start: int, rows: int, cache) -> list | None:
-        from .base import plan_attention
-
         cfg = model.cfg
         return plan_attention(start, rows, cache.capacity, cfg.n_heads // cfg.n_kv_heads, model.windows)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment, window) -> torch.Tensor:
-        from .base import attend
-
         return attend(q, k, v, seg.groups, window)
 
     def block(self, model: "TransformerModel", li: int, blk: "Block", h: torch.Tensor,
               segs: list[Segment]) -> torch.Tensor:
         """One block over the rows of one or more sequences: the products once over all rows, rope,
         cache writes and attention per sequence (``segs``: each one's rows, cache and position)."""
-        from .base import apply_rope, rms_norm
-
         cfg = model.cfg
         spec = cfg.layers[li]
         n = h.shape[0]
@@ -159,8 +154,6 @@ class TorchRunner:
         """A token tree's rows, each alone over the logical sequence a chain of its path would have
         in the cache: the prefix, then its ancestors' slots, in a span of the size the chain's row
         would get (zeros past the row, masked as there)."""
-        from .base import attend, plan_attention
-
         cfg = model.cfg
         out = []
         for r, d in enumerate(seg.depths()):
@@ -177,8 +170,6 @@ class TorchRunner:
     def head(self, model: "TransformerModel", x: torch.Tensor) -> torch.Tensor:
         """The final norm and LM head over the rows ``x`` [m, d] -> logits [m, vocab] (before any
         soft-capping, which the model applies)."""
-        from .base import rms_norm
-
         return model.lm_head(rms_norm(x, model.out_norm, model.cfg.rms_eps))
 
     def to_host(self, t: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from typing import Callable, Sequence as Seq
 import torch
 
 from ..sampling import Sampler
-from .protocols import Cache, Draft, DraftContext, ForwardItem, ForwardOutput, SpecTarget, Speculator
+from .protocols import Cache, Draft, DraftContext, ForwardItem, ForwardOutput, SpecTarget, Speculator, arms_after_prefix_reuse
 from .stats import SpecStats
 from . import tree
 from .verify import verify
@@ -66,6 +66,16 @@ class Rows:
     prepare_ms: float  # drafting and sizing, for the governor's step time
     prefill: bool = False
     proposed: bool = False  # the speculator was asked for a draft (it may have drafted nothing)
+
+
+def rollback_memory_bytes(target, window: int) -> int:
+    """The memory one sequence holds to undo a verify of ``window`` drafts: 0 for a KV cache (its
+    trim is arithmetic); a hybrid trunk's per-row recurrent-state slots for window + 1 rows, or, in
+    its copy mode (``TS_Q35_VERIFY_SNAPSHOTS=0``), the one pre-verify copy of its state."""
+    if getattr(target, "verify_snapshots", True) is False and hasattr(target, "state_bytes"):
+        return int(target.state_bytes())
+    per_window = getattr(target, "rollback_state_bytes", None)
+    return int(per_window(window)) if per_window is not None and window > 0 else 0
 
 
 class Sequence:
@@ -113,7 +123,7 @@ class Sequence:
         if reused >= len(prompt):
             raise ValueError(f"the cache holds {reused} positions; the prompt must extend it (has {len(prompt)})")
         spec = self.speculator
-        if spec is not None and reused and not spec.can_arm_after_prefix_reuse:
+        if spec is not None and reused and not arms_after_prefix_reuse(spec):
             spec = self.speculator = None
         self.taps = tuple(spec.taps) if spec is not None and spec.needs_hidden_state else ()
         if self.accept_rule is None:
@@ -121,6 +131,7 @@ class Sequence:
         st = self.stats
         st.speculator = spec.name if spec is not None else None
         st.window = self.window if spec is not None else 0
+        st.rollback_bytes = rollback_memory_bytes(self.target, st.window) if spec is not None else 0
         st.prompt_tokens = len(prompt)
         if self.governor is not None:
             self.governor.begin_sequence()

@@ -95,7 +95,7 @@ class Speculator(Protocol):
     min_draft_prob: float
     default_min_draft_prob: float
     needs_hidden_state: bool  # wants trunk hidden rows (taps) with every verify
-    can_arm_after_prefix_reuse: bool
+    can_arm_after_prefix_reuse: bool  # optional: absent means False (see ``arms_after_prefix_reuse``)
     default_accept_rule: str  # "match" or "residual"
 
     @property
@@ -114,3 +114,13 @@ class Speculator(Protocol):
         ...
 
     def reset(self) -> None: ...
+
+
+def arms_after_prefix_reuse(speculator) -> bool:
+    """Whether ``speculator`` may draft for a sequence that begins from a KV prefix it never saw.
+
+    The design's default is False: a speculator that does not say otherwise is assumed to chain
+    per-position state (as a NextN/MTP head does) that a gap would make garbage, so it is left out
+    of that sequence rather than asked. Only one that opts in (n-gram, a block drafter, a draft
+    model) arms after a reused prefix."""
+    return bool(getattr(speculator, "can_arm_after_prefix_reuse", False))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import BadInput
+from .protocols import arms_after_prefix_reuse
 
 # factory(target, options, drafter) -> Speculator | str (decline reason)
 Factory = Callable[[Any, Any, Any], Any]
@@ -84,7 +85,7 @@ class SpeculatorRegistry:
             spec, why = self.try_create(name, target, options, drafter)
             if spec is not None:
                 note = e.description
-                if not spec.can_arm_after_prefix_reuse:
+                if not arms_after_prefix_reuse(spec):
                     note += " (does not arm after a reused KV prefix)"
                 rows.append((name, True, note))
             else:

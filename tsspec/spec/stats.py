@@ -41,6 +41,7 @@ class SpecStats:
     accept_hist: list[int] = field(default_factory=list)  # index = accepted length of a verify
     governor_parks: int = 0
     governor_state: str = "off"
+    rollback_bytes: int = 0  # what undoing a verify holds per sequence (a hybrid trunk's state copies)
 
     def phase(self, name: str) -> _Phase:
         return _Phase(self, name)

@@ -114,7 +114,7 @@ def _int_tensor(g: GGUFFile, name: str) -> torch.Tensor:
 
 def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str | None = None) -> DFlashDrafter:
     """Read a dflash GGUF and bind it to ``target`` (a trunk exposing ``embed`` and ``lm_head``);
-    ``fmt`` (default: the trunk's) is the format of the drafter's own weights."""
+    ``fmt`` (default: ``options.weights``, else the trunk's) is the format of the drafter's own weights."""
     options = options or DrafterOptions()
     name = g.path.name
     for marker, what in (("markov_w1.weight", "DSpark Markov head"), ("blk.0.attn_sinks.weight", "attention sinks")):
@@ -127,9 +127,10 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
     cfg = read_config(g, trunk_base)
     if g.get("dflash.trunk.vocab_sha256") is not None:  # written by `tsspec distill --kind block`
         _check_distilled_trunk(g, target)
-    # the trunk's load format as resolved ("auto": every matrix stays in its GGUF blocks on the
-    # native kernels; a Linear's backend name "gguf" means the same)
-    fmt = load_format(fmt or getattr(target, "weight_format", None) or getattr(getattr(target, "lm_head", None), "fmt", None))
+    # the drafter format, else the trunk's load format as resolved ("auto": every matrix stays in
+    # its GGUF blocks on the native kernels; a Linear's backend name "gguf" means the same)
+    fmt = load_format(fmt or options.weights or getattr(target, "weight_format", None)
+                      or getattr(getattr(target, "lm_head", None), "fmt", None))
 
     def t(n: str) -> np.ndarray:
         return g.tensor(n)
