@@ -16,7 +16,7 @@ from tsspec.cli import app
 from tsspec.options import FAMILIES
 
 SPEC_ENV = {f"{fam}{key}": None for fam in FAMILIES
-            for key in ("SPEC", "TYPE", "DRAFT", "ACCEPT", "ADAPTIVE", "PMIN", "DRAFT_MODEL")}
+            for key in ("SPEC", "TYPE", "DRAFT", "ACCEPT", "ADAPTIVE", "PMIN", "DRAFT_MODEL", "TREE")}
 
 
 def run(*args, env=None, input=None):

@@ -123,3 +123,63 @@ def test_a_hybrid_trunk_refuses_a_tree(tmp_path):
     with pytest.raises(ValueError, match="token trees need a trunk that shares one forward"):
         m.forward_batch([ForwardItem([4, 5], c, True, None, [-1, -1])])
     assert c.length == 3
+
+
+# ----------------------------------------------------------------------------- the operator surface
+
+CLI_PROMPT = "the cat sat on the mat. the cat sat on the dog. the cat sat on the"
+
+
+@pytest.fixture(scope="module")
+def cli_model(tmp_path_factory):
+    from tiny import write_tiny_model
+
+    return str(write_tiny_model(tmp_path_factory.mktemp("tree_cli") / "tiny.gguf", arch="llama", seed=3))
+
+
+def _json(result) -> dict:
+    import json
+
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("how", ["flag", "TS_SPEC_TREE", "TS_MTP_TREE", "--mtp-tree"])
+def test_spec_tree_from_the_cli_equals_plain(cli_model, how):
+    from clirun import run
+
+    base = ("generate", "-m", cli_model, "-p", CLI_PROMPT, "-n", "24", "--json", "--ignore-eos")
+    plain_ids = _json(run(*base))["token_ids"]
+    spec = ("--spec", "--spec-type", "ngram", "--no-spec-adaptive")
+    if how in ("flag", "--mtp-tree"):
+        out = _json(run(*base, *spec, "--spec-tree" if how == "flag" else "--mtp-tree", "12"))
+    else:
+        out = _json(run(*base, *spec, env={how: "12"}))
+    assert out["token_ids"] == plain_ids
+    assert out["spec"]["tree_verifies"] > 0 and out["spec"]["nodes_per_tree"] <= 12
+
+
+def test_spec_tree_out_of_range_is_one_line(cli_model):
+    from clirun import entry
+
+    for args, env in ((("--spec-tree", "65"), None), (("--spec-tree", "x"), None), ((), {"TS_SPEC_TREE": "-1"})):
+        code, out, err = entry("generate", "-m", cli_model, "-p", "hi", "-n", "2", "--spec", *args, env=env)
+        assert code == 2, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert "--spec-tree" in err or "TS_SPEC_TREE" in err
+
+
+def test_published_tree_and_bench_config():
+    from tsspec.bench.configs import parse_config
+    from tsspec.options import SpecOptions, publish
+
+    env: dict = {}
+    publish(SpecOptions(enabled=True, tree=16), env)
+    assert env["TS_SPEC_TREE"] == env["TS_MTP_TREE"] == "16"
+    c = parse_config("ngt=ngram:tree=16,draft=6")
+    assert (c.name, c.algo, c.tree, c.draft) == ("ngt", "ngram", 16, 6)
+    assert parse_config(c.spec()) == type(c)(**{**c.__dict__, "name": c.spec()})
+    from tsspec.errors import BadInput
+
+    with pytest.raises(BadInput, match="tree must be a node count 0-64"):
+        parse_config("ngram:tree=100")

@@ -68,7 +68,8 @@ def utf8_text(text: str, what: str) -> str:
 
 
 def resolve_command(*, model, weights, ctx_size, threads, spec, spec_type, spec_draft, spec_pmin, spec_draft_model,
-                    draft_model, spec_accept, spec_adaptive, device=None, draft_weights=None, mtp_spec=None):
+                    draft_model, spec_accept, spec_adaptive, device=None, draft_weights=None, mtp_spec=None,
+                    spec_tree=None):
     """Flags and environment resolved once into the run's configuration (its warnings printed): the
     start of generate, chat and serve. What runs is published once the model has chosen its window
     (``start_speculation``)."""
@@ -78,7 +79,7 @@ def resolve_command(*, model, weights, ctx_size, threads, spec, spec_type, spec_
         raise BadInput("--spec and --mtp-spec disagree")
     spec = spec if spec is not None else mtp_spec
     flags = dict(enabled=spec, type=spec_type, draft=spec_draft, pmin=spec_pmin, draft_model=spec_draft_model,
-                 accept=spec_accept, adaptive=spec_adaptive, block_drafter=draft_model)
+                 accept=spec_accept, adaptive=spec_adaptive, tree=spec_tree, block_drafter=draft_model)
     config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags,
                          device=device, draft_weights=draft_weights)
     for w in config.warnings:
@@ -231,6 +232,7 @@ DEVICE_OPTION = typer.Option(None, "--device", help="auto (default: cuda when to
 SPEC_OPTION = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC).")
 MTP_SPEC_OPTION = typer.Option(None, "--mtp-spec/--no-mtp-spec", help="Legacy spelling of --spec/--no-spec.")
 SPEC_TYPE_OPTION = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model. Env TS_SPEC_TYPE.")
+SPEC_TREE_OPTION = typer.Option(None, "--spec-tree", "--mtp-tree", help="Token trees: verify up to N drafted nodes per step as one tree (several guesses at once, output unchanged), 0-64, default 0 (chains). n-gram builds them; a recurrent (hybrid) trunk keeps chains. Env TS_SPEC_TREE / TS_MTP_TREE.")
 SPEC_DRAFT_OPTION = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64 (default 8; a model may prefer fewer). Env TS_SPEC_DRAFT / TS_MTP_DRAFT.")
 SPEC_PMIN_OPTION = typer.Option(None, "--spec-pmin", "--mtp-pmin", help="Confidence gate in [0,1] (default per algorithm: 0.75 draft head, 0.35 block, 0 n-gram). Env TS_SPEC_PMIN.")
 SPEC_DRAFT_MODEL_OPTION = typer.Option(None, "--spec-draft-model", "--mtp-draft-model", help="Separate drafter GGUF (draft head or language model). Env TS_SPEC_DRAFT_MODEL.")
@@ -270,6 +272,7 @@ def generate(
     mtp_spec: Optional[bool] = MTP_SPEC_OPTION,
     spec_type: Optional[str] = SPEC_TYPE_OPTION,
     spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
+    spec_tree: Optional[int] = SPEC_TREE_OPTION,
     spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
     spec_draft_model: Optional[str] = SPEC_DRAFT_MODEL_OPTION,
     draft_model: Optional[str] = DRAFT_MODEL_OPTION,
@@ -293,7 +296,8 @@ def generate(
         config = resolve_command(
             model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, mtp_spec=mtp_spec, spec_type=spec_type,
             spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
-            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights)
+            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights,
+            spec_tree=spec_tree)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         if (system or kwargs) and not chat:
             warn("--system and --chat-template-kwargs only apply with --chat")
@@ -353,6 +357,7 @@ def chat(
     mtp_spec: Optional[bool] = MTP_SPEC_OPTION,
     spec_type: Optional[str] = SPEC_TYPE_OPTION,
     spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
+    spec_tree: Optional[int] = SPEC_TREE_OPTION,
     spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
     spec_draft_model: Optional[str] = SPEC_DRAFT_MODEL_OPTION,
     draft_model: Optional[str] = DRAFT_MODEL_OPTION,
@@ -376,7 +381,8 @@ def chat(
         config = resolve_command(
             model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, mtp_spec=mtp_spec, spec_type=spec_type,
             spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
-            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights)
+            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights,
+            spec_tree=spec_tree)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         check_texts(system, stop)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
@@ -409,6 +415,7 @@ def serve(
     mtp_spec: Optional[bool] = MTP_SPEC_OPTION,
     spec_type: Optional[str] = SPEC_TYPE_OPTION,
     spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
+    spec_tree: Optional[int] = SPEC_TREE_OPTION,
     spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
     spec_draft_model: Optional[str] = SPEC_DRAFT_MODEL_OPTION,
     draft_model: Optional[str] = DRAFT_MODEL_OPTION,
@@ -435,7 +442,8 @@ def serve(
         config = resolve_command(
             model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, mtp_spec=mtp_spec, spec_type=spec_type,
             spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
-            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights)
+            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights,
+            spec_tree=spec_tree)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         session = open_session(config)
         speculation = start_speculation(session)

@@ -45,6 +45,7 @@ def summary_line(result) -> str:
             + (f"{acc:.0%}" if acc is not None else "-")
             + ", "
             + (f"{tpv:.2f} tok/verify" if tpv is not None else "no verifies")
+            + (f", trees {s.nodes_per_tree:.1f} nodes, depth {s.accepted_depth:.2f}" if s.tree_verifies else "")
             + f", governor {s.governor_state} (parks {s.governor_parks})"
             + (f", rollback memory {human_bytes(s.rollback_bytes)}" if s.rollback_bytes else "")
         )
@@ -64,6 +65,8 @@ def stats_table(s: SpecStats, governor=None) -> Table:
             t.add_row("rollback memory", human_bytes(s.rollback_bytes))
         t.add_row("acceptance", f"{acc:.0%}" if acc is not None else "-")
         t.add_row("tokens/verify", f"{tpv:.2f}" if tpv is not None else "-")
+        if s.tree_verifies:
+            t.add_row("trees", f"{s.nodes_per_tree:.1f} nodes/verify, accepted depth {s.accepted_depth:.2f}")
         if governor is not None:
             left = governor.steps_left
             state = governor.state + (f" ({left} steps left)" if left is not None else "")

@@ -19,6 +19,7 @@ from .errors import BadInput
 
 ACCEPT_RULES = ("auto", "match", "residual")
 DRAFT_MIN, DRAFT_MAX, DRAFT_DEFAULT = 1, 64, 8
+TREE_MAX = 64  # nodes of a token tree (0: chains)
 FAMILIES = ("TS_SPEC_", "TS_MTP_")
 
 # setting -> (environment suffix, flag name used in messages)
@@ -30,6 +31,7 @@ SETTINGS = {
     "draft_model": ("DRAFT_MODEL", "--spec-draft-model"),
     "accept": ("ACCEPT", "--spec-accept"),
     "adaptive": ("ADAPTIVE", "--spec-adaptive"),
+    "tree": ("TREE", "--spec-tree"),
 }
 
 
@@ -43,6 +45,7 @@ class SpecOptions:
     draft_model: str | None = None  # a drafter file or known model name
     accept: str = "auto"
     adaptive: bool = True  # the cost governor
+    tree: int = 0  # node budget of a token-tree draft (0: chains); speculators that build trees take it
 
 
 def _parse(setting: str, name: str, raw: Any, speculators: Sequence[str] = ()) -> Any:
@@ -57,6 +60,14 @@ def _parse(setting: str, name: str, raw: Any, speculators: Sequence[str] = ()) -
             raise BadInput(f"{name}={raw!r}: expected an integer in [{DRAFT_MIN}, {DRAFT_MAX}]") from None
         if not DRAFT_MIN <= n <= DRAFT_MAX:
             raise BadInput(f"{name}={n}: out of range [{DRAFT_MIN}, {DRAFT_MAX}]")
+        return n
+    if setting == "tree":
+        try:
+            n = int(str(raw).strip())
+        except ValueError:
+            raise BadInput(f"{name}={raw!r}: expected a node count in [0, {TREE_MAX}] (0: chains)") from None
+        if not 0 <= n <= TREE_MAX:
+            raise BadInput(f"{name}={n}: out of range [0, {TREE_MAX}] (0: chains)")
         return n
     if setting == "pmin":
         try:
@@ -186,9 +197,10 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str], *,
         draft_model=vals.get("draft_model"),
         accept=vals.get("accept", "auto"),
         adaptive=vals.get("adaptive", True),
+        tree=vals.get("tree", 0),
     )
     if not opts.enabled:
-        tuned = [SETTINGS[s][1] for s in ("type", "draft", "pmin", "draft_model", "accept", "adaptive")
+        tuned = [SETTINGS[s][1] for s in ("type", "draft", "pmin", "draft_model", "accept", "adaptive", "tree")
                  if flags.get(s) is not None]
         if block is not None:
             tuned.append("--draft-model")
@@ -206,6 +218,7 @@ def publish(opts: SpecOptions, env: MutableMapping[str, str]) -> None:
         "DRAFT": str(opts.draft),
         "ACCEPT": opts.accept,
         "ADAPTIVE": "1" if opts.adaptive else "0",
+        "TREE": str(opts.tree),
     }
     if opts.pmin is not None:
         values["PMIN"] = repr(opts.pmin)

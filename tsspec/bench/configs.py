@@ -14,7 +14,7 @@ Command-line form: ``[NAME=]ALGO[:key=value,...]``, for example::
 ``=`` inside ``path=...`` is never taken for a name); without it the name is the spec text.
 
 Known keys and their types: ``draft`` (int 1-64), ``pmin`` (float 0-1), ``path``/``model``
-(str: the draft model), ``accept`` (``match``|``residual``), ``adaptive`` (bool: 0/1/true/false/
+(str: the draft model), ``tree`` (int 0-64: token-tree nodes), ``accept`` (``match``|``residual``), ``adaptive`` (bool: 0/1/true/false/
 yes/no/on/off). Any other key is refused, with the nearest known one suggested.
 ``None`` in a field means "the engine's default".
 
@@ -54,7 +54,7 @@ ACCEPT_RULES = tuple(r for r in _OPT_ACCEPT_RULES if r != "auto")
 DEFAULT_BASELINE = "plain"
 
 # the options a config takes (anything else is refused: a typo must not run the defaults)
-_TYPED_KEYS = {"draft", "pmin", "path", "model", "accept", "adaptive"}
+_TYPED_KEYS = {"draft", "pmin", "path", "model", "accept", "adaptive", "tree"}
 _NAME_FORBIDDEN = set(":,= \t\n")
 
 
@@ -69,6 +69,7 @@ class BenchConfig:
     draft_model: str | None = None
     accept: str | None = None
     adaptive: bool | None = None
+    tree: int | None = None  # token-tree node budget (0: chains)
     # who runs it: tsspec itself, or a peer engine started beside it (``tsspec.bench.llama_server``)
     engine: str = "tsspec"
 
@@ -86,6 +87,8 @@ class BenchConfig:
             opts.append(f"accept={self.accept}")
         if self.adaptive is not None:
             opts.append(f"adaptive={'1' if self.adaptive else '0'}")
+        if self.tree is not None:
+            opts.append(f"tree={self.tree}")
         prefix = "" if self.engine == "tsspec" else self.engine + "/"
         return prefix + self.algo + (":" + ",".join(opts) if opts else "")
 
@@ -100,6 +103,7 @@ class BenchConfig:
             "draft_model": self.draft_model,
             "accept": self.accept,
             "adaptive": self.adaptive,
+            "tree": self.tree,
         }
 
 
@@ -120,6 +124,18 @@ def _algo(text: str, where: str) -> str:
     if algo not in known:
         raise BadInput(f"{where}: unknown algorithm {text.strip()!r} (known: {', '.join(known)})")
     return algo
+
+
+def _int_tree(value: Any, where: str) -> int:
+    from ..options import TREE_MAX
+
+    try:
+        n = int(str(value).strip()) if not isinstance(value, bool) else None
+    except ValueError:
+        n = None
+    if n is None or not 0 <= n <= TREE_MAX:
+        raise BadInput(f"{where}: tree must be a node count 0-{TREE_MAX} (0: chains), got {value!r}")
+    return n
 
 
 def _int_draft(value: Any, where: str) -> int:
@@ -187,6 +203,8 @@ def _build(name: str, algo: str, options: Mapping[str, Any], where: str) -> Benc
             fields["accept"] = _accept(value, where)
         elif key == "adaptive":
             fields["adaptive"] = _bool(value, key, where)
+        elif key == "tree":
+            fields["tree"] = _int_tree(value, where)
         else:  # a typo ran the defaults silently once (ngram:drfat=4): say so instead
             near = difflib.get_close_matches(key, sorted(_TYPED_KEYS), n=1)
             hint = f" (did you mean {near[0]}?)" if near else ""

@@ -30,6 +30,7 @@ def spec_options(c: BenchConfig, default_draft_model: str | None) -> SpecOptions
         draft_model=c.draft_model or (default_draft_model if c.algo in ("draft-model", "block", "draft-head") else None),
         accept=c.accept or "auto",
         adaptive=True if c.adaptive is None else c.adaptive,
+        tree=c.tree or 0,
     )
 
 

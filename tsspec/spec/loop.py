@@ -278,6 +278,7 @@ class Sequence:
         with st.phase("accept"):
             path, token = tree.walk(out.logits, draft.tokens, draft.parents, self.sampler, pos + 1, self.history)
         st.record_verify(len(draft.tokens), len(path))
+        st.record_tree(len(draft.tokens), len(path))
         rows = [0, *(i + 1 for i in path)]
         with st.phase("rollback"):
             self.cache.keep_path(pos, rows)

@@ -117,7 +117,9 @@ def _other_attached(drafter, wanted: str) -> str:
 def _ngram(target, options, drafter):
     from .ngram import NGramSpeculator
 
-    return NGramSpeculator(max_draft_tokens=options.draft, min_draft_prob=options.pmin)
+    # a token tree needs a trunk that shares one forward among rows: a recurrent trunk keeps chains
+    tree = options.tree if getattr(target, "batches_sequences", False) else 0
+    return NGramSpeculator(max_draft_tokens=options.draft, min_draft_prob=options.pmin, tree=tree)
 
 
 def _draft_head(target, options, drafter):

@@ -36,6 +36,9 @@ class SpecStats:
     drafted: int = 0  # draft tokens sent to verification
     accepted: int = 0  # of those, accepted
     verify_calls: int = 0
+    tree_verifies: int = 0  # of those, token trees (their drafted count is nodes, accepted the path's depth)
+    tree_nodes: int = 0
+    tree_depth: int = 0
     verify_emitted: int = 0  # tokens emitted by verify steps (accepted + corrected/bonus)
     plain_steps: int = 0
     accept_hist: list[int] = field(default_factory=list)  # index = accepted length of a verify
@@ -58,6 +61,21 @@ class SpecStats:
         if len(self.accept_hist) <= accepted:
             self.accept_hist.extend([0] * (accepted + 1 - len(self.accept_hist)))
         self.accept_hist[accepted] += 1
+
+    def record_tree(self, nodes: int, depth: int) -> None:
+        """A token tree's verify (after ``record_verify``): its nodes and the accepted path's depth."""
+        self.tree_verifies += 1
+        self.tree_nodes += nodes
+        self.tree_depth += depth
+
+    @property
+    def nodes_per_tree(self) -> float | None:
+        return self.tree_nodes / self.tree_verifies if self.tree_verifies else None
+
+    @property
+    def accepted_depth(self) -> float | None:
+        """Mean accepted path depth per tree verify."""
+        return self.tree_depth / self.tree_verifies if self.tree_verifies else None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -82,6 +100,8 @@ class SpecStats:
         d.update(
             acceptance_rate=self.acceptance_rate,
             tokens_per_verify=self.tokens_per_verify,
+            nodes_per_tree=self.nodes_per_tree,
+            accepted_depth=self.accepted_depth,
             decode_tok_s=self.decode_tok_s,
             prefill_tok_s=self.prefill_tok_s,
         )
