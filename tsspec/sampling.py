@@ -9,8 +9,8 @@ its output identical to plain sampling with the same seed.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Sequence
 
 import torch
@@ -44,6 +44,17 @@ def argmax_rows(x: torch.Tensor) -> list[int]:
     if x.device.type == "cpu" and x.dtype in _NUMPY_ARGMAX:
         return x.detach().numpy().argmax(axis=-1).tolist()
     return x.argmax(dim=-1).tolist()
+
+
+class Stream(IntEnum):
+    """The keyed random streams, one per kind of draw, numbered in one place so that no two kinds
+    ever decide on the same number."""
+
+    PLAIN = 0  # a position's plain draw; the per-token drafters draw on it too (common random
+    #            numbers with the trunk: under ``match`` they then pick its token where they agree)
+    ACCEPT = 1  # the residual rule's accept test
+    RESIDUAL = 2  # the residual rule's correction draw
+    BLOCK_DRAFT = 3  # a block drafter's sampled drafts, apart from the trunk's own stream
 
 
 def keyed_uniform(seed: int, position: int, stream: int = 0) -> float:

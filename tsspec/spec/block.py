@@ -33,13 +33,14 @@ from typing import Sequence
 
 import torch
 
+from ..sampling import Stream
 from .protocols import Draft, DraftContext, MinDraftProb
 
 __all__ = ["BlockSpeculator", "gate_cumulative"]
 
 DEFAULT_MIN_DRAFT_PROB = 0.35
 # keyed draws of draft tokens: a salt and stream of their own, independent of the verify's draws
-DRAFT_STREAM = 3  # keyed draws of sampled drafts, apart from the trunk's own stream 0
+DRAFT_STREAM = Stream.BLOCK_DRAFT  # keyed draws of sampled drafts, apart from the trunk's own stream
 
 
 def gate_cumulative(conf: Sequence[float], min_prob: float) -> int:

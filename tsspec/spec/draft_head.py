@@ -34,8 +34,9 @@ from typing import Sequence
 
 import torch
 
-from ..sampling import argmax
-from .draft_model import DRAFT_STREAM
+from ..sampling import Stream, argmax
+
+DRAFT_STREAM = Stream.PLAIN  # common random numbers with the trunk's plain draw, as a draft model's
 from .protocols import Draft, DraftContext, DraftHeadKind, MinDraftProb
 
 TOP_K_GATE = 10

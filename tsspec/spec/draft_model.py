@@ -48,7 +48,7 @@ from typing import Sequence
 import torch
 
 from ..models.cache import common_prefix
-from ..sampling import argmax
+from ..sampling import Stream, argmax
 from .protocols import Draft, DraftContext, MinDraftProb
 
 PREFILL_CHUNK = 256
@@ -58,7 +58,7 @@ PREFILL_CHUNK = 256
 # token depends on the whole context): the window bounds the cost of a restart without cutting
 # ordinary prompts short
 DEFAULT_CONTEXT = 256
-DRAFT_STREAM = 0  # see module doc: common random numbers with the trunk's plain draw
+DRAFT_STREAM = Stream.PLAIN  # see module doc: common random numbers with the trunk's plain draw
 DEFAULT_MIN_DRAFT_PROB = 0.0
 
 

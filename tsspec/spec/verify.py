@@ -24,12 +24,9 @@ from typing import Sequence
 
 import torch
 
-from ..sampling import Sampler, argmax_rows, keyed_uniform
+from ..sampling import Sampler, Stream, argmax_rows, keyed_uniform
 
 RULES = ("match", "residual")
-# keyed random streams: 0 is the plain draw of a position, so match reproduces plain sampling
-_STREAM_ACCEPT = 1
-_STREAM_RESIDUAL = 2
 
 
 @dataclass
@@ -77,13 +74,13 @@ def verify_residual(
         p = sampler.probs(logits[i], hist)  # trunk distribution at this row
         q = draft_probs[i]
         px, qx = float(p[d]), float(q[d])
-        if qx > 0 and keyed_uniform(seed, position + i, _STREAM_ACCEPT) * qx < px:
+        if qx > 0 and keyed_uniform(seed, position + i, Stream.ACCEPT) * qx < px:
             hist.append(d)
             continue
         residual = torch.clamp(p - q, min=0.0)
         if float(residual.sum()) <= 0.0:  # p == q up to rounding: any draw from p is exact
             residual = p
-        return Verdict(i, sampler.draw(residual / residual.sum(), position + i, _STREAM_RESIDUAL))
+        return Verdict(i, sampler.draw(residual / residual.sum(), position + i, Stream.RESIDUAL))
     return Verdict(len(draft), sampler.sample(logits[len(draft)], position + len(draft), hist))
 
 
