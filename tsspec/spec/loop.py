@@ -25,7 +25,7 @@ from typing import Callable, Sequence as Seq
 import torch
 
 from ..sampling import Sampler
-from .protocols import Cache, Draft, DraftContext, ForwardItem, ForwardOutput, SpecTarget, Speculator, arms_after_prefix_reuse
+from .protocols import Cache, Draft, DraftContext, ForwardItem, ForwardOutput, Governor, SpecTarget, Speculator, arms_after_prefix_reuse
 from .stats import SpecStats
 from . import tree
 from .verify import verify
@@ -87,7 +87,7 @@ class Sequence:
     """
 
     def __init__(self, target: SpecTarget, sampler: Sampler, *, cache: Cache | None = None,
-                 speculator: Speculator | None = None, governor=None, window: int = 8,
+                 speculator: Speculator | None = None, governor: Governor | None = None, window: int = 8,
                  accept_rule: str | None = None, stats: SpecStats | None = None):
         self.target = target
         self.sampler = sampler
@@ -398,7 +398,7 @@ def decode(
     *,
     cache: Cache | None = None,
     speculator: Speculator | None = None,
-    governor=None,
+    governor: Governor | None = None,
     window: int = 8,
     accept_rule: str | None = None,
     on_token: Callable[[int], bool] | None = None,

@@ -116,6 +116,29 @@ class Speculator(Protocol):
     def reset(self) -> None: ...
 
 
+@runtime_checkable
+class Governor(Protocol):
+    """What the loop asks of a cost governor (``governor.SpeculationCostGovernor`` is the one
+    tsspec has): whether to draft, how long, how sure a drafted token must be, and what each step
+    cost; ``state`` and ``parks`` for the statistics."""
+
+    parks: int
+
+    @property
+    def state(self) -> str: ...
+
+    def begin_sequence(self) -> None: ...
+
+    def should_draft(self) -> bool: ...
+
+    def draft_length(self, window: int) -> int: ...
+
+    def min_draft_prob(self) -> float | None: ...
+
+    def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None,
+               setup_ms: float = 0.0) -> None: ...
+
+
 def arms_after_prefix_reuse(speculator) -> bool:
     """Whether ``speculator`` may draft for a sequence that begins from a KV prefix it never saw.
 
