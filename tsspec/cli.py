@@ -594,20 +594,17 @@ def distill(
     (--kind block) a block drafter from the rows entering a few layers. The output loads with
     `tsspec generate -m MODEL --spec --spec-draft-model OUT`. Ctrl-C saves a checkpoint; run the same
     command again to continue."""
-    from .distill.train import DistillConfig, distill as run_distill
+    from .distill.train import DistillConfig, check_output_files, distill as run_distill
     from .hub import resolve_model
 
     with user_errors():
+        check_output_files(out)  # before a pull or the trunk's load
         path = resolve_model(model, console=err)
         cfg = DistillConfig(model=str(path), out=str(out), kind=kind, corpus=tuple(str(c) for c in corpus or ()),
                             tokens=tokens, answers=answers, steps=steps, batch=batch, lr=lr, unroll=unroll, draft_vocab=draft_vocab,
                             block_size=block_size, layers=layers, taps=taps, seed=seed, device=device, precision=precision, weights=weights,
                             eval_every=eval_every)
         cfg.check()
-        if out.is_dir():
-            raise BadInput(f"-o {out}: is a directory; give a file name")
-        if not out.parent.exists():
-            raise BadInput(f"-o {out}: directory {out.parent} does not exist")
         startup_done()  # Ctrl-C from here saves a checkpoint (inside distill) and exits 130
         from .display import DistillProgress
 
@@ -733,14 +730,11 @@ def bench(
                 check_model_spec(draft_model)
             except TsspecError as e:
                 raise BadInput(f"--draft-model: {e}") from None
+        from .output_file import check_output_file
+
         for flag, out in (("--json", json_out), ("--csv", csv_out), ("--plot", plot_out)):
-            # refuse now, not after a long run that is then lost
-            if out is None or str(out) == "-":
-                continue
-            if out.expanduser().is_dir():
-                raise BadInput(f"{flag} {out}: is a directory, not a file to write")
-            if not out.expanduser().resolve().parent.is_dir():
-                raise BadInput(f"{out}: its directory does not exist")
+            if out is not None and str(out) != "-":  # refused now, not after a long run that is then lost
+                check_output_file(out, f"{flag} {out}")
         wls = []
         for w in workload or workload_names():
             wls.append(get_workload(w) if w in workload_names() else load_workload(Path(w)))

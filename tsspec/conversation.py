@@ -123,7 +123,9 @@ class Conversation:
     # -- saving -----------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """The conversation as JSON: the messages (system first) and each turn's counters."""
-        path = Path(path).expanduser()  # typed at the chat prompt, where no shell expands '~'
+        from .output_file import check_output_file
+
+        path = check_output_file(path, f"cannot save to {path}")  # '~' expanded: no shell did it at the prompt
         data = {"messages": self.all_messages(), "turns": [
             {k: v for k, v in t.to_dict().items() if k not in ("token_ids", "spec")} for t in self.turns]}
         try:

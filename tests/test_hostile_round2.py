@@ -1,0 +1,162 @@
+"""Hostile input, second round (issue 40): output targets that are not files, planted checkpoints,
+templates that will not compile or stall a server thread, padding ids, unwritable output, names and
+bytes the OS refuses, FIFOs, a giant token, panicking merges, scripted chats that fail, odd
+metadata types and SIGTERM. Each case is one ``error:`` line and an exit code, never a traceback."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from clirun import run
+from tiny import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return str(write_tiny_model(tmp_path_factory.mktemp("hostile2") / "tiny.gguf", arch="llama", seed=3))
+
+
+def one_error(r, code, needle):
+    assert r.exit_code == code, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert needle in " ".join(lines[0].split()), lines[0]
+
+
+def _fifo(tmp_path, name="pipe"):
+    p = tmp_path / name
+    os.mkfifo(p)
+    return p
+
+
+# ----------------------------------------------------------------------------- 1: output targets
+
+
+def test_output_file_helper_refuses_what_is_not_a_file(tmp_path):
+    from tsspec.errors import BadInput
+    from tsspec.output_file import check_output_file
+
+    fifo = _fifo(tmp_path)
+    for target, why in ((fifo, "not a regular file"), ("/dev/null", "not a regular file"), (tmp_path, "is a directory"),
+                        (tmp_path / "no" / "x", "does not exist"), ("/proc/x.gguf", "cannot be written"),
+                        (tmp_path / ("n" * 300), "cannot be written")):
+        with pytest.raises(BadInput, match=why):
+            check_output_file(target, "--out")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(BadInput, match="cannot be written"):
+        check_output_file(dangling, "--out")
+    assert check_output_file(tmp_path / "new.json", "--out") == tmp_path / "new.json"
+    assert not (tmp_path / "new.json").exists()  # the probe leaves nothing behind
+
+
+def _distill(model, out, *more):
+    corpus = os.path.dirname(model)
+    return run("distill", "-m", model, "-o", str(out), "--corpus", corpus, "--tokens", "1024", "--steps", "1", *more)
+
+
+@pytest.mark.parametrize("target", ["fifo", "/dev/null", "fifo.ckpt", "/proc/x.gguf"])
+def test_distill_refuses_a_target_that_is_not_a_file_before_any_work(model, tmp_path, target):
+    if target.startswith("fifo"):
+        out = tmp_path / "d.gguf"
+        _fifo(tmp_path, "d.gguf" if target == "fifo" else "d.gguf.ckpt")
+    else:
+        out = target
+    r = _distill("/no/such/model.gguf", out)  # refused before the trunk is even looked for
+    one_error(r, 2, "not a regular file" if target != "/proc/x.gguf" else "cannot be written")
+
+
+def test_export_hf_refuses_fifo_files_inside_its_directory(tmp_path):
+    (tmp_path / "hf").mkdir()
+    _fifo(tmp_path / "hf", "model.safetensors")
+    one_error(run("export-hf", str(tmp_path / "missing.gguf"), "-o", str(tmp_path / "hf")), 2, "not a regular file")
+
+
+@pytest.mark.parametrize("flag", ["--json", "--csv", "--plot"])
+def test_bench_refuses_output_that_is_not_a_file(tmp_path, flag):
+    one_error(run("bench", "-m", "/no/such.gguf", flag, str(_fifo(tmp_path))), 2, "not a regular file")
+    one_error(run("bench", "-m", "/no/such.gguf", flag, "/proc/x.json"), 2, "cannot be written")
+
+
+def test_chat_save_to_a_fifo_is_refused_and_does_not_hang(model, tmp_path):
+    fifo = _fifo(tmp_path)
+    r = run("chat", "-m", model, "-n", "2", input=f"hi\n/save {fifo}\n/exit\n")
+    errors = [x for x in r.output.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "not a regular file" in errors[0], r.output
+
+
+def test_trace_steps_refuses_a_fifo(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "scripts" / "trace_steps.py"), "--out", str(_fifo(tmp_path)), "--",
+                        "generate", "-m", "nope.gguf"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 2 and "not a regular file" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# ----------------------------------------------------------------------------- 2: the checkpoint
+
+
+def _planted(path, marker):
+    import pickle
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path.write_bytes(pickle.dumps({"config": {}, "x": Boom()}))
+
+
+@pytest.mark.parametrize("kind", ["planted", "garbage", "empty", "not_a_dict", "other_keys"])
+def test_a_planted_or_damaged_checkpoint_is_refused_before_the_feature_pass(model, tmp_path, kind, monkeypatch):
+    import torch
+
+    from tsspec.distill import train
+
+    out = tmp_path / "d.gguf"
+    ckpt = tmp_path / "d.gguf.ckpt"
+    marker = tmp_path / "pwned"
+    if kind == "planted":
+        _planted(ckpt, marker)
+    elif kind == "garbage":
+        ckpt.write_bytes(os.urandom(4000))
+    elif kind == "empty":
+        ckpt.write_bytes(b"")
+    elif kind == "not_a_dict":
+        torch.save([1, 2, 3], ckpt)
+    else:
+        torch.save({"config": {"nope": 1}, "head": {}, "opt": {}, "step": 0, "curve": []}, ckpt)
+
+    def no_features(*a, **k):
+        raise AssertionError("the feature pass ran before the checkpoint was checked")
+
+    monkeypatch.setattr(train, "prepare_features", no_features)
+    one_error(_distill(model, out), 2, "not a tsspec distill checkpoint")
+    assert not marker.exists()
+
+
+def test_another_runs_checkpoint_is_refused_before_the_feature_pass(model, tmp_path, monkeypatch):
+    import dataclasses
+
+    import torch
+
+    from tsspec.distill import train
+
+    out = tmp_path / "d.gguf"
+    cfg = train.DistillConfig(model=model, out=str(out), tokens=4096, seed=9)
+    torch.save({"config": dataclasses.asdict(cfg), "head": {}, "opt": {}, "step": 3, "curve": []}, f"{out}.ckpt")
+    monkeypatch.setattr(train, "prepare_features", lambda *a, **k: pytest.fail("feature pass before the check"))
+    one_error(_distill(model, out), 2, "holds a run with other settings")
+
+
+def test_a_damaged_features_cache_is_computed_again(tmp_path):
+    from tsspec.distill.features import Features
+
+    p = tmp_path / "f.pt"
+    p.write_bytes(b"\x80\x04garbage")
+    assert Features.load(p) is None
