@@ -160,3 +160,109 @@ def test_a_damaged_features_cache_is_computed_again(tmp_path):
     p = tmp_path / "f.pt"
     p.write_bytes(b"\x80\x04garbage")
     assert Features.load(p) is None
+
+
+# ----------------------------------------------------------------------------- 3, 4: templates
+
+
+def with_template(src, dst, template):
+    from tiny import rewrite_metadata
+    import gguf
+
+    def edit(kv):
+        kv["tokenizer.chat_template"] = (template, gguf.GGUFValueType.STRING, gguf.GGUFValueType.STRING)
+
+    return str(rewrite_metadata(src, dst, edit))
+
+
+LIPSUM = "{{ lipsum(n=999999) }}"
+
+
+def test_the_template_budget_holds_off_the_main_thread():
+    import threading
+    import time
+
+    from tsspec.chat import build_messages, render_chat
+    from tsspec.errors import BadInput
+
+    got = []
+
+    def render():
+        t = time.perf_counter()
+        try:
+            render_chat(LIPSUM, build_messages("hi"), seconds=0.5)
+        except BadInput as e:
+            got.append((str(e), time.perf_counter() - t))
+
+    th = threading.Thread(target=render)
+    th.start()
+    th.join(30)
+    assert got and "time budget of 0.5 s" in got[0][0] and got[0][1] < 3, got
+
+
+def test_serve_answers_health_while_a_template_runs_out_its_budget(model, tmp_path):
+    import threading
+    import time
+
+    from starlette.testclient import TestClient
+
+    from tsspec.generate import Engine
+    from tsspec.models import load_model
+    from tsspec.server import Server, create_app
+    from tsspec.tokenizer import Tokenizer
+
+    path = with_template(model, tmp_path / "lipsum.gguf", LIPSUM)
+    engine = Engine(load_model(path), Tokenizer.from_gguf(path), speculator=None, window=4)
+    client = TestClient(create_app(Server(engine, model_id="m", slots=2, default_max_tokens=4)))
+    out = {}
+
+    def chat():
+        t = time.perf_counter()
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        out["chat"] = (r.status_code, r.json()["error"]["message"], time.perf_counter() - t)
+
+    th = threading.Thread(target=chat)
+    th.start()
+    time.sleep(0.5)
+    t = time.perf_counter()
+    assert client.get("/health").status_code == 200
+    assert time.perf_counter() - t < 2  # not after the template's budget
+    th.join(60)
+    status, msg, took = out["chat"]
+    assert status == 400 and "time budget" in msg and took < 15, out
+
+
+@pytest.mark.parametrize("template", [
+    "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}",
+    "{{ 'x'" + " | lower" * 20000 + " }}",
+    "".join(f"{{% for i{k} in [1] %}}" for k in range(25)) + "x" + "{% endfor %}" * 25,
+])
+def test_a_template_that_does_not_compile_is_one_line(template):
+    from tsspec.chat import build_messages, render_chat
+    from tsspec.errors import BadInput
+
+    with pytest.raises(BadInput, match="chat template does not parse"):
+        render_chat(template, build_messages("hi"))
+
+
+@pytest.mark.parametrize("cmd", [["generate", "-p", "hi", "--chat"], ["chat"], ["bench", "--chat", "-w", "prose", "--reps", "1"]])
+def test_a_template_that_does_not_compile_through_the_cli(model, tmp_path, cmd):
+    path = with_template(model, tmp_path / "deep.gguf", "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}")
+    r = run(cmd[0], "-m", path, "-n", "2", *cmd[1:], input="hi\n")
+    assert "Traceback" not in r.output and r.exit_code != 0, r.output
+    assert any(x.startswith("error:") and "chat template does not parse" in x for x in r.output.splitlines()), r.output
+
+
+# ----------------------------------------------------------------------------- 15: scripted chat
+
+
+@pytest.mark.parametrize("lines", [os.urandom(4000).replace(b"\n", b" ") + b"\n", b"word " * 1_000_000 + b"\n"])
+def test_a_scripted_chat_where_every_turn_failed_exits_non_zero(model, lines):
+    r = run("chat", "-m", model, "-n", "2", "-c", "256", input=lines)
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert any(x.startswith("error:") for x in r.output.splitlines())
+
+
+def test_a_scripted_chat_with_one_good_turn_exits_zero(model):
+    r = run("chat", "-m", model, "-n", "2", "-c", "256", input=b"word " * 1_000_000 + b"\nhi\n")
+    assert r.exit_code == 0, r.output

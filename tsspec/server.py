@@ -535,7 +535,9 @@ def create_app(server: Server) -> Starlette:
         server.check_model(body)
         sampler, max_tokens, stop = server.sampling(body)
         streaming = server.streaming(body)
-        prompt = server.chat_prompt(body, max_tokens) if chat else server.text_prompt(body, max_tokens)
+        # rendered and tokenized on a worker thread: a template's seconds of budget (or a long
+        # prompt's tokenizing) stalled the event loop, /health and every other client with it
+        prompt = await asyncio.to_thread(server.chat_prompt if chat else server.text_prompt, body, max_tokens)
         max_tokens = server.budget(prompt, max_tokens, "messages" if chat else "prompt")
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         kind = "chat.completion" if chat else "text_completion"
