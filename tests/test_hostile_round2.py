@@ -266,3 +266,87 @@ def test_a_scripted_chat_where_every_turn_failed_exits_non_zero(model, lines):
 def test_a_scripted_chat_with_one_good_turn_exits_zero(model):
     r = run("chat", "-m", model, "-n", "2", "-c", "256", input=b"word " * 1_000_000 + b"\nhi\n")
     assert r.exit_code == 0, r.output
+
+
+# ----------------------------------------------------------------------------- 5: padding ids
+
+
+def padded_vocab_model(dst, pad=5):
+    """A llama file whose vocab_size (300 + pad) is past its 300 tokens, the padding rows of its
+    untied output winning every row (one of each +v/-v pair is positive)."""
+    import gguf
+    import numpy as np
+
+    src = write_tiny_model(dst.with_name("src.gguf"), arch="llama", seed=3, vocab_size=300, tied=False)
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), "llama")
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value, vtype, sub = field.contents(), field.types[0], field.types[-1]
+        if key == "llama.vocab_size":
+            value = 300 + pad
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, value, vtype, sub_type=sub)
+        else:
+            w.add_key_value(key, value, vtype)
+    rng = np.random.default_rng(0)
+    for t in r.tensors:
+        a = np.array(t.data, dtype=np.float32).reshape(tuple(int(x) for x in reversed(t.shape.tolist())))
+        if t.name in ("token_embd.weight", "output.weight"):
+            extra = np.zeros((pad, a.shape[1]), np.float32)
+            if t.name == "output.weight":
+                v = rng.standard_normal(a.shape[1]).astype(np.float32) * 50
+                extra[0::2], extra[1::2] = v, -v
+                a = a * 0.01
+            a = np.concatenate([a, extra])
+        w.add_tensor(t.name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(dst)
+
+
+@pytest.mark.parametrize("args", [[], ["--temp", "1.0", "--seed", "2"], ["--spec", "--spec-type", "ngram"]])
+def test_an_id_without_a_token_is_never_drawn(tmp_path, args):
+    import json
+
+    path = padded_vocab_model(tmp_path / "padded.gguf")
+    r = run("generate", "-m", path, "-p", "ab ab ab ab", "-n", "12", "--json", "--ignore-eos", *args)
+    assert r.exit_code == 0 and r.exception is None, r.output
+    ids = json.loads(r.stdout)["token_ids"]
+    assert len(ids) == 12 and all(0 <= t < 300 for t in ids), ids
+
+
+def test_a_draft_that_guesses_an_id_without_a_token_is_cut_there(tmp_path):
+    from tsspec.generate import Engine
+    from tsspec.models import load_model
+    from tsspec.sampling import Sampler
+    from tsspec.spec.protocols import Draft
+    from tsspec.tokenizer import Tokenizer
+
+    path = padded_vocab_model(tmp_path / "padded.gguf")
+
+    class Guesser:  # proposes a real token, then a padding id
+        name, needs_hidden_state, taps, can_arm_after_prefix_reuse, default_accept_rule = "g", False, (), True, "match"
+
+        def begin(self, prompt, hidden):
+            pass
+
+        def commit(self, kept, hidden, pos):
+            pass
+
+        def propose(self, ctx):
+            return Draft([65, 302, 66])
+
+    target = load_model(path)
+    engine = Engine(target, Tokenizer.from_gguf(path), speculator=Guesser(), window=4)
+    seen = []
+    gen = engine.begin(engine.tokenizer.encode("ab"), sampler=Sampler(), max_tokens=6, cache=target.make_cache(),
+                       speculator=Guesser(), ignore_eos=True)
+    orig = gen.run.seq._verify
+    gen.run.seq._verify = lambda pos, draft, out: (seen.append(list(draft.tokens)), orig(pos, draft, out))[1]
+    gen.run.drive()
+    assert seen and all(d == [65] for d in seen), seen
+    assert all(0 <= t < 300 for t in gen.result().token_ids)

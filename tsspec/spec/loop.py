@@ -19,7 +19,7 @@ Positions: the token drawn from the trunk row that processed position ``p`` sits
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence as Seq
 
 import torch
@@ -70,8 +70,11 @@ class Sequence:
 
     def __init__(self, target: SpecTarget, sampler: Sampler, *, cache: Cache | None = None,
                  speculator: Speculator | None = None, governor=None, window: int = 8,
-                 accept_rule: str | None = None, stats: SpecStats | None = None):
+                 accept_rule: str | None = None, stats: SpecStats | None = None, drawable: int | None = None):
         self.target = target
+        # ids at or past ``drawable`` have no token (a file's vocab_size padded past its token
+        # list): never drawn, never drafted
+        self.drawable = drawable
         self.sampler = sampler
         self.cache = cache if cache is not None else target.make_cache()
         self.speculator = speculator
@@ -181,6 +184,10 @@ class Sequence:
         """The second half of a step, given the forward of ``rows``: accept, trim, commit; -> the
         tokens emitted (none for a prompt chunk but the last). ``forward_ms``: the forward's wall
         time (a shared one's whole time)."""
+        if self.drawable is not None and out.logits.shape[-1] > self.drawable:
+            logits = out.logits.clone()  # [rows, vocab]; the forward's own may be an inference tensor
+            logits[..., self.drawable:] = float("-inf")
+            out = replace(out, logits=logits)
         if rows.prefill:
             return self._prefilled(rows, out)
         t0 = time.perf_counter()
@@ -217,8 +224,12 @@ class Sequence:
             ctx = DraftContext(self.last, pos, k_max, self.history, self.hidden_last, self.sampler,
                                None if gov is None else gov.min_draft_prob())
             draft = spec.propose(ctx)
-        if len(draft.tokens) > k_max:
-            draft = Draft(draft.tokens[:k_max], None if draft.probs is None else draft.probs[:k_max],
+        n = len(draft.tokens)
+        if self.drawable is not None:  # a guess that is no token ends the draft: it cannot be accepted
+            n = next((i for i, t in enumerate(draft.tokens) if not 0 <= t < self.drawable), n)
+        n = min(n, k_max)
+        if n < len(draft.tokens):
+            draft = Draft(draft.tokens[:n], None if draft.probs is None else draft.probs[:n],
                           setup_ms=draft.setup_ms)
         return draft
 
