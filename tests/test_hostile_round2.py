@@ -350,3 +350,28 @@ def test_a_draft_that_guesses_an_id_without_a_token_is_cut_there(tmp_path):
     gen.run.drive()
     assert seen and all(d == [65] for d in seen), seen
     assert all(0 <= t < 300 for t in gen.result().token_ids)
+
+
+# ----------------------------------------------------------------------------- 6: safetensors
+
+
+def test_safetensors_is_a_declared_dependency():
+    import tomllib
+    from pathlib import Path
+
+    deps = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.startswith("safetensors") for d in deps), deps
+
+
+def test_export_hf_without_safetensors_still_checks_its_input(model, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    one_error(run("export-hf", str(tmp_path / "missing.gguf"), "-o", str(tmp_path / "hf")), 2, "no such file")
+    from tsspec.distill.export_hf import export_block_hf
+    from tsspec.errors import TsspecError
+
+    with pytest.raises(TsspecError) as e:  # a trunk is refused as not a drafter before any import
+        export_block_hf(model, tmp_path / "hf")
+    assert "dflash" in str(e.value)

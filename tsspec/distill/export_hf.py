@@ -100,7 +100,6 @@ def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
     ``gguf_path``; returns ``out_dir``. Weights are dequantized to ``dtype`` (float32: exactly
     what the GGUF's dequantized matrices are; bfloat16: the reference's published checkpoints)."""
     import torch
-    from safetensors.torch import save_file
 
     if dtype not in DTYPES:
         raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -203,6 +202,11 @@ def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
         "use_cache": True,
         "vocab_size": int(vocab),
     }
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise TsspecError("export-hf needs the safetensors package (a tsspec dependency): "
+                          "pip install safetensors") from None
     out = Path(out_dir)
     check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
