@@ -375,3 +375,41 @@ def test_export_hf_without_safetensors_still_checks_its_input(model, tmp_path, m
     with pytest.raises(TsspecError) as e:  # a trunk is refused as not a drafter before any import
         export_block_hf(model, tmp_path / "hf")
     assert "dflash" in str(e.value)
+
+
+# ----------------------------------------------------------------------------- 7: stdout refuses
+
+
+def _tsspec(args, **kw):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-m", "tsspec", *args], env=env, timeout=120, **kw)
+
+
+@pytest.mark.parametrize("how", ["full", "full-json", "closed", "pipe", "info-full"])
+def test_output_that_cannot_be_written_is_one_line(model, how):
+    import subprocess
+
+    args = ["info", model] if how.startswith("info") else ["generate", "-m", model, "-p", "hi", "-n", "60", "--ignore-eos"]
+    if how == "full-json":
+        args.append("--json")
+    if how == "pipe":  # the reader already gone, as ``| head -c 1`` leaves it
+        rd, wr = os.pipe()
+        os.close(rd)
+        r = _tsspec(args, stdout=wr, stderr=subprocess.PIPE, text=True)
+        os.close(wr)
+        want = "Broken pipe"
+    elif how == "closed":
+        r = _tsspec(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                    preexec_fn=lambda: os.close(1))
+        want = "stdout is closed"
+    else:
+        with open("/dev/full", "w") as full:
+            r = _tsspec(args, stdout=full, stderr=subprocess.PIPE, text=True)
+        want = "No space left on device"
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 1 and lines == [f"error: cannot write the output: {want}"], r.stderr

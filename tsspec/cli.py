@@ -867,6 +867,9 @@ def main(args: list[str] | None = None) -> None:
     from .interrupts import exiting, guard_startup
 
     guard_startup()  # the ``tsspec`` script imports this module first; ``python -m tsspec`` guards earlier
+    from .display import guard_stdout
+
+    guard_stdout()  # a stdout that refuses writes (/dev/full, a closed pipe, >&-): one error line
     try:
         sys.exit(run(args))
     finally:
