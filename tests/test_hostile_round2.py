@@ -413,3 +413,25 @@ def test_output_that_cannot_be_written_is_one_line(model, how):
         want = "No space left on device"
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 1 and lines == [f"error: cannot write the output: {want}"], r.stderr
+
+
+# ----------------------------------------------------------------------------- 8: bench's files
+
+
+def test_bench_output_that_fails_after_the_run_loses_nothing_else(model, tmp_path, monkeypatch):
+    import errno
+    import pathlib
+
+    real = pathlib.Path.write_text
+
+    def full(self, *a, **k):
+        if self.name == "r.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    r = run("bench", "-m", model, "-w", "prose", "--reps", "1", "--warmup", "0", "-n", "2", "--config", "ngram",
+            "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"))
+    one_error(r, 1, f"cannot write --json {tmp_path / 'r.json'}: No space left on device")
+    assert (tmp_path / "r.csv").read_text().startswith("workload,")
+    assert "ngram" in r.stdout  # the table was printed before

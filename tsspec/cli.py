@@ -735,6 +735,8 @@ def bench(
         for flag, out in (("--json", json_out), ("--csv", csv_out), ("--plot", plot_out)):
             if out is not None and str(out) != "-":  # refused now, not after a long run that is then lost
                 check_output_file(out, f"{flag} {out}")
+        if plot_out is not None:
+            report.check_plot()
         wls = []
         for w in workload or workload_names():
             wls.append(get_workload(w) if w in workload_names() else load_workload(Path(w)))
@@ -779,16 +781,10 @@ def bench(
         report.render_table(result, Console())
         for name, why in (peer_run.fallback.items() if peer_run is not None else ()):
             err.print(f"note: {name}: {why} (its default crashed; every figure of it is from that server)")
-        if json_out is not None:
-            text = json.dumps(report.to_json(result), indent=2)
-            if str(json_out) == "-":
-                print(text)
-            else:
-                json_out.write_text(text + "\n")
-        if csv_out is not None:
-            report.write_csv(result, csv_out)
-        if plot_out is not None:
-            report.plot(result, plot_out)
+        if json_out is not None and str(json_out) == "-":
+            print(json.dumps(report.to_json(result), indent=2))
+        report.save_outputs(result, json_path=None if json_out is None or str(json_out) == "-" else json_out.expanduser(),
+                            csv_path=csv_out.expanduser() if csv_out else None, plot_path=plot_out.expanduser() if plot_out else None)
         if not result.ok:
             raise TsspecError("speculative output differed from the baseline: a correctness bug, see the table")
 
