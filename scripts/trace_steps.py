@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 from tsspec.errors import BadInput
-from tsspec.output_file import check_output_file
+from tsspec.paths import check_output_file
 from tsspec.spec import loop
 
 

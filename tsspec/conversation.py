@@ -123,7 +123,7 @@ class Conversation:
     # -- saving -----------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """The conversation as JSON: the messages (system first) and each turn's counters."""
-        from .output_file import check_output_file
+        from .paths import check_output_file
 
         path = check_output_file(path, f"cannot save to {path}")  # '~' expanded: no shell did it at the prompt
         data = {"messages": self.all_messages(), "turns": [

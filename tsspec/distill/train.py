@@ -125,7 +125,7 @@ def output_files(out: str | Path) -> tuple[Path, ...]:
 def check_output_files(out: str | Path) -> None:
     """Refuse, before any work, an ``-o`` where one of the run's files could not be written or would
     replace something that is not a file (``-o /dev/full`` replaced the device, as root)."""
-    from ..output_file import check_output_file
+    from ..paths import check_output_file
 
     for p in output_files(out):
         check_output_file(p, f"-o {out}" if p == Path(out) else f"-o {out}: its file {p}")

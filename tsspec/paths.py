@@ -1,5 +1,6 @@
-"""Where a command is about to write a file: refused before any work when writing there would harm
-something or could never succeed.
+"""Paths a user names: where a command is about to write a file (refused before any work when
+writing there would harm something or could never succeed), and tests on a path that answer
+False for a name the OS refuses to look up (too long, a NUL byte) instead of raising.
 
 Every command that writes a file (distill, export-hf, bench --json/--csv/--plot, chat /save,
 scripts/trace_steps.py) asks here first. A target that exists and is not a regular file is refused:
@@ -46,3 +47,29 @@ def check_output_file(path: str | os.PathLike, label: str) -> Path:
     os.close(fd)
     os.unlink(p)
     return p
+
+
+def is_file(path: str | os.PathLike) -> bool:
+    """``Path.is_file``, False (not OSError) for a name too long for the file system or one with a
+    NUL byte: a 300-character ``-m`` was a traceback from every command."""
+    try:
+        return stat.S_ISREG(os.stat(Path(path).expanduser()).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def is_dir(path: str | os.PathLike) -> bool:
+    """``Path.is_dir``, False for a name the OS refuses (see ``is_file``)."""
+    try:
+        return stat.S_ISDIR(os.stat(Path(path).expanduser()).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def exists(path: str | os.PathLike) -> bool:
+    """``Path.exists``, False for a name the OS refuses (see ``is_file``)."""
+    try:
+        os.stat(Path(path).expanduser())
+    except (OSError, ValueError):
+        return False
+    return True
