@@ -483,3 +483,37 @@ def test_a_fifo_as_the_model_is_refused(tmp_path):
     one_error(run("generate", "-m", str(fifo), "-p", "hi"), 2, "model not found")
     with pytest.raises(ModelFileError, match="not a regular file"):
         GGUFFile(fifo)
+
+
+# ----------------------------------------------------------------------------- 11: a body cut short
+
+
+def test_a_client_gone_mid_body_is_one_log_line(model, caplog):
+    import asyncio
+    import logging
+
+    from tsspec.generate import Engine
+    from tsspec.models import load_model
+    from tsspec.server import Server, create_app
+    from tsspec.tokenizer import Tokenizer
+
+    app = create_app(Server(Engine(load_model(model), Tokenizer.from_gguf(model), speculator=None, window=4),
+                            model_id="m", slots=1, default_max_tokens=2))
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
+             "server": ("127.0.0.1", 8080), "client": ("127.0.0.1", 5), "root_path": ""}
+    incoming = [{"type": "http.request", "body": b'{"messages": [', "more_body": True}, {"type": "http.disconnect"}]
+    sent = []
+
+    async def receive():
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(app(scope, receive, send))  # raised ClientDisconnect (and its traceback) before
+    assert sent[0]["status"] == 400
+    lines = [r for r in caplog.records if "closed the connection" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None
