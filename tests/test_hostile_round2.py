@@ -517,3 +517,34 @@ def test_a_client_gone_mid_body_is_one_log_line(model, caplog):
     assert sent[0]["status"] == 400
     lines = [r for r in caplog.records if "closed the connection" in r.getMessage()]
     assert len(lines) == 1 and lines[0].exc_info is None
+
+
+# ----------------------------------------------------------------------------- 13: a giant token
+
+
+def test_one_giant_token_does_not_defeat_the_prompt_length_check(model, tmp_path):
+    import time
+
+    import gguf
+    from tiny import rewrite_metadata
+
+    def giant(kv):
+        tokens, vtype, sub = kv["tokenizer.ggml.tokens"]
+        kv["tokenizer.ggml.tokens"] = (tokens[:-1] + ["a" * 10_000_000], vtype, sub)
+        merges, mtype, msub = kv["tokenizer.ggml.merges"]
+        kv["tokenizer.ggml.merges"] = (merges[:-1], mtype, msub)
+
+    path = str(rewrite_metadata(model, tmp_path / "giant.gguf", giant))
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("word " * 6_000_000)  # 30 MB
+    t = time.perf_counter()
+    one_error(run("generate", "-m", path, "-f", str(prompt), "-n", "2"), 2, "exceeds the context")
+    assert time.perf_counter() - t < 60  # refused before the 30 MB is tokenized whole
+
+
+def test_min_tokens_stays_a_lower_bound_on_real_spellings(model):
+    from tsspec.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(model)
+    for text in ("hello world", "x" * 5000, "é" * 300, "  \n\t" * 100):
+        assert tok.min_tokens(text) <= len(tok.encode(text, add_special=False))

@@ -46,6 +46,7 @@ from .errors import BadInput, ModelFileError
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 SPACE_MARK = "\u2581"  # SentencePiece's visible space "▁"
+MAX_TOKEN_BYTES = 256  # the most prompt bytes one token is counted for in min_tokens (see there)
 
 # Pre-tokenizer regexes per ``tokenizer.ggml.pre``, as in llama.cpp's llama-vocab.cpp. Each list is
 # applied in order, every regex splitting the pieces the previous one produced ("isolated": matches
@@ -403,14 +404,18 @@ class Tokenizer:
 
     @functools.cached_property
     def _max_token_bytes(self) -> int:
-        # >= 4: an unknown character (up to 4 bytes) becomes one <unk> at most
-        return max(4, max(len(t.encode("utf-8", "surrogatepass")) for t in self._tokens))
+        # >= 4: an unknown character (up to 4 bytes) becomes one <unk> at most; at most
+        # MAX_TOKEN_BYTES, so one hostile 10 MB token cannot make the bound worthless
+        longest = max((len(t.encode("utf-8", "surrogatepass")) for t in self._tokens), default=0)
+        return min(MAX_TOKEN_BYTES, max(4, longest))
 
     def min_tokens(self, text: str) -> int:
         """A lower bound on ``len(encode(text))`` without encoding: no token stands for more bytes of
         text than its own spelling has (byte-level: one character per byte; SentencePiece: "▁"
-        for a space, "<0x41>" for a byte). Lets a caller refuse a text far past the context before
-        tokenizing all of it."""
+        for a space, "<0x41>" for a byte), and none is counted as more than ``MAX_TOKEN_BYTES``
+        (real vocabularies' longest are well under it; a file with a 10 MB token let a 30 MB
+        prompt be tokenized whole, 6.9 GB resident). Lets a caller refuse a text far past the
+        context before tokenizing all of it."""
         return -(-len(text.encode("utf-8", "surrogatepass")) // self._max_token_bytes)
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
