@@ -548,3 +548,27 @@ def test_min_tokens_stays_a_lower_bound_on_real_spellings(model):
     tok = Tokenizer.from_gguf(model)
     for text in ("hello world", "x" * 5000, "é" * 300, "  \n\t" * 100):
         assert tok.min_tokens(text) <= len(tok.encode(text, add_special=False))
+
+
+# ----------------------------------------------------------------------------- 14: merges
+
+
+@pytest.mark.parametrize("merge, needle", [
+    ("<|endoftext|> a", "names '<|endoftext|>a'"),  # the tokenizers library panicked on this one
+    ("zzq qqz", "names 'zzq'"),
+    ("Q Z", "names 'QZ'"),
+    ("a ", "bad entry"),
+])
+def test_merges_naming_missing_tokens_are_one_line_without_a_panic(model, tmp_path, merge, needle):
+    import subprocess
+
+    from tiny import rewrite_metadata
+
+    def edit(kv):
+        merges, vtype, sub = kv["tokenizer.ggml.merges"]
+        kv["tokenizer.ggml.merges"] = ([merge] + merges, vtype, sub)
+
+    path = str(rewrite_metadata(model, tmp_path / "merges.gguf", edit))
+    r = _tsspec(["generate", "-m", path, "-p", "a b", "-n", "2"], capture_output=True, text=True)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 3 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr

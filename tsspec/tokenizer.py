@@ -32,9 +32,12 @@ Contract:
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import os
 import re
+import sys
+import tempfile
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -152,7 +155,8 @@ def _tokenizers_call(fn):
     Exception, or a Rust panic, which arrives as pyo3's PanicException: a BaseException) turned into
     ``ModelFileError``."""
     try:
-        return fn()
+        with _panic_text_held():
+            return fn()
     except ModelFileError:
         raise
     except Exception as e:
@@ -162,6 +166,42 @@ def _tokenizers_call(fn):
             raise
         raise ModelFileError(f"GGUF tokenizer metadata does not make a tokenizer (tokenizers panicked: "
                              f"{_one_line(e)})") from None
+
+
+@contextlib.contextmanager
+def _panic_text_held():
+    """fd 2 into a temporary file while ``tokenizers`` builds: a Rust panic's hook writes its message
+    and backtrace straight there, ahead of the error line. Replayed unless the block panicked, so a
+    warning on the way is still seen."""
+    try:
+        sys.stderr.flush()
+        saved, held = os.dup(2), tempfile.TemporaryFile()
+        os.dup2(held.fileno(), 2)
+    except (OSError, ValueError, AttributeError):  # no fd 2 (a test's captured stream): as it is
+        yield
+        return
+    panicked = False
+    try:
+        yield
+    except BaseException as e:
+        panicked = type(e).__name__ == "PanicException"
+        raise
+    finally:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        if not panicked:
+            held.seek(0)
+            text = held.read()
+            if text:
+                os.write(2, text)
+        held.close()
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _one_line(e: BaseException) -> str:
@@ -183,13 +223,20 @@ def _byte_level_model(meta: Mapping[str, Any], tokens: list[str]):
     merges_raw = _require(meta, "tokenizer.ggml.merges")
     if not isinstance(merges_raw, list):
         raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.merges is not a list")
+    vocab = _token_map(tokens)
     merges: list[tuple[str, str]] = []
-    for m in merges_raw:
-        parts = m.split(" ")
-        if len(parts) != 2:
-            raise ModelFileError(f"GGUF tokenizer metadata tokenizer.ggml.merges has a bad entry {m!r}")
+    for i, m in enumerate(merges_raw):
+        parts = m.split(" ") if isinstance(m, str) else ()
+        if len(parts) != 2 or not all(parts):
+            raise ModelFileError(f"GGUF tokenizer metadata tokenizer.ggml.merges has a bad entry {_short(m)}")
+        # checked here: a merge naming tokens the vocabulary lacks made the tokenizers library
+        # panic, its Rust backtrace reaching the terminal before the error line
+        missing = next((t for t in (parts[0], parts[1], parts[0] + parts[1]) if t not in vocab), None)
+        if missing is not None:
+            raise ModelFileError(f"GGUF tokenizer metadata does not make a tokenizer: tokenizer.ggml.merges[{i}] ({_short(m)}) names "
+                                 f"{_short(missing)}, which is not in tokenizer.ggml.tokens")
         merges.append((parts[0], parts[1]))
-    model = models.BPE(vocab=_token_map(tokens), merges=merges, ignore_merges=False)
+    model = models.BPE(vocab=vocab, merges=merges, ignore_merges=False)
 
     pre = meta.get("tokenizer.ggml.pre") or "default"
     regexes = PRE_TOKENIZER_REGEXES.get(pre)
