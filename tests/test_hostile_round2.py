@@ -572,3 +572,29 @@ def test_merges_naming_missing_tokens_are_one_line_without_a_panic(model, tmp_pa
     r = _tsspec(["generate", "-m", path, "-p", "a b", "-n", "2"], capture_output=True, text=True)
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert r.returncode == 3 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+
+
+# ----------------------------------------------------------------------------- 16: a template not text
+
+
+@pytest.fixture
+def int_template(model, tmp_path):
+    import gguf
+    from tiny import rewrite_metadata
+
+    def edit(kv):
+        kv["tokenizer.chat_template"] = (7, gguf.GGUFValueType.UINT32, gguf.GGUFValueType.UINT32)
+
+    return str(rewrite_metadata(model, tmp_path / "int_template.gguf", edit))
+
+
+def test_info_warns_of_a_chat_template_that_is_not_text(int_template):
+    r = run("info", int_template)
+    assert r.exit_code == 0, r.output
+    assert "warning: tokenizer.chat_template is int 7, not text" in " ".join(r.stderr.split()), r.stderr
+
+
+@pytest.mark.parametrize("cmd", [["generate", "-p", "hi", "--chat"], ["chat"]])
+def test_chat_says_why_a_template_that_is_not_text_is_no_template(int_template, cmd):
+    one_error(run(cmd[0], "-m", int_template, "-n", "2", *cmd[1:], input="hi\n"), 2,
+              "no chat template (tokenizer.chat_template is int 7, not text)")

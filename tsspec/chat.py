@@ -319,7 +319,7 @@ def chat_prompt_ids(tokenizer: Tokenizer, messages: list[dict], **kwargs: Any) -
     """Token ids of ``messages`` rendered through the tokenizer's chat template, ending where the
     assistant's reply begins (the template's generation prompt)."""
     if not tokenizer.chat_template:
-        raise BadInput("the model has no chat template (tokenizer.chat_template)")
+        raise BadInput(f"the model has no chat template ({getattr(tokenizer, 'chat_template_problem', None) or 'tokenizer.chat_template'})")
     bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
     eos = tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else ""
     return encode_chat(tokenizer, render_chat(tokenizer.chat_template, messages, bos_token=bos, eos_token=eos,

@@ -115,7 +115,7 @@ def prompt_encoder(g, tok, *, chat: bool, system: str | None, kwargs: dict, fits
     from .generate import check_fits
 
     if chat and not tok.chat_template:
-        raise BadInput(f"{g.path.name} has no chat template (tokenizer.chat_template); drop --chat")
+        raise BadInput(f"{g.path.name} has no chat template ({tok.chat_template_problem or 'tokenizer.chat_template'}); drop --chat")
 
     def encode(text: str) -> list[int]:
         if chat:
@@ -525,6 +525,8 @@ def info(
         t.add_row("special tokens", f"bos={tok.bos_id} eos={sorted(tok.eos_ids)} add_bos={tok.add_bos}")
         t.add_row("chat template", "yes" if tok.chat_template else "no")
         out.print(t)
+        if tok.chat_template_problem:
+            warn(f"{tok.chat_template_problem}: it is not used (--chat and chat need a template)")
         if load:
             from .session import Session
             from .settings import resolve_run

@@ -60,7 +60,8 @@ class Conversation:
     def __init__(self, engine: Engine, *, system: str | None = None, template_kwargs: dict | None = None):
         tok = engine.tokenizer
         if not tok.chat_template:
-            raise BadInput("the model has no chat template (tokenizer.chat_template); tsspec chat needs one")
+            why = getattr(tok, "chat_template_problem", None) or "tokenizer.chat_template"
+            raise BadInput(f"the model has no chat template ({why}); tsspec chat needs one")
         self.engine = engine
         self.system = system
         self.template_kwargs = dict(template_kwargs or {})

@@ -199,6 +199,16 @@ def _panic_text_held():
         held.close()
 
 
+def _template_problem(template: Any) -> str | None:
+    """Why ``tokenizer.chat_template`` is there but unusable; None when it is text or absent."""
+    if template is None or isinstance(template, str) and template:
+        return None
+    if isinstance(template, str):
+        return "tokenizer.chat_template is empty"
+    kind = "a list" if isinstance(template, list) else f"{type(template).__name__} {_short(template)}"
+    return f"tokenizer.chat_template is {kind}, not text"
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -336,6 +346,7 @@ class Tokenizer:
         add_eos: bool,
         add_space_prefix: bool,
         chat_template: str | None,
+        chat_template_problem: str | None = None,
     ):
         self.hf = hf
         self._tokens = tokens
@@ -348,6 +359,9 @@ class Tokenizer:
         self.add_bos = add_bos
         self.add_eos = add_eos
         self.chat_template = chat_template
+        # why a template the file holds is not used (one that is not text), for the messages
+        # that say there is none
+        self.chat_template_problem = chat_template_problem
         # The encoder prepended a space to the first fragment; decoding the start removes it again.
         self._strip_prefix_space = add_space_prefix
         self._bytes_cache: dict[int, bytes] = {}
@@ -445,6 +459,7 @@ class Tokenizer:
             add_eos=add_eos,
             add_space_prefix=add_space_prefix,
             chat_template=template if isinstance(template, str) and template else None,
+            chat_template_problem=_template_problem(template),
         )
 
     # -- encoding -----------------------------------------------------------------------------
