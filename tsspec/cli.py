@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .display import error_line
 from .errors import BadInput, TsspecError
-from .interrupts import startup_done
+from .interrupts import StopRequest, Terminated, startup_done
 
 app = typer.Typer(
     name="tsspec",
@@ -36,9 +36,10 @@ def user_errors() -> Iterator[None]:
     except TsspecError as e:
         error_line(err, str(e))
         raise typer.Exit(e.exit_code) from None
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/]")
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as e:  # SIGTERM too (interrupts.Terminated): 143
+        term = isinstance(e, Terminated)
+        err.print(f"[yellow]{'terminated' if term else 'interrupted'}[/]")
+        raise typer.Exit(143 if term else 130) from None
     except MemoryError as e:  # torch's allocations, or the native kernels' scratch (kernels._check_rc)
         detail = f" ({e})" if str(e) else ""
         error_line(err, f"out of memory{detail}; a smaller --ctx-size or model needs less")
@@ -298,12 +299,15 @@ def generate(
         startup_done()  # from here a Ctrl-C stops the run and keeps what it printed (user_errors)
         for pid, text in items:
             ids = encode(text)
-            if json_out:
-                result = engine.generate(ids, sampler=sampler, max_tokens=max_tokens, stop=stop, ignore_eos=ignore_eos)
+            if json_out:  # a first SIGINT/SIGTERM ends the run at the next token: its object is still printed
+                with StopRequest() as halt:
+                    result = engine.generate(ids, sampler=sampler, max_tokens=max_tokens, stop=stop,
+                                             ignore_eos=ignore_eos, interrupted=halt.is_set)
                 obj = result.to_dict()
                 if pid is not None:
                     obj = {"id": pid, **obj}
                 print(json.dumps(obj), flush=True)
+                halt.raise_if_requested()
                 continue
             if pid is not None and not quiet:
                 print(f"### {pid}", flush=True)

