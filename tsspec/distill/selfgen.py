@@ -90,7 +90,8 @@ def answer(model, tok, prompts: Sequence[str], max_new: int, budget: int, cache_
             return t in eos
 
         cache.reset()
-        decode(model, Sampler(), ids, min(max_new, budget - made), cache=cache, on_token=on_token)
+        decode(model, Sampler(), ids, min(max_new, budget - made), cache=cache, on_token=on_token,
+               drawable=tok.vocab_size)
         done.append(ids + reply)
         made += len(reply)
         if len(done) % 8 == 0:

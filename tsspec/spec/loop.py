@@ -374,15 +374,17 @@ def decode(
     on_token: Callable[[int], bool] | None = None,
     on_step: Callable[[SpecStats], None] | None = None,
     stats: SpecStats | None = None,
+    drawable: int | None = None,
 ) -> list[int]:
     """Generate up to ``max_tokens`` tokens after ``prompt``; returns them.
 
     ``cache``: a kept cache holding a prefix of ``prompt`` (default: a new one). ``on_token(tok) ->
     stop`` is called for every emitted token in order; returning True ends the run after that token.
-    ``on_step(stats)`` is called after every step (for a live display).
+    ``on_step(stats)`` is called after every step (for a live display). ``drawable``: the ids that
+    have a token (``Sequence``).
     """
     seq = Sequence(target, sampler, cache=cache, speculator=speculator, governor=governor, window=window,
-                   accept_rule=accept_rule, stats=stats)
+                   accept_rule=accept_rule, stats=stats, drawable=drawable)
     run = Run(seq, prompt, max_tokens, on_token=on_token, on_step=on_step)  # checks the prompt
     run.drive()  # nothing when max_tokens <= 0
     return run.finish()
