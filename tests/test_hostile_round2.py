@@ -9,20 +9,8 @@ import os
 
 import pytest
 from clirun import run
+from test_hostile_input import model, one_error  # noqa: F401 (model: a fixture)
 from tiny import write_tiny_model
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return str(write_tiny_model(tmp_path_factory.mktemp("hostile2") / "tiny.gguf", arch="llama", seed=3))
-
-
-def one_error(r, code, needle):
-    assert r.exit_code == code, r.output
-    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
-    lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
-    assert needle in " ".join(lines[0].split()), lines[0]
 
 
 def _fifo(tmp_path, name="pipe"):
