@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .display import error_line
 from .errors import BadInput, TsspecError
-from .interrupts import StopRequest, Terminated, startup_done
+from .interrupts import StopRequest, exit_for, startup_done
 
 app = typer.Typer(
     name="tsspec",
@@ -37,9 +37,9 @@ def user_errors() -> Iterator[None]:
         error_line(err, str(e))
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt as e:  # SIGTERM too (interrupts.Terminated): 143
-        term = isinstance(e, Terminated)
-        err.print(f"[yellow]{'terminated' if term else 'interrupted'}[/]")
-        raise typer.Exit(143 if term else 130) from None
+        word, code = exit_for(e)
+        err.print(f"[yellow]{word}[/]")
+        raise typer.Exit(code) from None
     except MemoryError as e:  # torch's allocations, or the native kernels' scratch (kernels._check_rc)
         detail = f" ({e})" if str(e) else ""
         error_line(err, f"out of memory{detail}; a smaller --ctx-size or model needs less")
@@ -617,10 +617,11 @@ def distill(
         with DistillProgress(err) as view:
             try:
                 result = run_distill(cfg, view.event)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as e:  # SIGTERM too: the checkpoint is saved either way
                 view.stop()
-                err.print(f"[yellow]interrupted[/]: checkpoint saved to {escape(str(out))}.ckpt; run the same command to continue")
-                raise typer.Exit(130) from None
+                word, code = exit_for(e)
+                err.print(f"[yellow]{word}[/]: checkpoint saved to {escape(str(out))}.ckpt; run the same command to continue")
+                raise typer.Exit(code) from None
         h = result.heldout
         err.print(f"wrote {escape(str(result.out))}: {result.steps} steps ({result.precision}) on {result.train_tokens} tokens in "
                   f"{result.seconds / 60:.1f} min; "

@@ -42,6 +42,11 @@ class Terminated(KeyboardInterrupt):
     lost its whole run, and ``pull`` left its ``.NAME.wheels-*`` directory behind."""
 
 
+def exit_for(e: KeyboardInterrupt) -> tuple[str, int]:
+    """(the word, the exit status) a command ends with on ``e``: SIGTERM's or Ctrl-C's."""
+    return (TERM_MESSAGE, TERM_EXIT_CODE) if isinstance(e, Terminated) else (MESSAGE, EXIT_CODE)
+
+
 def _raise_terminated(signum, frame) -> None:  # noqa: ARG001 (signal handler signature)
     raise Terminated()
 
