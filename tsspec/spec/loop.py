@@ -19,7 +19,7 @@ Positions: the token drawn from the trunk row that processed position ``p`` sits
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Sequence as Seq
 
 import torch
@@ -185,9 +185,8 @@ class Sequence:
         tokens emitted (none for a prompt chunk but the last). ``forward_ms``: the forward's wall
         time (a shared one's whole time)."""
         if self.drawable is not None and out.logits.shape[-1] > self.drawable:
-            logits = out.logits.clone()  # [rows, vocab]; the forward's own may be an inference tensor
-            logits[..., self.drawable:] = float("-inf")
-            out = replace(out, logits=logits)
+            with torch.inference_mode():  # in place (a forward's rows are inference tensors): no copy of [rows, vocab]
+                out.logits[..., self.drawable:] = float("-inf")
         if rows.prefill:
             return self._prefilled(rows, out)
         t0 = time.perf_counter()
