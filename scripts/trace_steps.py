@@ -18,8 +18,8 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
-
+from tsspec.errors import BadInput
+from tsspec.paths import check_output_file
 from tsspec.spec import loop
 
 
@@ -32,8 +32,11 @@ def main() -> None:
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
         ap.error("give a tsspec command after --")
-    if a.out and (Path(a.out).is_dir() or not Path(a.out).resolve().parent.is_dir()):
-        ap.error(f"--out {a.out}: not a file in an existing directory")  # refused now, not after the run
+    if a.out:
+        try:  # refused now, not after the run
+            check_output_file(a.out, f"--out {a.out}")
+        except BadInput as e:
+            ap.error(str(e))
 
     steps: list[dict] = []
     seq_ids: dict[int, tuple[int, int]] = {}  # id(sequence) -> (ordinal, steps so far)

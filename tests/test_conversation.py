@@ -209,7 +209,8 @@ def test_chat_command_errors_are_one_line(tiny, tmp_path):
     r = run("chat", "-m", str(model.path), "-n", "0", input="hi\n")
     assert r.exit_code != 0 and "--max-tokens" in r.output
     r = run("chat", "-m", str(model.path), "-c", "64", "-n", "8", input="word " * 100 + "\n/exit\n")
-    assert r.exit_code == 0 and "conversation is full" in r.output
+    # a script whose every turn failed is a failure for the script (issue 40)
+    assert r.exit_code == 1 and "conversation is full" in r.output
 
 
 def test_chat_errors_are_text_on_one_line(tiny, tmp_path):

@@ -160,7 +160,7 @@ def test_template_kwargs_reserved_key_through_the_cli(model):
 
 @pytest.mark.parametrize("template, needle", [
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "time budget of 0.5 s"),
-    # loops that never call anything: stopped by the alarm on the main thread
+    # loops that never call anything: stopped by the watchdog, on any thread
     ("{% for i in 'x' * 30000 %}{% for j in 'y' * 30000 %}{% endfor %}{% endfor %}", "time budget of 0.5 s"),
     ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(40) }}",
      "time budget of 0.5 s"),

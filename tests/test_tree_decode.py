@@ -63,6 +63,8 @@ def test_check_and_prune():
     toks, pars = tree.prune([1, 2, 3, 4, 5], [-1, 0, 1, -1, 3], max_nodes=4, max_depth=2)
     assert (toks, pars) == ([1, 2, 4, 5], [-1, 0, -1, 2])
     assert tree.depths(pars) == [1, 2, 1, 2]
+    # an id without a token (at or past drawable) goes with everything under it
+    assert tree.prune([1, 9, 3, 4], [-1, 0, 1, 0], 10, 5, drawable=8) == ([1, 4], [-1, 0])
 
 
 def test_lookup_tree_starts_with_the_chain_and_keeps_the_budget():

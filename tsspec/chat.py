@@ -10,8 +10,9 @@ Contract:
 * ``build_messages(prompt, system)`` is the message list for a single user turn.
 * Rendering runs under a budget (``TEMPLATE_SECONDS`` of wall clock, ``TEMPLATE_OUTPUT_CHARS`` of
   text beyond the messages' own): ``range`` loops, calls and every output chunk check the clock,
-  ``*``/``**`` and calls refuse results past the size budget before computing them, and on the
-  main thread an alarm stops loops that do none of those. Going over is one ``BadInput`` naming
+  ``*``/``**`` and calls refuse results past the size budget before computing them, and a
+  watchdog stops loops that do none of those, on whatever thread renders. Compiling is budgeted
+  too. Going over is one ``BadInput`` naming
   the budget.
 * ``parse_template_kwargs(text)`` reads ``--chat-template-kwargs`` (a JSON object) into a dict;
   the variables tsspec sets itself (``RESERVED_VARIABLES``) are refused.
@@ -22,12 +23,11 @@ Contract:
 from __future__ import annotations
 
 import contextvars
+import ctypes
 import json
 import math
-import signal
 import threading
 import time
-from contextlib import contextmanager
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -147,9 +147,18 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _compile(template: str, seconds: float = TEMPLATE_SECONDS):
+    """The compiled template, under the time budget: compiling is as hostile as rendering (5,000
+    nested parentheses or 20,000 chained filters overflow the parser's recursion, 25 nested
+    ``for`` blocks Python's compiler). A failure is cached too: each turn does not pay it again."""
+    compiled, error = _compile_cached(template, seconds)
+    if error is not None:
+        raise BadInput(error)
+    return compiled
+
+
 @lru_cache(maxsize=8)
-def _compile(template: str):
-    from jinja2 import TemplateError
+def _compile_cached(template: str, seconds: float):
     from jinja2.ext import loopcontrols
 
     env = _environment_class()(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
@@ -159,9 +168,12 @@ def _compile(template: str):
     env.globals["strftime_now"] = _strftime_now
     env.globals["range"] = _BudgetedRange
     try:
-        return env.from_string(template)
-    except TemplateError as e:
-        raise BadInput(f"chat template does not parse: {_one_line(e)}") from None
+        with _watchdog(seconds):
+            return env.from_string(template), None
+    except _OverBudget:
+        return None, f"chat template does not parse within its time budget of {seconds:g} s"
+    except (Exception, RecursionError, MemoryError) as e:  # TemplateSyntaxError, and Python's own limits
+        return None, f"chat template does not parse: {type(e).__name__}: {_one_line(e)}"
 
 
 def _budgeted_filter(f):
@@ -182,27 +194,38 @@ def _budgeted_filter(f):
     return wrapped
 
 
-@contextmanager
-def _alarm(budget: _Budget):
-    """On the main thread, with SIGALRM unused: stop a loop that never ticks (``for c in s``
-    nested) when the time budget runs out. Elsewhere the ticks alone enforce it."""
-    usable = (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-              and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
-              and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
-    if not usable:
-        yield
-        return
+class _Watchdog:
+    """Raises ``_OverBudget`` in the thread that made it once ``seconds`` pass, unless stopped
+    first: a loop that never ticks (``for c in s`` nested, ``lipsum(n=999999)``) is stopped on any
+    thread, serve's request threads included, not on the main thread alone as SIGALRM could."""
 
-    def on_alarm(signum, frame):
-        raise _OverBudget(f"ran past its time budget of {budget.seconds:g} s")
+    def __init__(self, seconds: float):
+        self._tid = threading.get_ident()
+        self._lock = threading.Lock()
+        self._armed, self._fired = True, False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
 
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, budget.seconds + 0.5)  # the ticks normally fire first
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    def _fire(self) -> None:
+        with self._lock:
+            if self._armed:
+                self._fired = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._tid), ctypes.py_object(_OverBudget))
+
+    def __enter__(self) -> "_Watchdog":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._armed = False
+            if self._fired:  # raised but not yet delivered: it must not land in the caller's code
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._tid), None)
+
+
+def _watchdog(seconds: float) -> _Watchdog:
+    return _Watchdog(seconds + 0.5)  # the ticks normally fire first
 
 
 def _one_line(e: BaseException) -> str:
@@ -224,12 +247,12 @@ def render_chat(
     """The prompt text the template makes of ``messages``; extra ``kwargs`` (e.g.
     ``enable_thinking``) are passed to the template as variables. ``seconds`` and ``max_chars``
     (default: ``TEMPLATE_OUTPUT_CHARS`` plus twice the messages' text) bound the rendering."""
-    compiled = _compile(template)
+    compiled = _compile(template, seconds)
     own = sum(len(str(m.get("content", ""))) for m in messages) + len(bos_token) + len(eos_token)
     budget = _Budget(seconds, TEMPLATE_OUTPUT_CHARS + 2 * own if max_chars is None else max_chars)
     token = _budget.set(budget)
     try:
-        with _alarm(budget):
+        with _watchdog(seconds):
             parts, n = [], 0
             for chunk in compiled.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                            bos_token=bos_token, eos_token=eos_token, **kwargs):
@@ -238,8 +261,8 @@ def render_chat(
                 budget.tick()
                 parts.append(chunk)
             return "".join(parts)
-    except _OverBudget as e:
-        raise BadInput(f"chat template {e} (the template or --chat-template-kwargs loops or "
+    except _OverBudget as e:  # the watchdog's carries no text: it is the clock
+        raise BadInput(f"chat template {str(e) or f'ran past its time budget of {seconds:g} s'} (the template or --chat-template-kwargs loops or "
                        f"grows without bound)") from None
     except _TemplateError as e:
         raise BadInput(f"chat template rejected the conversation: {_one_line(e)}") from None
@@ -296,7 +319,7 @@ def chat_prompt_ids(tokenizer: Tokenizer, messages: list[dict], **kwargs: Any) -
     """Token ids of ``messages`` rendered through the tokenizer's chat template, ending where the
     assistant's reply begins (the template's generation prompt)."""
     if not tokenizer.chat_template:
-        raise BadInput("the model has no chat template (tokenizer.chat_template)")
+        raise BadInput(f"the model has no chat template ({getattr(tokenizer, 'chat_template_problem', None) or 'tokenizer.chat_template'})")
     bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
     eos = tokenizer.token_text(tokenizer.eos_id) if tokenizer.eos_id is not None else ""
     return encode_chat(tokenizer, render_chat(tokenizer.chat_template, messages, bos_token=bos, eos_token=eos,

@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from .display import error_line
 from .errors import BadInput, TsspecError
-from .interrupts import startup_done
+from .interrupts import StopRequest, exit_for, startup_done
 
 app = typer.Typer(
     name="tsspec",
@@ -36,9 +36,10 @@ def user_errors() -> Iterator[None]:
     except TsspecError as e:
         error_line(err, str(e))
         raise typer.Exit(e.exit_code) from None
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/]")
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as e:  # SIGTERM too (interrupts.Terminated): 143
+        word, code = exit_for(e)
+        err.print(f"[yellow]{word}[/]")
+        raise typer.Exit(code) from None
     except MemoryError as e:  # torch's allocations, or the native kernels' scratch (kernels._check_rc)
         detail = f" ({e})" if str(e) else ""
         error_line(err, f"out of memory{detail}; a smaller --ctx-size or model needs less")
@@ -132,7 +133,7 @@ def prompt_encoder(g, tok, *, chat: bool, system: str | None, kwargs: dict, fits
     from .generate import check_fits
 
     if chat and not tok.chat_template:
-        raise BadInput(f"{g.path.name} has no chat template (tokenizer.chat_template); drop --chat")
+        raise BadInput(f"{g.path.name} has no chat template ({tok.chat_template_problem or 'tokenizer.chat_template'}); drop --chat")
 
     def encode(text: str) -> list[int]:
         if chat:
@@ -317,12 +318,15 @@ def generate(
         startup_done()  # from here a Ctrl-C stops the run and keeps what it printed (user_errors)
         for pid, text in items:
             ids = encode(text)
-            if json_out:
-                result = engine.generate(ids, sampler=sampler, max_tokens=max_tokens, stop=stop, ignore_eos=ignore_eos)
+            if json_out:  # a first SIGINT/SIGTERM ends the run at the next token: its object is still printed
+                with StopRequest() as halt:
+                    result = engine.generate(ids, sampler=sampler, max_tokens=max_tokens, stop=stop,
+                                             ignore_eos=ignore_eos, interrupted=halt.is_set)
                 obj = result.to_dict()
                 if pid is not None:
                     obj = {"id": pid, **obj}
                 print(json.dumps(obj), flush=True)
+                halt.raise_if_requested()
                 continue
             if pid is not None and not quiet:
                 print(f"### {pid}", flush=True)
@@ -554,6 +558,8 @@ def info(
 
         t.add_row("products", escape(kernels.products_line()))
         out.print(t)
+        if tok.chat_template_problem:
+            warn(f"{tok.chat_template_problem}: it is not used (--chat and chat need a template)")
         if load:
             from .display import human_bytes
             from .options import SETTINGS
@@ -636,30 +642,28 @@ def distill(
     (--kind block) a block drafter from the rows entering a few layers. The output loads with
     `tsspec generate -m MODEL --spec --spec-draft-model OUT`. Ctrl-C saves a checkpoint; run the same
     command again to continue."""
-    from .distill.train import DistillConfig, distill as run_distill
+    from .distill.train import DistillConfig, check_output_files, distill as run_distill
     from .hub import resolve_model
 
     with user_errors():
+        check_output_files(out)  # before a pull or the trunk's load
         path = resolve_model(model, console=err)
         cfg = DistillConfig(model=str(path), out=str(out), kind=kind, corpus=tuple(str(c) for c in corpus or ()),
                             tokens=tokens, answers=answers, steps=steps, batch=batch, lr=lr, unroll=unroll, draft_vocab=draft_vocab,
                             block_size=block_size, layers=layers, taps=taps, seed=seed, device=device, precision=precision, weights=weights,
                             eval_every=eval_every)
         cfg.check()
-        if out.is_dir():
-            raise BadInput(f"-o {out}: is a directory; give a file name")
-        if not out.parent.exists():
-            raise BadInput(f"-o {out}: directory {out.parent} does not exist")
         startup_done()  # Ctrl-C from here saves a checkpoint (inside distill) and exits 130
         from .display import DistillProgress
 
         with DistillProgress(err) as view:
             try:
                 result = run_distill(cfg, view.event)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as e:  # SIGTERM too: the checkpoint is saved either way
                 view.stop()
-                err.print(f"[yellow]interrupted[/]: checkpoint saved to {escape(str(out))}.ckpt; run the same command to continue")
-                raise typer.Exit(130) from None
+                word, code = exit_for(e)
+                err.print(f"[yellow]{word}[/]: checkpoint saved to {escape(str(out))}.ckpt; run the same command to continue")
+                raise typer.Exit(code) from None
         h = result.heldout
         err.print(f"wrote {escape(str(result.out))}: {result.steps} steps ({result.precision}) on {result.train_tokens} tokens in "
                   f"{result.seconds / 60:.1f} min; "
@@ -776,14 +780,13 @@ def bench(
                 check_model_spec(draft_model)
             except TsspecError as e:
                 raise BadInput(f"--draft-model: {e}") from None
+        from .paths import check_output_file
+
         for flag, out in (("--json", json_out), ("--csv", csv_out), ("--plot", plot_out)):
-            # refuse now, not after a long run that is then lost
-            if out is None or str(out) == "-":
-                continue
-            if out.expanduser().is_dir():
-                raise BadInput(f"{flag} {out}: is a directory, not a file to write")
-            if not out.expanduser().resolve().parent.is_dir():
-                raise BadInput(f"{out}: its directory does not exist")
+            if out is not None and str(out) != "-":  # refused now, not after a long run that is then lost
+                check_output_file(out, f"{flag} {out}")
+        if plot_out is not None:
+            report.check_plot()
         wls = []
         for w in workload or workload_names():
             wls.append(get_workload(w) if w in workload_names() else load_workload(Path(w)))
@@ -834,16 +837,10 @@ def bench(
         report.render_table(result, Console())
         for name, why in (peer_run.fallback.items() if peer_run is not None else ()):
             err.print(f"note: {name}: {why} (its default crashed; every figure of it is from that server)")
-        if json_out is not None:
-            text = json.dumps(report.to_json(result), indent=2)
-            if str(json_out) == "-":
-                print(text)
-            else:
-                json_out.write_text(text + "\n")
-        if csv_out is not None:
-            report.write_csv(result, csv_out)
-        if plot_out is not None:
-            report.plot(result, plot_out)
+        if json_out is not None and str(json_out) == "-":
+            print(json.dumps(report.to_json(result), indent=2))
+        report.save_outputs(result, json_path=None if json_out is None or str(json_out) == "-" else json_out.expanduser(),
+                            csv_path=csv_out.expanduser() if csv_out else None, plot_path=plot_out.expanduser() if plot_out else None)
         if not result.ok:
             raise TsspecError("speculative output differed from the baseline: a correctness bug, see the table")
 
@@ -922,6 +919,9 @@ def main(args: list[str] | None = None) -> None:
     from .interrupts import exiting, guard_startup
 
     guard_startup()  # the ``tsspec`` script imports this module first; ``python -m tsspec`` guards earlier
+    from .display import guard_stdout
+
+    guard_stdout()  # a stdout that refuses writes (/dev/full, a closed pipe, >&-): one error line
     try:
         sys.exit(run(args))
     finally:

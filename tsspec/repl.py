@@ -19,6 +19,7 @@ from rich.table import Table
 from .conversation import Conversation, Turn
 from .display import error_line
 from .errors import BadInput
+from .interrupts import StopRequest
 from .sampling import Sampler
 
 HELP = """commands:
@@ -56,29 +57,16 @@ def stats_table(conv: Conversation) -> Table:
     return table
 
 
-class _ReplyInterrupt:
-    """While a reply runs: the first Ctrl-C asks it to stop at the next token, a second one raises."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def __enter__(self):
-        self.previous = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def _handler(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc) -> None:
-        signal.signal(signal.SIGINT, self.previous)
-
-
 def run(conv: Conversation, *, sampler: Sampler, max_tokens: int, stop=(), out: Console | None = None,
         err: Console | None = None, read: Callable[[str], str] | None = None, interactive: bool = True) -> int:
-    """The read-reply loop; -> the exit code (0 at end of input or /exit)."""
+    """The read-reply loop; -> the exit code: 0 at end of input or /exit, 1 when the input was a
+    script (not a terminal) and none of its turns succeeded though some failed (piped random bytes
+    exited 0 with every turn refused, and a script could not tell)."""
+    failed, replied = 0, 0
+
+    def code() -> int:
+        return 1 if not interactive and failed and not replied else 0
+
     out = out or Console(highlight=False)
     err = err or Console(stderr=True, highlight=False)
     if read is None:
@@ -89,30 +77,39 @@ def run(conv: Conversation, *, sampler: Sampler, max_tokens: int, stop=(), out: 
         try:
             line = read("> " if interactive else "")
         except EOFError:
-            return 0
+            return code()
         line = line.rstrip("\n")
         if not line.strip():
             continue
         if line.startswith("/"):
-            done = command(conv, line, out=out, err=err)
-            if done:
-                return 0
+            if command(conv, line, out=out, err=err):
+                return code()
             continue
         try:
-            with _ReplyInterrupt() as intr:
+            with StopRequest() as intr:  # a first Ctrl-C (or SIGTERM) ends the reply, keeping it
                 turn = conv.reply(line, sampler=sampler, max_tokens=max_tokens, stop=stop,
                                   on_text=lambda s: (sys.stdout.write(s), sys.stdout.flush()),
-                                  interrupted=lambda: intr.requested)
+                                  interrupted=intr.is_set)
         except BadInput as e:
             error_line(err, str(e))
+            failed += 1
             continue
+        replied += 1
         sys.stdout.write("\n")
         sys.stdout.flush()
         err.print(f"[dim]{turn_line(turn)}[/]", highlight=False)
+        if intr.signum == signal.SIGTERM:  # the reply is kept; the chat ends as SIGTERM asks
+            intr.raise_if_requested()
 
 
 def _read_stdin(prompt: str) -> str:
-    line = sys.stdin.readline()
+    """The next line of piped input; bytes that are not UTF-8 are kept as surrogate escapes (the
+    turn is then refused with one line, not a UnicodeDecodeError out of the stream)."""
+    buf = getattr(sys.stdin, "buffer", None)
+    if buf is None:
+        line = sys.stdin.readline()
+    else:
+        line = buf.readline().decode("utf-8", "surrogateescape")
     if not line:
         raise EOFError
     return line

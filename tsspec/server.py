@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import queue
 import threading
 import time
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -51,6 +52,8 @@ from .generate import Engine, GenerationResult, TextGeneration
 from .models.cache import PrefixCache
 from .sampling import Sampler, SamplingParams
 from .spec.loop import step_together
+
+log = logging.getLogger("uvicorn.error")  # serve's log: the server's own lines go with uvicorn's
 
 DEFAULT_SLOTS = 4
 DEFAULT_PARALLEL = 4
@@ -511,7 +514,13 @@ def _usage(prompt: list[int], result: GenerationResult) -> dict:
 def create_app(server: Server) -> Starlette:
     async def read_json(request: Request) -> dict:
         try:
-            body = json.loads(await request.body())
+            raw = await request.body()
+        except ClientDisconnect:  # gone mid-body, after headers that promised more: a log line, not 50
+            log.warning("%s %s: the client closed the connection before the body was complete",
+                        request.method, request.url.path)
+            raise APIError(400, "the request body ended early (the client closed the connection)") from None
+        try:
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             raise APIError(400, "the request body is not valid JSON") from None
         if not isinstance(body, dict):
@@ -535,7 +544,9 @@ def create_app(server: Server) -> Starlette:
         server.check_model(body)
         sampler, max_tokens, stop = server.sampling(body)
         streaming = server.streaming(body)
-        prompt = server.chat_prompt(body, max_tokens) if chat else server.text_prompt(body, max_tokens)
+        # rendered and tokenized on a worker thread: a template's seconds of budget (or a long
+        # prompt's tokenizing) stalled the event loop, /health and every other client with it
+        prompt = await asyncio.to_thread(server.chat_prompt if chat else server.text_prompt, body, max_tokens)
         max_tokens = server.budget(prompt, max_tokens, "messages" if chat else "prompt")
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         kind = "chat.completion" if chat else "text_completion"

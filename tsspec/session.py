@@ -100,9 +100,10 @@ class Session:
         as the configuration says (weights only: each speculator built on it holds its own state)."""
         from .drafters import DrafterOptions, load_drafter
         from .hub import KNOWN_MODELS, resolve_model
+        from .paths import exists
 
         path = draft_model
-        if not Path(path).exists() and path in KNOWN_MODELS:
+        if not exists(path) and path in KNOWN_MODELS:
             path = str(resolve_model(path, console=self.console))
         cfg = self.config
         drafter = load_drafter(path, self.target, DrafterOptions(

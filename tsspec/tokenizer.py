@@ -32,9 +32,12 @@ Contract:
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import os
 import re
+import sys
+import tempfile
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -46,6 +49,7 @@ from .errors import BadInput, ModelFileError
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 SPACE_MARK = "\u2581"  # SentencePiece's visible space "▁"
+MAX_TOKEN_BYTES = 256  # the most prompt bytes one token is counted for in min_tokens (see there)
 
 # Pre-tokenizer regexes per ``tokenizer.ggml.pre``, as in llama.cpp's llama-vocab.cpp. Each list is
 # applied in order, every regex splitting the pieces the previous one produced ("isolated": matches
@@ -151,7 +155,8 @@ def _tokenizers_call(fn):
     Exception, or a Rust panic, which arrives as pyo3's PanicException: a BaseException) turned into
     ``ModelFileError``."""
     try:
-        return fn()
+        with _panic_text_held():
+            return fn()
     except ModelFileError:
         raise
     except Exception as e:
@@ -161,6 +166,52 @@ def _tokenizers_call(fn):
             raise
         raise ModelFileError(f"GGUF tokenizer metadata does not make a tokenizer (tokenizers panicked: "
                              f"{_one_line(e)})") from None
+
+
+@contextlib.contextmanager
+def _panic_text_held():
+    """fd 2 into a temporary file while ``tokenizers`` builds: a Rust panic's hook writes its message
+    and backtrace straight there, ahead of the error line. Replayed unless the block panicked, so a
+    warning on the way is still seen."""
+    try:
+        sys.stderr.flush()
+        saved, held = os.dup(2), tempfile.TemporaryFile()
+        os.dup2(held.fileno(), 2)
+    except (OSError, ValueError, AttributeError):  # no fd 2 (a test's captured stream): as it is
+        yield
+        return
+    panicked = False
+    try:
+        yield
+    except BaseException as e:
+        panicked = type(e).__name__ == "PanicException"
+        raise
+    finally:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        if not panicked:
+            held.seek(0)
+            text = held.read()
+            if text:
+                os.write(2, text)
+        held.close()
+
+
+def _template_problem(template: Any) -> str | None:
+    """Why ``tokenizer.chat_template`` is there but unusable; None when it is text or absent."""
+    if template is None or isinstance(template, str) and template:
+        return None
+    if isinstance(template, str):
+        return "tokenizer.chat_template is empty"
+    kind = "a list" if isinstance(template, list) else f"{type(template).__name__} {_short(template)}"
+    return f"tokenizer.chat_template is {kind}, not text"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _one_line(e: BaseException) -> str:
@@ -182,13 +233,20 @@ def _byte_level_model(meta: Mapping[str, Any], tokens: list[str]):
     merges_raw = _require(meta, "tokenizer.ggml.merges")
     if not isinstance(merges_raw, list):
         raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.merges is not a list")
+    vocab = _token_map(tokens)
     merges: list[tuple[str, str]] = []
-    for m in merges_raw:
-        parts = m.split(" ")
-        if len(parts) != 2:
-            raise ModelFileError(f"GGUF tokenizer metadata tokenizer.ggml.merges has a bad entry {m!r}")
+    for i, m in enumerate(merges_raw):
+        parts = m.split(" ") if isinstance(m, str) else ()
+        if len(parts) != 2 or not all(parts):
+            raise ModelFileError(f"GGUF tokenizer metadata tokenizer.ggml.merges has a bad entry {_short(m)}")
+        # checked here: a merge naming tokens the vocabulary lacks made the tokenizers library
+        # panic, its Rust backtrace reaching the terminal before the error line
+        missing = next((t for t in (parts[0], parts[1], parts[0] + parts[1]) if t not in vocab), None)
+        if missing is not None:
+            raise ModelFileError(f"GGUF tokenizer metadata does not make a tokenizer: tokenizer.ggml.merges[{i}] ({_short(m)}) names "
+                                 f"{_short(missing)}, which is not in tokenizer.ggml.tokens")
         merges.append((parts[0], parts[1]))
-    model = models.BPE(vocab=_token_map(tokens), merges=merges, ignore_merges=False)
+    model = models.BPE(vocab=vocab, merges=merges, ignore_merges=False)
 
     pre = meta.get("tokenizer.ggml.pre") or "default"
     regexes = PRE_TOKENIZER_REGEXES.get(pre)
@@ -288,6 +346,7 @@ class Tokenizer:
         add_eos: bool,
         add_space_prefix: bool,
         chat_template: str | None,
+        chat_template_problem: str | None = None,
     ):
         self.hf = hf
         self._tokens = tokens
@@ -300,6 +359,9 @@ class Tokenizer:
         self.add_bos = add_bos
         self.add_eos = add_eos
         self.chat_template = chat_template
+        # why a template the file holds is not used (one that is not text), for the messages
+        # that say there is none
+        self.chat_template_problem = chat_template_problem
         # The encoder prepended a space to the first fragment; decoding the start removes it again.
         self._strip_prefix_space = add_space_prefix
         self._bytes_cache: dict[int, bytes] = {}
@@ -397,20 +459,25 @@ class Tokenizer:
             add_eos=add_eos,
             add_space_prefix=add_space_prefix,
             chat_template=template if isinstance(template, str) and template else None,
+            chat_template_problem=_template_problem(template),
         )
 
     # -- encoding -----------------------------------------------------------------------------
 
     @functools.cached_property
     def _max_token_bytes(self) -> int:
-        # >= 4: an unknown character (up to 4 bytes) becomes one <unk> at most
-        return max(4, max(len(t.encode("utf-8", "surrogatepass")) for t in self._tokens))
+        # >= 4: an unknown character (up to 4 bytes) becomes one <unk> at most; at most
+        # MAX_TOKEN_BYTES, so one hostile 10 MB token cannot make the bound worthless
+        longest = max((len(t.encode("utf-8", "surrogatepass")) for t in self._tokens), default=0)
+        return min(MAX_TOKEN_BYTES, max(4, longest))
 
     def min_tokens(self, text: str) -> int:
         """A lower bound on ``len(encode(text))`` without encoding: no token stands for more bytes of
         text than its own spelling has (byte-level: one character per byte; SentencePiece: "▁"
-        for a space, "<0x41>" for a byte). Lets a caller refuse a text far past the context before
-        tokenizing all of it."""
+        for a space, "<0x41>" for a byte), and none is counted as more than ``MAX_TOKEN_BYTES``
+        (real vocabularies' longest are well under it; a file with a 10 MB token let a 30 MB
+        prompt be tokenized whole, 6.9 GB resident). Lets a caller refuse a text far past the
+        context before tokenizing all of it."""
         return -(-len(text.encode("utf-8", "surrogatepass")) // self._max_token_bytes)
 
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:

@@ -397,13 +397,41 @@ def write_csv(result: BenchResult, path: str | Path) -> None:
 # ----------------------------------------------------------------------------- plot
 
 
-def plot(result: BenchResult, path: str | Path) -> None:
-    """Ratio vs baseline with CI per configuration, one panel per workload; writes a PNG."""
+def check_plot() -> None:
+    """Refuse ``--plot`` before the run when matplotlib is missing, not after it."""
     try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        import matplotlib  # noqa: F401
     except ImportError:
         raise TsspecError("--plot needs matplotlib: pip install tsspec[plot]") from None
+
+
+def save_outputs(result: BenchResult, *, json_path: Path | None = None, csv_path: Path | None = None,
+                 plot_path: Path | None = None) -> None:
+    """Write every file asked for, each tried even when another fails (a full disk under --json
+    lost the CSV and the plot too, and the whole run with a traceback); then one line naming what
+    could not be written. The table is already on the terminal by then."""
+    import json
+
+    failed = []
+    for flag, path, write in (
+            ("--json", json_path, lambda p: Path(p).write_text(json.dumps(to_json(result), indent=2) + "\n")),
+            ("--csv", csv_path, lambda p: write_csv(result, p)),
+            ("--plot", plot_path, lambda p: plot(result, p))):
+        if path is None:
+            continue
+        try:
+            write(path)
+        except OSError as e:
+            failed.append(f"{flag} {path}: {e.strerror or e}")
+    if failed:
+        raise TsspecError("cannot write " + "; ".join(failed) + " (the table above holds the results)")
+
+
+def plot(result: BenchResult, path: str | Path) -> None:
+    """Ratio vs baseline with CI per configuration, one panel per workload; writes a PNG."""
+    check_plot()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     n = max(1, len(result.workloads))
     fig = Figure(figsize=(9, 5), dpi=100)  # 900 x 500 px

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import BadInput
+from ..paths import is_dir, is_file
 
 TEXT_SUFFIXES = {".md", ".txt", ".rst", ".markdown", ""}
 MAX_FILE_CHARS = 200_000  # one huge file must not be the whole corpus
@@ -68,9 +69,9 @@ def user_sources(paths: Sequence[str | Path]) -> list[Source]:
     out: list[Source] = []
     for raw in paths:
         p = Path(raw).expanduser()
-        if p.is_dir():
+        if is_dir(p):
             out += [_found(f, p, "user") for f in sorted(p.rglob("*")) if f.is_file() and _looks_textual(f)]
-        elif p.is_file():
+        elif is_file(p):
             out.append(Source(p, "user", p.name))
         else:
             raise BadInput(f"--corpus {raw}: no such file or directory")

@@ -38,6 +38,7 @@ import numpy as np
 from ..drafters.dflash.config import ARCH, read_config
 from ..errors import BadInput, TsspecError
 from ..gguf_file import GGUFFile
+from ..paths import is_file
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_MAX_POSITIONS = 32768  # for a file without dflash.context_length; default rope ignores it
@@ -75,17 +76,37 @@ def _refuse(name: str, why: str) -> BadInput:
     return BadInput(f"{name}: cannot export to the DFlash reference layout: {why}")
 
 
+def check_out_dir(out: Path) -> None:
+    """``out`` can take the two files: a directory whose ``config.json`` and ``model.safetensors``
+    are files or not there (a FIFO there blocked the write for ever), or a new directory's name."""
+    from ..paths import check_output_file
+
+    if out.is_dir():
+        for name in OUT_FILES:
+            check_output_file(out / name, f"-o {out}: {name}")
+    elif out.exists() or out.is_symlink():
+        raise BadInput(f"-o {out}: exists and is not a directory")
+    else:  # made with its parents: the first missing one must be creatable
+        top = out.absolute()
+        while not top.parent.exists() and top.parent != top:
+            top = top.parent
+        check_output_file(top, f"-o {out}")
+
+
+OUT_FILES = ("config.json", "model.safetensors")
+
+
 def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
     """Write ``out_dir/config.json`` and ``out_dir/model.safetensors`` for the dflash GGUF at
     ``gguf_path``; returns ``out_dir``. Weights are dequantized to ``dtype`` (float32: exactly
     what the GGUF's dequantized matrices are; bfloat16: the reference's published checkpoints)."""
     import torch
-    from safetensors.torch import save_file
 
     if dtype not in DTYPES:
         raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check_out_dir(Path(out_dir))
     path = Path(gguf_path)
-    if not path.is_file():
+    if not is_file(path):
         raise BadInput(f"{path}: no such file")
     g = GGUFFile(path)
     name = path.name
@@ -182,9 +203,13 @@ def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
         "use_cache": True,
         "vocab_size": int(vocab),
     }
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise TsspecError("export-hf needs the safetensors package (a tsspec dependency): "
+                          "pip install safetensors") from None
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"-o {out}: exists and is not a directory")
+    check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -8,6 +8,7 @@ so that agreement with the trunk, not corpus accuracy, is what training optimise
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -46,9 +47,20 @@ class Features:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: Path) -> "Features":
-        d = torch.load(path, weights_only=True)
-        return cls(d["tokens"], d["hidden"], d["top_ids"].long(), d["top_p"].float())
+    def load(cls, path: Path) -> "Features | None":
+        """The features saved at ``path``; None when the file is not a whole set of them (a cache
+        damaged on disk is computed again, not a traceback). Tensors only: nothing is unpickled."""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                d = torch.load(path, map_location="cpu", weights_only=True)
+            t = [d[k] for k in ("tokens", "hidden", "top_ids", "top_p")]
+        except Exception:  # noqa: BLE001 - torch raises many kinds on a damaged file
+            return None
+        if not all(isinstance(x, torch.Tensor) for x in t) or t[0].dim() != 2 or any(
+                x.dim() != 3 or tuple(x.shape[:2]) != tuple(t[0].shape) for x in t[1:]):
+            return None
+        return cls(t[0], t[1], t[2].long(), t[3].float())
 
 
 def features_key(model_id: str, chunks: Sequence[Sequence[int]], k: int, taps: Sequence[int] | None = None) -> str:

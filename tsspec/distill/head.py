@@ -194,6 +194,9 @@ def add_matrix(w, name: str, p: torch.Tensor, weights: str) -> None:
 
 def write_and_rename(w, tmp: Path, path: Path) -> None:
     """Write the GGUF to ``tmp`` and move it over ``path``: a file there is always a whole one."""
+    from ..paths import check_output_file
+
+    check_output_file(path, str(path))  # still a file (or nothing): a device is never replaced
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -68,9 +68,9 @@ def answer(model, tok, prompts: Sequence[str], max_new: int, budget: int, cache_
     path = _cache_path(cache_root, model_id, prompts, max_new)
     done: list[list[int]] = []
     made = 0
-    if path.exists():
-        saved = json.loads(path.read_text())
-        done, made = saved["conversations"], saved["reply_tokens"]
+    saved = _load(path, model.vocab_size)
+    if saved is not None:
+        done, made = saved
         if progress:
             progress(min(made, budget))
     eos = set(tok.eos_ids)
@@ -90,13 +90,27 @@ def answer(model, tok, prompts: Sequence[str], max_new: int, budget: int, cache_
             return t in eos
 
         cache.reset()
-        decode(model, Sampler(), ids, min(max_new, budget - made), cache=cache, on_token=on_token)
+        decode(model, Sampler(), ids, min(max_new, budget - made), cache=cache, on_token=on_token,
+               drawable=tok.vocab_size)
         done.append(ids + reply)
         made += len(reply)
         if len(done) % 8 == 0:
             _save(path, done, made)
     _save(path, done, made)
     return done
+
+
+def _load(path: Path, vocab: int) -> tuple[list[list[int]], int] | None:
+    """The cached replies at ``path``, or None when there are none or the file is damaged (then
+    they are made again, not a traceback)."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        done, made = saved["conversations"], saved["reply_tokens"]
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        return None
+    ok = isinstance(made, int) and made >= 0 and isinstance(done, list) and all(
+        isinstance(c, list) and all(isinstance(t, int) and 0 <= t < vocab for t in c) for c in done)
+    return (done, made) if ok else None
 
 
 def _save(path: Path, conversations: list[list[int]], made: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -91,6 +92,7 @@ class DistillConfig:
         from ..gguf_file import read_metadata
         from ..models import ARCHITECTURES
 
+        check_output_files(self.out)
         for target in (Path(self.out), Path(f"{self.out}.ckpt")):
             if target.exists() and Path(self.model).exists() and os.path.samefile(target, self.model):
                 raise BadInput(f"-o {self.out}: {target} is the trunk's own file; the drafter needs a file of its own")
@@ -112,6 +114,21 @@ class DistillConfig:
         a, b = asdict(self), asdict(other)
         a["model"], b["model"] = (str(Path(x["model"]).resolve()) for x in (a, b))
         return all(a[k] == b[k] for k in a if k not in skip)
+
+
+def output_files(out: str | Path) -> tuple[Path, ...]:
+    """Every file a run writes: the drafter, its checkpoint ``OUT.ckpt``, and their partial files."""
+    o = Path(out)
+    return o, o.with_name(o.name + ".part"), Path(f"{o}.ckpt"), Path(f"{o}.ckpt.part")
+
+
+def check_output_files(out: str | Path) -> None:
+    """Refuse, before any work, an ``-o`` where one of the run's files could not be written or would
+    replace something that is not a file (``-o /dev/full`` replaced the device, as root)."""
+    from ..paths import check_output_file
+
+    for p in output_files(out):
+        check_output_file(p, f"-o {out}" if p == Path(out) else f"-o {out}: its file {p}")
 
 
 @dataclass
@@ -178,9 +195,11 @@ def _features(model, chunks: list[list[int]], cfg: DistillConfig, model_id: str,
               taps: tuple[int, ...] | None) -> Features:
     """The trunk's features over ``chunks``, from the content-keyed cache when it has them."""
     path = features_dir() / f"{features_key(model_id, chunks, cfg.top_k, taps)}.pt"
-    if path.exists():
+    feats = Features.load(path) if path.exists() else None  # None too for a damaged file: computed again
+    width = model.hidden_size * (1 if taps is None else len(taps))
+    if feats is not None and tuple(feats.tokens.shape) == (len(chunks), len(chunks[0])) \
+            and feats.hidden.shape[-1] == width and feats.top_ids.shape[-1] == feats.top_p.shape[-1] == cfg.top_k:
         events("phase", name=f"trunk features ({label}, cached)", total=len(chunks) * cfg.chunk)
-        feats = Features.load(path)
         events("advance", n=feats.n_tokens)
         return feats
     events("phase", name=f"trunk features ({label})", total=len(chunks) * cfg.chunk)
@@ -286,6 +305,8 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
     from .block import choose_taps
 
     cfg.check()
+    ckpt = Path(str(cfg.out) + ".ckpt")
+    state = read_checkpoint(ckpt, cfg)  # before the trunk's feature pass, not minutes after it
     precision = resolve_precision(cfg.precision, cfg.device)
     t_start = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -312,16 +333,15 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
             else _HeadTask(cfg, model, train_dev, held_dev, shared))
     module = task.module
     opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    ckpt = Path(str(cfg.out) + ".ckpt")
     step, curve = 0, []
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        saved = DistillConfig(**state["config"])
-        if not saved.resumable_with(cfg):
-            raise BadInput(f"{ckpt} holds a run with other settings; delete it to start over, or rerun with the same options")
-        module.load_state_dict(state["head"])
-        opt.load_state_dict(state["opt"])
-        step, curve = int(state["step"]), list(state["curve"])
+    if state is not None:
+        try:
+            module.load_state_dict(state["head"])
+            opt.load_state_dict(state["opt"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise BadInput(f"{ckpt}: its weights do not fit this run ({str(e).splitlines()[0][:200]}); "
+                           "delete it to start over") from None
+        step, curve = state["step"], state["curve"]
         events("resumed", step=step)
 
     def save_checkpoint() -> None:
@@ -368,6 +388,37 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
     })
     return DistillResult(Path(cfg.out), step, train.n_tokens, held.n_tokens, len(d2t), cov, final, curve,
                          time.perf_counter() - t_start, precision)
+
+
+def read_checkpoint(ckpt: Path, cfg: DistillConfig) -> dict | None:
+    """The checkpoint at ``ckpt`` if there is one and it continues ``cfg``; one line otherwise.
+
+    Read with ``weights_only=True``: the file holds tensors and plain values only, so one planted
+    beside the output cannot run code when it is unpickled, and a damaged one is refused, not a
+    traceback."""
+    if not ckpt.exists():
+        return None
+    try:
+        with warnings.catch_warnings():  # torch's notes on a foreign pickle: the line below says it
+            warnings.simplefilter("ignore")
+            state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, EOFError, ... on a bad file
+        raise BadInput(f"{ckpt}: not a tsspec distill checkpoint ({type(e).__name__}); delete it to start over") from None
+    try:
+        if not (isinstance(state, dict) and isinstance(state.get("config"), dict)):
+            raise TypeError("not a dict with a config")
+        saved = DistillConfig(**state["config"])
+        step, curve = state["step"], state["curve"]
+        if not (isinstance(step, int) and 0 <= step and isinstance(curve, list)
+                and isinstance(state.get("head"), dict) and isinstance(state.get("opt"), dict)):
+            raise TypeError("step, curve, head or opt")
+        same = saved.resumable_with(cfg)
+    except (TypeError, KeyError, ValueError):
+        raise BadInput(f"{ckpt}: not a tsspec distill checkpoint (its contents are not a run's); "
+                       "delete it to start over") from None
+    if not same:
+        raise BadInput(f"{ckpt} holds a run with other settings; delete it to start over, or rerun with the same options")
+    return state
 
 
 def _to(f: Features, dev: torch.device) -> Features:

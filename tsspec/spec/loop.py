@@ -88,8 +88,11 @@ class Sequence:
 
     def __init__(self, target: SpecTarget, sampler: Sampler, *, cache: Cache | None = None,
                  speculator: Speculator | None = None, governor: Governor | None = None, window: int = 8,
-                 accept_rule: str | None = None, stats: SpecStats | None = None):
+                 accept_rule: str | None = None, stats: SpecStats | None = None, drawable: int | None = None):
         self.target = target
+        # ids at or past ``drawable`` have no token (a file's vocab_size padded past its token
+        # list): never drawn, never drafted
+        self.drawable = drawable
         self.sampler = sampler
         self.cache = cache if cache is not None else target.make_cache()
         self.speculator = speculator
@@ -201,6 +204,9 @@ class Sequence:
         """The second half of a step, given the forward of ``rows``: accept, trim, commit; -> the
         tokens emitted (none for a prompt chunk but the last). ``forward_ms``: the forward's wall
         time (a shared one's whole time)."""
+        if self.drawable is not None and out.logits.shape[-1] > self.drawable:
+            with torch.inference_mode():  # in place (a forward's rows are inference tensors): no copy of [rows, vocab]
+                out.logits[..., self.drawable:] = float("-inf")
         if rows.prefill:
             return self._prefilled(rows, out)
         t0 = time.perf_counter()
@@ -238,10 +244,15 @@ class Sequence:
                                None if gov is None else gov.min_draft_prob())
             draft = spec.propose(ctx)
         if draft.parents is not None:  # a tree: as many nodes as the context holds, no deeper than k_max
-            toks, parents = tree.prune(draft.tokens, draft.parents, self.target.max_context - pos - 1, k_max)
-            draft = Draft(toks, None, setup_ms=draft.setup_ms, parents=parents if toks else None)
-        elif len(draft.tokens) > k_max:
-            draft = Draft(draft.tokens[:k_max], None if draft.probs is None else draft.probs[:k_max],
+            toks, parents = tree.prune(draft.tokens, draft.parents, self.target.max_context - pos - 1, k_max,
+                                       self.drawable)
+            return Draft(toks, None, setup_ms=draft.setup_ms, parents=parents if toks else None)
+        n = len(draft.tokens)
+        if self.drawable is not None:  # a guess that is no token ends the draft: it cannot be accepted
+            n = next((i for i, t in enumerate(draft.tokens) if not 0 <= t < self.drawable), n)
+        n = min(n, k_max)
+        if n < len(draft.tokens):
+            draft = Draft(draft.tokens[:n], None if draft.probs is None else draft.probs[:n],
                           setup_ms=draft.setup_ms)
         return draft
 
@@ -404,15 +415,17 @@ def decode(
     on_token: Callable[[int], bool] | None = None,
     on_step: Callable[[SpecStats], None] | None = None,
     stats: SpecStats | None = None,
+    drawable: int | None = None,
 ) -> list[int]:
     """Generate up to ``max_tokens`` tokens after ``prompt``; returns them.
 
     ``cache``: a kept cache holding a prefix of ``prompt`` (default: a new one). ``on_token(tok) ->
     stop`` is called for every emitted token in order; returning True ends the run after that token.
-    ``on_step(stats)`` is called after every step (for a live display).
+    ``on_step(stats)`` is called after every step (for a live display). ``drawable``: the ids that
+    have a token (``Sequence``).
     """
     seq = Sequence(target, sampler, cache=cache, speculator=speculator, governor=governor, window=window,
-                   accept_rule=accept_rule, stats=stats)
+                   accept_rule=accept_rule, stats=stats, drawable=drawable)
     run = Run(seq, prompt, max_tokens, on_token=on_token, on_step=on_step)  # checks the prompt
     run.drive()  # nothing when max_tokens <= 0
     return run.finish()

@@ -46,16 +46,17 @@ def depths(parents: Sequence[int]) -> list[int]:
     return d
 
 
-def prune(tokens: Sequence[int], parents: Sequence[int], max_nodes: int, max_depth: int
-          ) -> tuple[list[int], list[int]]:
+def prune(tokens: Sequence[int], parents: Sequence[int], max_nodes: int, max_depth: int,
+          drawable: int | None = None) -> tuple[list[int], list[int]]:
     """The tree cut to its first ``max_nodes`` tokens of depth at most ``max_depth`` (parents first,
-    so what remains is still a tree), renumbered."""
+    so what remains is still a tree), renumbered; with ``drawable``, a node whose id has no token
+    (at or past it) goes, and everything under it (it can never be accepted)."""
     keep: dict[int, int] = {}
     toks, pars = [], []
     for i, (t, p, d) in enumerate(zip(tokens, parents, depths(parents))):
         if len(toks) >= max_nodes:
             break
-        if d > max_depth or (p >= 0 and p not in keep):
+        if d > max_depth or (p >= 0 and p not in keep) or (drawable is not None and not 0 <= t < drawable):
             continue
         keep[i] = len(toks)
         toks.append(int(t))
