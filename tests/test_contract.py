@@ -229,7 +229,7 @@ def test_a_draft_models_window_is_published(tmp_path):
     assert off.options == SpecOptions()  # speculation off: the settings as resolved
 
 
-LEGACY = {"--mtp-spec", "--no-mtp-spec", "--mtp-draft", "--mtp-pmin", "--mtp-draft-model"}
+LEGACY = {"--mtp-spec", "--no-mtp-spec", "--mtp-draft", "--mtp-pmin", "--mtp-draft-model", "--mtp-tree"}
 
 
 def _option_names(command: str) -> set[str]:
