@@ -229,7 +229,7 @@ def test_a_draft_models_window_is_published(tmp_path):
     assert off.options == SpecOptions()  # speculation off: the settings as resolved
 
 
-LEGACY = {"--mtp-spec", "--no-mtp-spec", "--mtp-draft", "--mtp-pmin", "--mtp-draft-model"}
+LEGACY = {"--mtp-spec", "--no-mtp-spec", "--mtp-draft", "--mtp-pmin", "--mtp-draft-model", "--mtp-tree"}
 
 
 def _option_names(command: str) -> set[str]:
@@ -299,6 +299,29 @@ def test_ts_qwen35_dflash_attaches_a_block_drafter_to_a_qwen35_trunk(monkeypatch
                 block_drafter=None)
     s = Session.open(resolve_run(model=str(hybrid_path), speculation=none, env={"TS_QWEN35_DFLASH": str(drafter)}))
     assert s.speculation().speculator.name == "block"
+
+
+def test_ts_qwen35_dflash_is_not_attached_to_another_trunk(llama_path, hybrid_path, tmp_path):
+    """Exported for a Qwen 3.5 trunk, the variable does not refuse a run of another model: a
+    warning says it is not attached, the run is plain (or speculates as its flags say), and
+    ``info`` reports no drafter."""
+    import json
+
+    from clirun import run
+    from tiny_dflash import write_tiny_dflash
+
+    drafter = str(write_tiny_dflash(tmp_path / "dflash2.gguf", hybrid_path, dflash2=True))
+    env = {"TS_QWEN35_DFLASH": drafter}
+    r = run("generate", "-m", str(llama_path), "-p", "abc", "-n", "3", "--json", env=env)
+    assert r.exit_code == 0, r.output
+    assert "TS_QWEN35_DFLASH names a drafter for qwen35 trunks; llama.gguf is llama: not attached" in " ".join(
+        r.stderr.split())
+    assert json.loads(r.stdout.strip().splitlines()[-1])["spec"]["speculator"] is None
+    r = run("generate", "-m", str(llama_path), "-p", "abc", "-n", "3", "--json", "--spec", "--spec-type", "ngram",
+            env=env)
+    assert r.exit_code == 0 and json.loads(r.stdout.strip().splitlines()[-1])["spec"]["speculator"] == "ngram"
+    r = run("info", str(llama_path), env=env)
+    assert r.exit_code == 0 and "auto would use: draft-head -> ngram" in r.stdout and "not attached" in r.stderr
 
 
 # ----------------------------------------------------------------------------- rollback memory
@@ -383,7 +406,7 @@ def test_info_reads_the_drafter_from_the_environment(llama_path, tmp_path):
     small = write_tiny_model(tmp_path / "d.gguf", "llama", seed=3, n_layers=1)
     r = run("info", str(llama_path))
     assert "auto would use: draft-head -> ngram" in r.stdout
-    for name in ("TS_SPEC_DRAFT_MODEL", "TS_MTP_DRAFT_MODEL", "TS_QWEN35_DFLASH"):
+    for name in ("TS_SPEC_DRAFT_MODEL", "TS_MTP_DRAFT_MODEL"):
         r = run("info", str(llama_path), env={name: str(small)})
         assert r.exit_code == 0, r.output
         assert "auto would use: draft-model -> draft-head -> ngram" in r.stdout, name

@@ -6,7 +6,7 @@ import pytest
 
 from tsspec.errors import BadInput
 from tsspec import options
-from tsspec.options import SpecOptions, publish, with_window
+from tsspec.options import SpecOptions, publish, with_window, without_attach
 from tsspec.settings import speculator_names
 
 NONE = dict(enabled=None, type=None, draft=None, pmin=None, draft_model=None, accept=None, adaptive=None, block_drafter=None)
@@ -161,14 +161,19 @@ def test_ts_qwen35_dflash_attaches_a_drafter():
     drafter as ``--draft-model`` does (speculation on unless turned off), below every other name."""
     opts, warnings = resolve(flags(), {"TS_QWEN35_DFLASH": "d.gguf"})
     assert opts.draft_model == "d.gguf" and opts.enabled and warnings == []
+    assert opts.attached and opts.attach_enabled
+    assert without_attach(opts) == SpecOptions()  # a trunk it is not for: as if unset
     opts, _ = resolve(flags(), {"TS_QWEN35_DFLASH": "d.gguf", "TS_MTP_SPEC": "0"})
     assert opts.draft_model == "d.gguf" and not opts.enabled
     opts, _ = resolve(flags(enabled=False), {"TS_QWEN35_DFLASH": "d.gguf"})
     assert not opts.enabled
+    opts, _ = resolve(flags(enabled=True, type="ngram"), {"TS_QWEN35_DFLASH": "d.gguf"})
+    assert opts.attached and not opts.attach_enabled
+    assert without_attach(opts) == SpecOptions(enabled=True, type="ngram")  # --spec stays
     for kw, env in ((dict(block_drafter="b.gguf"), {}), (dict(draft_model="b.gguf", enabled=True), {}),
                     ({}, {"TS_SPEC_DRAFT_MODEL": "b.gguf"}), ({}, {"TS_MTP_DRAFT_MODEL": "b.gguf"})):
         opts, warnings = resolve(flags(**kw), {"TS_QWEN35_DFLASH": "d.gguf", **env})
-        assert opts.draft_model == "b.gguf"
+        assert opts.draft_model == "b.gguf" and not opts.attached
         assert len(warnings) == 1 and "TS_QWEN35_DFLASH=d.gguf is not used" in warnings[0]
     _, warnings = resolve(flags(), {"TS_QWEN35_DFLASH": "b.gguf", "TS_SPEC_DRAFT_MODEL": "b.gguf"})
     assert warnings == []  # the same file: nothing to say

@@ -572,7 +572,8 @@ def info(
                 warn(w)
             session = Session.open(config, gguf=g, console=err, warn=warn,
                                    loading=lambda _path: err.status("loading weights", spinner="dots"))
-            named = config.spec.draft_model  # --draft-model, else the environment's
+            spec = session.for_this_trunk(config.spec)
+            named = spec.draft_model  # --draft-model, else the environment's
             drafter = session.load_drafter(resolve_model(named, console=err)) if named else None
             s = Table(title="speculators", show_header=True)
             s.add_column("name")
@@ -582,7 +583,7 @@ def info(
                 s.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", why)
             out.print(s)
             out.print(f"auto would use: {' -> '.join(session.auto_order(drafter))} (first that serves)")
-            window = session.with_preferred_window(config.spec, drafter).draft
+            window = session.with_preferred_window(spec, drafter).draft
             held = session.rollback_memory(window)
             if held:
                 how = ("one copy of the recurrent state, TS_Q35_VERIFY_SNAPSHOTS=0" if not config.verify_snapshots

@@ -46,6 +46,8 @@ class SpecOptions:
     accept: str = "auto"
     adaptive: bool = True  # the cost governor
     tree: int = 0  # node budget of a token-tree draft (0: chains); speculators that build trees take it
+    attached: bool = False  # draft_model came from TS_QWEN35_DFLASH (for the trunks ATTACH_ARCHS names)
+    attach_enabled: bool = False  # ... and so did ``enabled`` (no flag or variable set it)
 
 
 def _parse(setting: str, name: str, raw: Any, speculators: Sequence[str] = ()) -> Any:
@@ -100,9 +102,11 @@ def _parse(setting: str, name: str, raw: Any, speculators: Sequence[str] = ()) -
 NOT_READ = {
     "FOLD_CATCHUP": "tsspec always folds a draft head's catch-up into its first draft step",
 }
-# the design's per-model ways to attach a DFlash drafter (as ``--draft-model`` does): read, with the
-# lowest precedence among the drafter's names
+# the design's per-model way to attach a DFlash drafter (as ``--draft-model`` does): read, with the
+# lowest precedence among the drafter's names, for the trunks it names (the session ignores it, with
+# a warning, for any other: ``without_attach``)
 ATTACH_DFLASH = "TS_QWEN35_DFLASH"
+ATTACH_ARCHS = ("qwen35",)
 # the same contract's names for models tsspec has no architecture for: warned about, never read
 NOT_READ_ATTACH = {
     "TS_MUSE_GLIMMER_DFLASH": "tsspec has no Muse-Glimmer architecture; attach a drafter with --draft-model",
@@ -172,12 +176,14 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str], *,
             vals[setting] = envv[setting]
     block = flags.get("block_drafter")
     attach = env.get(ATTACH_DFLASH, "")
+    attached = attach_enabled = False
     if attach != "":
         attach = _parse("draft_model", ATTACH_DFLASH, attach)
         if block is None and "draft_model" not in vals:  # like --draft-model, named in the environment
             vals["draft_model"] = attach
+            attached = True
             if "enabled" not in vals:
-                vals["enabled"] = True
+                vals["enabled"] = attach_enabled = True
         elif (block if block is not None else vals["draft_model"]) != attach:
             warnings.append(f"{ATTACH_DFLASH}={attach} is not used: a flag or TS_SPEC_DRAFT_MODEL / "
                             "TS_MTP_DRAFT_MODEL names another drafter")
@@ -198,6 +204,8 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str], *,
         accept=vals.get("accept", "auto"),
         adaptive=vals.get("adaptive", True),
         tree=vals.get("tree", 0),
+        attached=attached,
+        attach_enabled=attach_enabled,
     )
     if not opts.enabled:
         tuned = [SETTINGS[s][1] for s in ("type", "draft", "pmin", "draft_model", "accept", "adaptive", "tree")
@@ -227,6 +235,14 @@ def publish(opts: SpecOptions, env: MutableMapping[str, str]) -> None:
     for fam in FAMILIES:
         for suffix, v in values.items():
             env[fam + suffix] = v
+
+
+def without_attach(opts: SpecOptions) -> SpecOptions:
+    """``opts`` without the drafter ``TS_QWEN35_DFLASH`` named (and the speculation it turned on)."""
+    if not opts.attached:
+        return opts
+    return replace(opts, draft_model=None, attached=False, attach_enabled=False,
+                   enabled=opts.enabled and not opts.attach_enabled)
 
 
 def with_window(opts: SpecOptions, preferred: int | None) -> SpecOptions:

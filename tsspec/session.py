@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
-from .options import SpecOptions, with_window
+from .options import ATTACH_ARCHS, ATTACH_DFLASH, SpecOptions, with_window, without_attach
 from .settings import ENV_DFLASH_CONV, ENV_DFLASH_SELECTOR, RunConfig
 
 
@@ -123,7 +123,7 @@ class Session:
         from .spec.governor import SpeculationCostGovernor
         from .spec.registry import REGISTRY
 
-        opts = self.config.spec if options is None else options
+        opts = self.for_this_trunk(self.config.spec if options is None else options)
         if not opts.enabled:
             return Speculation(options=opts)
         drafter = None
@@ -150,6 +150,17 @@ class Session:
             new_speculation=new_speculation,
             options=replace(opts, draft=window),
         )
+
+    def for_this_trunk(self, options: SpecOptions) -> SpecOptions:
+        """``options``, less a drafter ``TS_QWEN35_DFLASH`` named for a trunk it is not for (said
+        once, through ``warn``): the variable belongs to the Qwen 3.5 trunks, and one exported for
+        them must not refuse a run of another model."""
+        if not options.attached or self.gguf.arch in ATTACH_ARCHS:
+            return options
+        if self._warn is not None:
+            self._warn(f"{ATTACH_DFLASH} names a drafter for {', '.join(ATTACH_ARCHS)} trunks; "
+                       f"{self.path.name} is {self.gguf.arch}: not attached")
+        return without_attach(options)
 
     def with_preferred_window(self, options: SpecOptions, drafter=None) -> SpecOptions:
         """``options`` with the window the model prefers: the drafter's (measured for it) first,
