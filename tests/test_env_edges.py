@@ -30,13 +30,16 @@ KINDS = {
     "weights": ({""}, ["f32", " BF16 ", "auto"]),
     "device": ({""}, ["cpu", " CPU ", "auto"]),  # cuda: refused where there is no GPU (test_usage_errors)
     "cache": (set(EDGE_VALUES) - {" ", "\t"}, ["CACHE"]),  # any path the system takes is a path
+    "tree": ({"", "0", "1", " 1 "}, ["16", "64"]),
+    # 1 runs only where the AMX tiles do (refused elsewhere, one line: test_amx)
+    "amx": ({"", "0"} | ({"1", " 1 "} if kernels.amx_status() == "in use" else set()), ["auto", " AUTO ", "off"]),
 }
 SPEC_KINDS = {"SPEC": "bool", "TYPE": "type", "DRAFT": "draft", "PMIN": "pmin", "ACCEPT": "accept",
-              "ADAPTIVE": "bool", "DRAFT_MODEL": "draft_model"}
+              "ADAPTIVE": "bool", "DRAFT_MODEL": "draft_model", "TREE": "tree"}
 VARIABLES = {fam + suffix: kind for fam in FAMILIES for suffix, kind in SPEC_KINDS.items()} | {
     "TSSPEC_WEIGHTS": "weights", "TSSPEC_DRAFT_WEIGHTS": "weights", "TSSPEC_CACHE": "cache",
     "TSSPEC_KERNELS": "bool", "TS_Q35_VERIFY_SNAPSHOTS": "bool", "TS_DFLASH_CONV": "bool",
-    "TS_DFLASH_SELECTOR": "bool", "TSSPEC_DEVICE": "device",
+    "TS_DFLASH_SELECTOR": "bool", "TSSPEC_DEVICE": "device", "TSSPEC_AMX": "amx",
 }
 COUNTS = {"ran": 0, "refused": 0}
 
@@ -55,10 +58,11 @@ def test_every_edge_value(name, model, tmp_path, monkeypatch):
         env = {name: value}
         if name.startswith(FAMILIES) and not name.endswith("_SPEC"):
             env[name[:name.index("_", 3) + 1] + "SPEC"] = "1"  # speculation on, so the setting is live
-        if name == "TSSPEC_KERNELS":  # read once per process: start each case afresh
+        if name in ("TSSPEC_KERNELS", "TSSPEC_AMX"):  # read once per process: start each case afresh
             monkeypatch.setattr(kernels, "_tried", False)
             monkeypatch.setattr(kernels, "_lib", None)
             monkeypatch.setattr(kernels, "_reason", None)
+            monkeypatch.setattr(kernels, "_amx_error", None)
         args = ("models",) if name == "TSSPEC_CACHE" else ("generate", "-m", model, "-p", "the cat", "-n", "2", "-q")
         code, out, err = entry(*args, env=env)
         what = f"{name}={value!r}: exit {code}, stderr {err[-400:]!r}"

@@ -205,6 +205,7 @@ def _setup_amx(h: ctypes.CDLL) -> None:
 
     mode = amx_mode()
     state = h.tsq_amx_init()  # the permission, asked once, on this (the loading) thread
+    h.tsq_amx_use(0, AMX_MIN_ROWS)  # off until this setup says otherwise (a reloaded library keeps its state)
     if mode == "0":
         _amx = "off (TSSPEC_AMX=0)"
         return
