@@ -10,7 +10,7 @@ rolls back to without copying or re-running anything). A row's arithmetic is the
 whether it is the only row of a call or row m of a 16-row verify (the state between rows is exact
 float32 either way), so its output and state are bitwise independent of the row count.
 
-Not wired into a model yet: the hybrid trunks still run on the CPU only (``models.TRITON_ARCHITECTURES``).
+Not wired into a model yet: the hybrid trunks still run on the CPU only (their architecture files say ``TRITON = False``).
 ``reference`` is ``gated_delta.delta_rule_rows``' arithmetic in float64.
 """
 
