@@ -227,12 +227,8 @@ TSQ_INTERNAL int tsq_matmul_tiles(int type, const uint8_t *w, int packed, long r
     if (n_threads < 1) n_threads = 1;
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && npanel > 1)
     {
-        long p0 = 0, p1 = npanel;
-#ifdef _OPENMP
-        const long nt = omp_get_num_threads(), per = (npanel + nt - 1) / nt;
-        p0 = omp_get_thread_num() * per;
-        p1 = p0 + per < npanel ? p0 + per : npanel;
-#endif
+        long p0, p1;
+        thread_share(npanel, &p0, &p1);
         const size_t accn = (size_t)ntile * TR * 8 * TR;
         float *acc = p0 < p1 ? malloc(sizeof(float) * accn) : NULL;
         float *accm = p0 < p1 && type == T_Q4_1 ? malloc(sizeof(float) * accn) : NULL;

@@ -1165,12 +1165,8 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
         }
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
         {
-            long n0 = 0, n1 = n_rows;
-#ifdef _OPENMP
-            const long nt = omp_get_num_threads(), per = (n_rows + nt - 1) / nt;
-            n0 = omp_get_thread_num() * per;
-            n1 = n0 + per < n_rows ? n0 + per : n_rows;
-#endif
+            long n0, n1;
+            thread_share(n_rows, &n0, &n1);
             if (n0 < n1 && pairw)
                 dot_pairw(type, w + n0 * row_bytes, k, xq, xp, n1 - n0, row_bytes, y + n0);
             else if (n0 < n1)

@@ -60,6 +60,18 @@ static inline long n_groups(long k) { return (k + QG - 1) / QG; }
 
 #define TSQ_INTERNAL __attribute__((visibility("hidden")))
 
+/* The calling OpenMP thread's contiguous share [*lo, *hi) of n items (all of them outside a team):
+ * the column split every product takes, so a thread's share never depends on the rows. */
+static inline void thread_share(long n, long *lo, long *hi) {
+    *lo = 0;
+    *hi = n;
+#ifdef _OPENMP
+    const long nt = omp_get_num_threads(), per = (n + nt - 1) / nt;
+    *lo = omp_get_thread_num() * per;
+    *hi = *lo + per < n ? *lo + per : n;
+#endif
+}
+
 /* The reduction of eight lanes every product uses: (0+4, 1+5, 2+6, 3+7), then pairs, then the two. */
 static inline float sum8(const float *v) {
     const float s0 = v[0] + v[4], s1 = v[1] + v[5], s2 = v[2] + v[6], s3 = v[3] + v[7];
