@@ -1,7 +1,8 @@
 """Tiny random-weight GGUF files written by llama.cpp's own converter, ``convert_hf_to_gguf.py``.
 
 ``tests/tiny.py`` writes GGUF files with the project's own writer; this module makes them the way
-users get them: a small transformers model (``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM``) saved with
+users get them: a small transformers model (``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM``, and the
+hybrid ``Qwen3_5ForCausalLM`` of ``tiny_hybrid``) saved with
 ``save_pretrained``, then converted by llama.cpp b11434's converter in a subprocess, with the
 ``gguf-py`` it ships.
 
@@ -46,7 +47,10 @@ VOCAB_FILE = "models/ggml-vocab-qwen2.gguf"
 KEEP = ("convert_hf_to_gguf.py", "LICENSE", "conversion/", "gguf-py/", VOCAB_FILE)
 
 ARCHS = ("qwen3", "qwen2")
-HF_CLASS = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+HYBRID_ARCHS = ("qwen35",)  # Qwen3_5ForCausalLM (tiny_hybrid's config); the converter has no dense qwen3next
+HF_CLASS = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM"}
+# converter flags per architecture: a Qwen3.5 checkpoint without MTP layers needs --no-mtp
+CONVERT_FLAGS = {"qwen35": ("--no-mtp",)}
 CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
               tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151643,
@@ -177,10 +181,15 @@ def qwen2_tokenizer_dir() -> Path:
 
 
 def make_hf_model(arch: str, seed: int = 0):
-    """A tiny random-weight ``Qwen3ForCausalLM``/``Qwen2ForCausalLM`` in float32 (eval mode)."""
+    """A tiny random-weight ``Qwen3ForCausalLM``/``Qwen2ForCausalLM`` in float32 (eval mode);
+    ``qwen35``: ``tiny_hybrid.hf_model``'s Qwen3.5 with Qwen's vocabulary size."""
     import torch
     import transformers
 
+    if arch == "qwen35":
+        from tiny_hybrid import hf_model
+
+        return hf_model(arch, seed, vocab_size=VOCAB)
     if arch == "qwen3":
         cfg = transformers.Qwen3Config(vocab_size=VOCAB, head_dim=HEAD_DIM, **CONFIG)
     elif arch == "qwen2":
@@ -208,8 +217,9 @@ def make_hf_model(arch: str, seed: int = 0):
 # ----------------------------------------------------------------------------- the conversion
 
 
-def convert(hf_dir: Path, outtype: str, outfile: Path) -> Path:
-    """Run llama.cpp's ``convert_hf_to_gguf.py`` on ``hf_dir`` (``--outtype f16`` / ``f32``)."""
+def convert(hf_dir: Path, outtype: str, outfile: Path, extra: tuple[str, ...] = ()) -> Path:
+    """Run llama.cpp's ``convert_hf_to_gguf.py`` on ``hf_dir`` (``--outtype f16`` / ``f32``);
+    ``extra``: more converter flags (``--no-mtp`` for a hybrid checkpoint without MTP layers)."""
     src = llama_cpp_source()
     path = [str(src / "gguf-py")]
     if importlib.util.find_spec("sentencepiece") is None:
@@ -223,7 +233,7 @@ def convert(hf_dir: Path, outtype: str, outfile: Path) -> Path:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                OMP_NUM_THREADS="1")
     cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf_dir), "--outtype", outtype,
-           "--outfile", str(outfile)]
+           "--outfile", str(outfile), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     if r.returncode != 0 or not outfile.is_file():
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-30:])
@@ -247,5 +257,5 @@ def converted_models(arch: str, outdir: Path, outtypes=("f16", "f32"), seed: int
     model.save_pretrained(hf_dir)
     for f in TOKENIZER_FILES:
         shutil.copyfile(qwen2_tokenizer_dir() / f, hf_dir / f)
-    gguf = {t: convert(hf_dir, t, outdir / f"{arch}-{t}.gguf") for t in outtypes}
+    gguf = {t: convert(hf_dir, t, outdir / f"{arch}-{t}.gguf", CONVERT_FLAGS.get(arch, ())) for t in outtypes}
     return Converted(arch, model, hf_dir, gguf)
