@@ -1,7 +1,8 @@
 """Tiny random-weight GGUF files written by llama.cpp's own converter, ``convert_hf_to_gguf.py``.
 
 ``tests/tiny.py`` writes GGUF files with the project's own writer; this module makes them the way
-users get them: a small transformers model (``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM``) saved with
+users get them: a small transformers model (``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM``, and the
+hybrid ``Qwen3_5ForCausalLM`` of ``tiny_hybrid``, ``Gemma3ForCausalLM``) saved with
 ``save_pretrained``, then converted by llama.cpp b11434's converter in a subprocess, with the
 ``gguf-py`` it ships.
 
@@ -46,13 +47,24 @@ VOCAB_FILE = "models/ggml-vocab-qwen2.gguf"
 KEEP = ("convert_hf_to_gguf.py", "LICENSE", "conversion/", "gguf-py/", VOCAB_FILE)
 
 ARCHS = ("qwen3", "qwen2")
-HF_CLASS = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# Qwen3_5ForCausalLM (tiny_hybrid's config; the converter writes no dense qwen3next) and
+# Gemma3ForCausalLM (5 sliding-window layers of 8 positions, then a global one)
+MORE_ARCHS = ("qwen35", "gemma3")
+HF_CLASS = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen35": "Qwen3_5ForCausalLM",
+            "gemma3": "Gemma3ForCausalLM"}
+GEMMA3 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+              num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32, sliding_window=8,
+              max_position_embeddings=512, rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151643,
+              pad_token_id=151643)
+# converter flags per architecture: a Qwen3.5 checkpoint without MTP layers needs --no-mtp
+CONVERT_FLAGS = {"qwen35": ("--no-mtp",)}
 CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
               tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151643,
               rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
 HEAD_DIM = 16
 VOCAB = 151936  # Qwen2/Qwen3 checkpoints pad the 151646 tokens to this
+N_ORDINARY = 151643  # Qwen2's ordinary tokens (then its 3 specials)
 EMBED_STD = 1.0
 HEAD_STD = 0.5  # output rows: logits with a spread of several units, like a trained model's
 
@@ -177,14 +189,24 @@ def qwen2_tokenizer_dir() -> Path:
 
 
 def make_hf_model(arch: str, seed: int = 0):
-    """A tiny random-weight ``Qwen3ForCausalLM``/``Qwen2ForCausalLM`` in float32 (eval mode)."""
+    """A tiny random-weight ``Qwen3ForCausalLM``/``Qwen2ForCausalLM`` in float32 (eval mode);
+    ``qwen35``: ``tiny_hybrid.hf_model``'s Qwen3.5 with Qwen's vocabulary size; ``gemma3``: a
+    ``Gemma3ForCausalLM`` (``GEMMA3``; its converter takes the Qwen2 tokenizer by the GPT-2 route)."""
     import torch
     import transformers
 
+    if arch == "qwen35":
+        from tiny_hybrid import hf_model
+
+        return hf_model(arch, seed, vocab_size=VOCAB)
     if arch == "qwen3":
         cfg = transformers.Qwen3Config(vocab_size=VOCAB, head_dim=HEAD_DIM, **CONFIG)
     elif arch == "qwen2":
         cfg = transformers.Qwen2Config(vocab_size=VOCAB, **CONFIG)
+    elif arch == "gemma3":
+        # the exact token count: Gemma3's converter trims the embedding to tokenizer.json's tokens
+        # while the GPT-2 vocabulary route pads the token list to vocab_size (a file no loader takes)
+        cfg = transformers.Gemma3TextConfig(vocab_size=len(QWEN2_SPECIAL) + N_ORDINARY, **GEMMA3)
     else:
         raise ValueError(arch)
     cfg._attn_implementation = "eager"
@@ -208,8 +230,9 @@ def make_hf_model(arch: str, seed: int = 0):
 # ----------------------------------------------------------------------------- the conversion
 
 
-def convert(hf_dir: Path, outtype: str, outfile: Path) -> Path:
-    """Run llama.cpp's ``convert_hf_to_gguf.py`` on ``hf_dir`` (``--outtype f16`` / ``f32``)."""
+def convert(hf_dir: Path, outtype: str, outfile: Path, extra: tuple[str, ...] = ()) -> Path:
+    """Run llama.cpp's ``convert_hf_to_gguf.py`` on ``hf_dir`` (``--outtype f16`` / ``f32``);
+    ``extra``: more converter flags (``--no-mtp`` for a hybrid checkpoint without MTP layers)."""
     src = llama_cpp_source()
     path = [str(src / "gguf-py")]
     if importlib.util.find_spec("sentencepiece") is None:
@@ -223,7 +246,7 @@ def convert(hf_dir: Path, outtype: str, outfile: Path) -> Path:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                OMP_NUM_THREADS="1")
     cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf_dir), "--outtype", outtype,
-           "--outfile", str(outfile)]
+           "--outfile", str(outfile), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     if r.returncode != 0 or not outfile.is_file():
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-30:])
@@ -247,5 +270,5 @@ def converted_models(arch: str, outdir: Path, outtypes=("f16", "f32"), seed: int
     model.save_pretrained(hf_dir)
     for f in TOKENIZER_FILES:
         shutil.copyfile(qwen2_tokenizer_dir() / f, hf_dir / f)
-    gguf = {t: convert(hf_dir, t, outdir / f"{arch}-{t}.gguf") for t in outtypes}
+    gguf = {t: convert(hf_dir, t, outdir / f"{arch}-{t}.gguf", CONVERT_FLAGS.get(arch, ())) for t in outtypes}
     return Converted(arch, model, hf_dir, gguf)

@@ -223,6 +223,41 @@ def test_qwen3next_moe_is_declined(tmp_path):
         load_model(path)
 
 
+@pytest.mark.parametrize("store", ["f32", "f16"])
+def test_qwen3next_fused_ssm_in_equals_the_split_layout(tmp_path, store):
+    """Older converters store qwen3next's q, k, v, z in one ``ssm_in`` interleaved per key head; the
+    loader splits it by rows, which keeps the file's blocks (and precision) in every format: the
+    fused file gives the split file's logits bit for bit, f32 and default alike."""
+    from tiny_hybrid import _write, gguf_tensors, hf_model
+
+    hf = hf_model("qwen3next")
+    c = hf.config
+    nk, dk, dv = c.linear_num_key_heads, c.linear_key_head_dim, c.linear_value_head_dim
+    r = c.linear_num_value_heads // nk
+    split = gguf_tensors(hf, "qwen3next")
+    fused = dict(split)
+    for i, kind in enumerate(c.layer_types):
+        if kind == "full_attention":
+            continue
+        b = f"blk.{i}."
+        qkv, z = fused.pop(b + "attn_qkv.weight"), fused.pop(b + "attn_gate.weight")
+        d = qkv.shape[1]
+        q, k = qkv[: nk * dk].reshape(nk, dk, d), qkv[nk * dk : 2 * nk * dk].reshape(nk, dk, d)
+        v, zz = qkv[2 * nk * dk :].reshape(nk, r * dv, d), z.reshape(nk, r * dv, d)
+        fused[b + "ssm_in.weight"] = np.concatenate([q, k, v, zz], axis=1).reshape(-1, d)
+    if store == "f16":
+        split, fused = ({n: a.astype(np.float16) if a.ndim == 2 and "conv1d" not in n else a for n, a in t.items()}
+                        for t in (split, fused))
+    paths = [_write(tmp_path / f"{name}.gguf", "qwen3next", c, t, c.num_hidden_layers, 0)
+             for name, t in (("split", split), ("fused", fused))]
+    ids = [int(x) for x in np.random.default_rng(2).integers(0, VOCAB, 40)]
+    for fmt in ("f32", None):
+        a, b = (load_model(p, fmt=fmt) for p in paths)
+        assert b.blocks[0].in_proj.fmt == a.blocks[0].in_proj.fmt == ("f32" if fmt else "gguf")
+        assert torch.equal(a.forward(ids, a.make_cache(), all_logits=True).logits,
+                           b.forward(ids, b.make_cache(), all_logits=True).logits), fmt
+
+
 # ----------------------------------------------------------------------------- many sequences, one model
 
 

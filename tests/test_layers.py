@@ -26,7 +26,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tsspec"
 # bottom first
 LAYERS = (
     ("errors", "interrupts"),
-    ("env", "sampling", "validate"),  # the process environment; pure values; the file checks
+    ("env", "paths", "sampling", "validate"),  # the process environment; paths we read and write; pure values; the file checks
     ("gguf_file", "options"),  # the file format; the speculation flags over env
     ("tokenizer", "kernels"),
     ("weights",),

@@ -138,6 +138,12 @@ class GGUFWeight:
 
         return kernels.unpack(self.type_name, self.raw, self.shape[1])
 
+    def take_rows(self, rows) -> "GGUFWeight":
+        """The rows ``rows`` (indices along N, in that order) as stored: a GGUF row is whole blocks,
+        so selecting or reordering rows is exact in every type (no dequantization)."""
+        idx = np.asarray(rows, dtype=np.int64)
+        return GGUFWeight(self.type_name, np.ascontiguousarray(self.stored()[idx]), (len(idx), self.shape[1]))
+
     @classmethod
     def from_file(cls, type_name: str, flat: np.ndarray, shape: tuple[int, int]) -> "GGUFWeight":
         n = int(shape[0])
@@ -154,6 +160,18 @@ class GGUFWeight:
 
         flat = dequantize(self.stored().reshape(-1), GGMLQuantizationType[self.type_name])
         return np.asarray(flat, np.float32).reshape(self.shape)
+
+
+def take_rows(w, rows):
+    """Rows ``rows`` of a weight in whatever form a loader holds it (``GGUFWeight``: its stored
+    blocks; ``Int4Weight``: its codes and groups; an array), for layouts that fuse or interleave
+    several products in one tensor: the parts keep the file's precision."""
+    idx = np.asarray(rows, dtype=np.int64)
+    if isinstance(w, GGUFWeight):
+        return w.take_rows(idx)
+    if isinstance(w, Int4Weight):
+        return Int4Weight(w.q[idx], w.a[idx], w.b[idx])
+    return np.ascontiguousarray(np.asarray(w)[idx])
 
 
 def gguf_native(type_name: str, shape: tuple[int, ...]) -> bool:
@@ -306,8 +324,11 @@ class Linear:
                 self.weight, self.scales_and_zeros = _pack_int4(weight)
             else:
                 weight = weight.dense()
-        elif fmt in ("auto", "int4"):
-            fmt = "bf16"
+        elif fmt == "auto":
+            # a dense array (not the file's blocks): "auto" never holds values below their precision
+            fmt = "f32"
+        elif fmt == "int4":
+            fmt = "bf16"  # int4 is lossy by request (drafters): a dense weight may be rounded
         self.fmt = fmt
         if fmt != "int4":
             dtype = torch.bfloat16 if fmt == "bf16" else torch.float32

@@ -36,10 +36,10 @@ from ..gguf_file import GGUFFile
 from ..models.qwen35 import nextn_tensors
 from ..validate import check_tensors
 from .protocols import DraftHeadKind
-from ..weights import Linear, load_format, to_tensor
+from ..weights import Embedding, GGUFWeight, Linear, gguf_native, load_format, to_tensor
 from ..models.base import rms_norm
 from ..models.cache import KVCache
-from ..models.gated_attention import AttnLayer, ffn, gated_attention, load_attn_layer
+from ..models.gated_attention import AttnLayer, ffn, gated_attention, load_attn_layer, weight
 
 
 def nextn_layer_index(g: GGUFFile) -> int | None:
@@ -47,6 +47,16 @@ def nextn_layer_index(g: GGUFFile) -> int | None:
         if name.endswith(".nextn.eh_proj.weight"):
             return int(name.split(".")[1])
     return None
+
+
+def own_embedding(g: GGUFFile, name: str, fmt: str):
+    """A head's own embedding table in the load format: under "auto" the file's rows as stored
+    (dequantized exactly on lookup) or, off the native kernels, their float32 values; bf16 only
+    when asked for (bf16, or the lossy int4 drafter format)."""
+    info = g.tensor_info(name)
+    if fmt == "auto" and gguf_native(info.type_name, tuple(info.shape)):
+        return Embedding(GGUFWeight.from_file(*g.tensor_raw(name), info.shape))
+    return to_tensor(g.tensor(name), torch.bfloat16 if fmt in ("bf16", "int4") else torch.float32)
 
 
 class NextNHead:
@@ -80,25 +90,24 @@ class NextNHead:
         hp = dict(d=cfg.d_model, q=cfg.n_heads * cfg.head_dim, q2=2 * cfg.n_heads * cfg.head_dim,
                   kv=cfg.n_kv_heads * cfg.head_dim, hd=cfg.head_dim, ffn=cfg.ffn_dim, vocab=cfg.vocab_size)
         check_tensors(g.path.name, hp, {t.name: t for t in g.records}, nextn_tensors(layer, hp))
-        eh = g.tensor(p + "nextn.eh_proj.weight")
+        eh_shape = tuple(g.tensor_info(p + "nextn.eh_proj.weight").shape)
         want_q = 2 * cfg.n_heads * cfg.head_dim
-        if eh.shape != (cfg.d_model, 2 * cfg.d_model) or g.tensor_info(p + "attn_q.weight").shape[0] != want_q:
+        if eh_shape != (cfg.d_model, 2 * cfg.d_model) or g.tensor_info(p + "attn_q.weight").shape[0] != want_q:
             raise ModelFileError(
-                f"{g.path.name}: NextN block shapes (eh_proj {eh.shape}) do not fit this trunk "
+                f"{g.path.name}: NextN block shapes (eh_proj {eh_shape}) do not fit this trunk "
                 f"(d_model {cfg.d_model}, gated q of {want_q} rows)"
             )
 
         def vec(name: str) -> torch.Tensor:
             return to_tensor(g.tensor(name), torch.float32)
 
-        dtype = torch.float32 if fmt == "f32" else torch.bfloat16
-        embed = (to_tensor(g.tensor(p + "nextn.embed_tokens.weight"), dtype)
+        embed = (own_embedding(g, p + "nextn.embed_tokens.weight", fmt)
                  if g.has_tensor(p + "nextn.embed_tokens.weight") else target.embed)
-        head = (Linear(g.tensor(p + "nextn.shared_head_head.weight"), None, fmt)
+        head = (Linear(weight(g, p + "nextn.shared_head_head.weight", fmt), None, fmt)
                 if g.has_tensor(p + "nextn.shared_head_head.weight") else target.lm_head)
         norm = vec(p + "nextn.shared_head_norm.weight") if g.has_tensor(p + "nextn.shared_head_norm.weight") \
             else target.out_norm
-        return cls(target, Linear(eh, None, fmt), vec(p + "nextn.enorm.weight"), vec(p + "nextn.hnorm.weight"),
+        return cls(target, Linear(weight(g, p + "nextn.eh_proj.weight", fmt), None, fmt), vec(p + "nextn.enorm.weight"), vec(p + "nextn.hnorm.weight"),
                    load_attn_layer(g, p, fmt), norm, head, embed)
 
     # -- hidden space ---------------------------------------------------------------------------

@@ -274,7 +274,7 @@ def load_gdn_layer(g: GGUFFile, p: str, hy: HybridSpec, fmt: str, projections) -
     def t(name: str):
         return weight(g, name, fmt)
 
-    mats = projections(g, p, hy)
+    mats = projections(g, p, hy, fmt)  # the file's blocks under "auto", like every other product
     conv = vec(g, p + "ssm_conv1d.weight")
     if conv.shape != (hy.conv_dim, hy.conv_kernel):
         raise ModelFileError(f"{g.path.name}: {p}ssm_conv1d is {tuple(conv.shape)}, "

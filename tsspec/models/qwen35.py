@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..validate import ArchTables, Key, Table, rope_base, show_value, table_tensors
-from .base import ArchConfig
+from .base import ArchConfig, load_weight
 from .hybrid import HybridModel, HybridSpec, build_hybrid, hybrid_config
 from .llama import ATTENTION, FFN, QK_NORM
 
@@ -115,10 +115,11 @@ def config(g: GGUFFile) -> ArchConfig:
     return hybrid_config(g, ARCH, v_heads_tiled=True)
 
 
-def gdn_projections(g: GGUFFile, p: str, hy: HybridSpec) -> list[np.ndarray]:
-    """[qkv, z, beta, alpha] weight matrices of one qwen35 GatedDeltaNet layer."""
-    return [g.tensor(p + "attn_qkv.weight"), g.tensor(p + "attn_gate.weight"),
-            g.tensor(p + "ssm_beta.weight"), g.tensor(p + "ssm_alpha.weight")]
+def gdn_projections(g: GGUFFile, p: str, hy: HybridSpec, fmt: str) -> list:
+    """[qkv, z, beta, alpha] weights of one qwen35 GatedDeltaNet layer, in the load format (the
+    file's blocks under "auto")."""
+    return load_weight(g, [p + "attn_qkv.weight", p + "attn_gate.weight", p + "ssm_beta.weight",
+                           p + "ssm_alpha.weight"], fmt)
 
 
 def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None, *,

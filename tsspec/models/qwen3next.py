@@ -20,7 +20,8 @@ import numpy as np
 from ..errors import ModelFileError
 from ..gguf_file import GGUFFile
 from ..validate import ArchTables
-from .base import ArchConfig
+from ..weights import take_rows
+from .base import ArchConfig, load_weight
 from .hybrid import HybridModel, HybridSpec, build_hybrid, hybrid_config
 from .qwen35 import GDN, HYBRID_FFN, HYBRID_KEYS, hybrid_blocks, hybrid_hparams
 
@@ -45,23 +46,25 @@ def config(g: GGUFFile) -> ArchConfig:
     return hybrid_config(g, ARCH, v_heads_tiled=False)
 
 
-def gdn_projections(g: GGUFFile, p: str, hy: HybridSpec) -> list[np.ndarray]:
-    """[qkv, z, beta, alpha] weight matrices of one qwen3next GatedDeltaNet layer, flat head order."""
+def gdn_projections(g: GGUFFile, p: str, hy: HybridSpec, fmt: str) -> list:
+    """[qkv, z, beta, alpha] weights of one qwen3next GatedDeltaNet layer, flat head order, in the
+    load format: the fused tensors are split by selecting their rows, which keeps the file's
+    blocks (and so its precision) under "auto"."""
     nk, r = hy.n_k_heads, hy.n_v_heads // hy.n_k_heads
     dk, dv = hy.head_k_dim, hy.head_v_dim
     if g.has_tensor(p + "attn_qkv.weight"):
-        qkv, z = g.tensor(p + "attn_qkv.weight"), g.tensor(p + "attn_gate.weight")
+        qkv, z = load_weight(g, [p + "attn_qkv.weight", p + "attn_gate.weight"], fmt)
     else:
-        w = g.tensor(p + "ssm_in.weight")  # [nk * (2dk + 2 r dv), d]
-        d = w.shape[1]
-        w = w.reshape(nk, 2 * dk + 2 * r * dv, d)
-        q, k = w[:, :dk], w[:, dk : 2 * dk]
-        v, z = w[:, 2 * dk : 2 * dk + r * dv], w[:, 2 * dk + r * dv :]
-        qkv = np.concatenate([q.reshape(-1, d), k.reshape(-1, d), v.reshape(-1, d)])
-        z = z.reshape(-1, d)
-    ba = g.tensor(p + "ssm_ba.weight")  # [2 n_v, d]
-    ba = ba.reshape(nk, 2 * r, ba.shape[1])
-    return [qkv, z, ba[:, :r].reshape(nk * r, -1), ba[:, r:].reshape(nk * r, -1)]
+        # ssm_in: [nk * (2dk + 2 r dv), d], per key head [q (dk), k (dk), v (r dv), z (r dv)]
+        w = load_weight(g, [p + "ssm_in.weight"], fmt)[0]
+        group = np.arange(nk * (2 * dk + 2 * r * dv)).reshape(nk, 2 * dk + 2 * r * dv)
+        q, k = group[:, :dk], group[:, dk : 2 * dk]
+        v, zr = group[:, 2 * dk : 2 * dk + r * dv], group[:, 2 * dk + r * dv :]
+        qkv = take_rows(w, np.concatenate([q.reshape(-1), k.reshape(-1), v.reshape(-1)]))
+        z = take_rows(w, zr.reshape(-1))
+    ba = load_weight(g, [p + "ssm_ba.weight"], fmt)[0]  # [2 n_v, d], per key head [beta (r), alpha (r)]
+    pairs = np.arange(2 * nk * r).reshape(nk, 2 * r)
+    return [qkv, z, take_rows(ba, pairs[:, :r].reshape(-1)), take_rows(ba, pairs[:, r:].reshape(-1))]
 
 
 def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None, *,
