@@ -57,7 +57,7 @@ class Silent:
 
 def test_arming_after_prefix_reuse_defaults_to_false(llama):
     """The design's default: a speculator without ``can_arm_after_prefix_reuse`` is left out of a
-    sequence that begins from a reused prefix (no AttributeError in ``Sequence.begin``), and drafts
+    sequence that begins from a reused prefix (no AttributeError in ``DecodeState.begin``), and drafts
     as usual on a fresh cache."""
     m = llama
     turn2 = PROMPT + decode(m, GREEDY, PROMPT, 8) + MORE

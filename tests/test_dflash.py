@@ -638,7 +638,7 @@ def test_one_loaded_block_drafter_serves_interleaved_sequences(files):
     """Two sequences on one trunk and ONE loaded DFlash2 drafter, stepped in turn and stepped
     together (shared forwards): each speculator holds its own KV ring (``new_state``), so each
     sequence gets exactly what it gets alone."""
-    from tsspec.spec.loop import Sequence as Seq, decode_batched, decode_interleaved
+    from tsspec.spec.loop import DecodeState, decode_batched, decode_interleaved
 
     target, dr = _load(files, "dflash2")
     sampler = Sampler()
@@ -647,13 +647,13 @@ def test_one_loaded_block_drafter_serves_interleaved_sequences(files):
     specs = [BlockSpeculator(Steer(dr.draft_head, p + a), dr.taps, 8, min_draft_prob=0.0)
              for p, a in zip(prompts, alone)]
     assert specs[0].state is not specs[1].state
-    seqs = [Seq(target, sampler, speculator=s, window=8) for s in specs]
+    seqs = [DecodeState(target, sampler, speculator=s, window=8) for s in specs]
     assert decode_interleaved(seqs, prompts, N_TOKENS) == alone
     assert all(0 < seq.stats.accepted < seq.stats.drafted for seq in seqs)
     # and stepped together, their rows (and the tap rows the drafter reads) from shared forwards
     specs = [BlockSpeculator(Steer(dr.draft_head, p + a), dr.taps, 8, min_draft_prob=0.0)
              for p, a in zip(prompts, alone)]
-    seqs = [Seq(target, sampler, speculator=s, window=8) for s in specs]
+    seqs = [DecodeState(target, sampler, speculator=s, window=8) for s in specs]
     assert decode_batched(seqs, prompts, N_TOKENS) == alone
     assert all(0 < seq.stats.accepted < seq.stats.drafted for seq in seqs)
 

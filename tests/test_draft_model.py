@@ -421,18 +421,18 @@ def test_drafter_weights_default_to_auto_and_env_overrides(files, monkeypatch):
 def test_one_loaded_drafter_serves_interleaved_sequences(files, trunk):
     """Two sequences on one trunk and ONE loaded drafter, stepped in turn: each speculator holds its
     own drafter cache, so each sequence gets what it gets alone (and what plain decoding gives)."""
-    from tsspec.spec.loop import Sequence as Seq, decode_batched, decode_interleaved
+    from tsspec.spec.loop import DecodeState, decode_batched, decode_interleaved
 
     drafter = load_drafter(files["related"], trunk)
     specs = [REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), drafter) for _ in range(2)]
     assert specs[0].model is specs[1].model and specs[0].cache is not specs[1].cache
     prompts, n = [PROMPTS[0], PROMPTS[4]], 40
     alone = [decode(trunk, Sampler(), p, n) for p in prompts]
-    seqs = [Seq(trunk, Sampler(), speculator=s, window=4) for s in specs]
+    seqs = [DecodeState(trunk, Sampler(), speculator=s, window=4) for s in specs]
     assert decode_interleaved(seqs, prompts, n) == alone
     assert all(seq.stats.verify_calls > 0 for seq in seqs)
     specs = [REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), drafter) for _ in range(2)]
-    seqs = [Seq(trunk, Sampler(), speculator=s, window=4) for s in specs]
+    seqs = [DecodeState(trunk, Sampler(), speculator=s, window=4) for s in specs]
     assert decode_batched(seqs, prompts, n) == alone  # stepped together: shared trunk forwards
     assert all(seq.stats.verify_calls > 0 for seq in seqs)
 

@@ -26,7 +26,7 @@ from tsspec.errors import ModelFileError
 from tsspec.models import load_model
 from tsspec.models.gated_delta import delta_rule_chunked, delta_rule_rows, delta_rule_step, l2norm
 from tsspec.sampling import Sampler, SamplingParams
-from tsspec.spec.loop import Sequence as Seq, decode, decode_batched, decode_interleaved
+from tsspec.spec.loop import DecodeState, decode, decode_batched, decode_interleaved
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.stats import SpecStats
 
@@ -274,12 +274,12 @@ def test_sequences_interleaved_on_one_hybrid_equal_each_alone(files, fast):
         ref = decode(m, sampler, prompt, n)
         alone.append(ref)
         assert decode(m, sampler, prompt, n, speculator=make(ref), window=window) == ref
-        seqs.append(Seq(m, sampler, speculator=make(ref), window=window))
+        seqs.append(DecodeState(m, sampler, speculator=make(ref), window=window))
     assert decode_interleaved(seqs, [prompt for prompt, *_ in jobs], n) == alone
     assert all(seq.stats.verify_calls > 0 for seq in seqs)
     # stepped together: the hybrid declines to share a forward (batches_sequences False), so the
     # rows go through one forward per sequence, and the tokens are the same
-    seqs = [Seq(m, sampler, speculator=make(ref), window=window) for (_, sampler, make, window), ref in zip(jobs, alone)]
+    seqs = [DecodeState(m, sampler, speculator=make(ref), window=window) for (_, sampler, make, window), ref in zip(jobs, alone)]
     assert decode_batched(seqs, [prompt for prompt, *_ in jobs], n) == alone
 
 

@@ -18,7 +18,7 @@ from tsspec.models import load_model
 from tsspec.models.cache import KVCache
 from tsspec.sampling import Sampler, SamplingParams
 from tsspec.spec.governor import FIRST_DRAFT, GovernorConfig, SpeculationCostGovernor
-from tsspec.spec.loop import PREFILL_CHUNK, Run, Sequence as Seq, decode, decode_batched, decode_interleaved, step_together
+from tsspec.spec.loop import PREFILL_CHUNK, Run, DecodeState, decode, decode_batched, decode_interleaved, step_together
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.protocols import Draft, DraftContext, Speculator
 from tsspec.spec.stats import SpecStats
@@ -376,7 +376,7 @@ def test_a_proposal_that_drafts_nothing_is_reported_as_speculation(models):
 def run_interleaved(model, jobs, n=N_NEW) -> list[list[int]]:
     """Decode several sequences on one loaded model, one step of each in turn: ``jobs`` is a list
     of (prompt, sampler, speculator or None, window)."""
-    seqs = [Seq(model, sampler, speculator=spec, window=window) for _, sampler, spec, window in jobs]
+    seqs = [DecodeState(model, sampler, speculator=spec, window=window) for _, sampler, spec, window in jobs]
     return decode_interleaved(seqs, [prompt for prompt, *_ in jobs], n)
 
 
@@ -475,7 +475,7 @@ def test_sequences_batched_in_one_forward_equal_each_alone(models, tmp_path, arc
     alone = [decode(m, sampler, prompt, n, speculator=spec, window=window) for prompt, sampler, spec, window, n in jobs]
     counting = CountingForwards(m)
     fresh = batched_jobs(m)  # new speculator instances: each sequence owns its own
-    seqs = [Seq(counting, sampler, speculator=spec, window=window) for _, sampler, spec, window, _ in fresh]
+    seqs = [DecodeState(counting, sampler, speculator=spec, window=window) for _, sampler, spec, window, _ in fresh]
     got = decode_batched(seqs, [job[0] for job in fresh], [job[4] for job in fresh])
     assert got == alone
     # the steps really were shared, mixing 1-row and multi-row items (lone forwards: the prefills,
@@ -507,7 +507,7 @@ def test_batched_on_a_target_without_shared_forwards(models):
     jobs = batched_jobs(m)
     alone = [decode(m, sampler, prompt, n, speculator=spec, window=window) for prompt, sampler, spec, window, n in jobs]
     fresh = batched_jobs(m)
-    seqs = [Seq(Plain(m), sampler, speculator=spec, window=window) for _, sampler, spec, window, _ in fresh]
+    seqs = [DecodeState(Plain(m), sampler, speculator=spec, window=window) for _, sampler, spec, window, _ in fresh]
     assert decode_batched(seqs, [job[0] for job in fresh], [job[4] for job in fresh]) == alone
 
 
@@ -524,7 +524,7 @@ def test_a_sequence_joining_mid_flight_prefills_beside_the_others_steps(models, 
             (long_prompt, sampled(8), NGramSpeculator(max_draft_tokens=6), 30)]
     alone = [decode(m, sampler, prompt, n, speculator=spec, window=6) for prompt, sampler, spec, n in jobs]
     counting = CountingForwards(m)
-    runs = [Run(Seq(counting, sampler, speculator=type(spec)(max_draft_tokens=spec.max_draft_tokens)
+    runs = [Run(DecodeState(counting, sampler, speculator=type(spec)(max_draft_tokens=spec.max_draft_tokens)
                     if spec else None, window=6), prompt, n) for prompt, sampler, spec, n in jobs]
     runs[0].begin()
     runs[1].begin()
@@ -549,5 +549,5 @@ def test_real_model_batched_equals_each_alone(real_model_path, real_model_thread
     samplers = [GREEDY, sampled(1), GREEDY, sampled(2)]
     specs = lambda: [NGramSpeculator(max_draft_tokens=6), None, NGramSpeculator(max_draft_tokens=4), None]  # noqa: E731
     alone = [decode(m, s, p, 40, speculator=sp, window=6) for p, s, sp in zip(prompts, samplers, specs())]
-    seqs = [Seq(m, s, speculator=sp, window=6) for s, sp in zip(samplers, specs())]
+    seqs = [DecodeState(m, s, speculator=sp, window=6) for s, sp in zip(samplers, specs())]
     assert decode_batched(seqs, prompts, 40) == alone

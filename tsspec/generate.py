@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 from .errors import BadInput
 from .sampling import Sampler
-from .spec.loop import Run, Sequence as LoopSequence
+from .spec.loop import DecodeState, Run
 from .spec.stats import SpecStats
 
 
@@ -64,7 +64,7 @@ class TextGeneration:
     ``GenerationResult`` it ends with. ``Engine.generate`` drives one alone; a server's scheduler
     steps several together (``spec.loop.step_together``): the same tokens and text either way."""
 
-    def __init__(self, seq: LoopSequence, prompt_ids: Sequence[int], max_tokens: int, eos: frozenset, stream,
+    def __init__(self, seq: DecodeState, prompt_ids: Sequence[int], max_tokens: int, eos: frozenset, stream,
                  stop: Sequence[str], on_text: Callable[[str], None] | None,
                  on_step: Callable[[SpecStats], None] | None, interrupted: Callable[[], bool] | None):
         self.prompt_len = len(prompt_ids)
@@ -169,7 +169,7 @@ class Engine:
         check_fits(len(prompt_ids), max_tokens, self.target.max_context)
         tok = self.tokenizer
         eos = frozenset() if ignore_eos else tok.eos_ids
-        seq = LoopSequence(self.target, sampler, cache=cache, speculator=speculator, governor=governor,
+        seq = DecodeState(self.target, sampler, cache=cache, speculator=speculator, governor=governor,
                            window=self.window, accept_rule=self.accept_rule, stats=SpecStats(),
                            drawable=tok.vocab_size)
         return TextGeneration(seq, prompt_ids, max_tokens, eos, tok.stream(), stop, on_text, on_step, interrupted)

@@ -5,7 +5,7 @@ drives. With no speculator, or while the governor has parked drafting, or when t
 nothing to propose, a step is a plain one-row forward: exactly what plain decoding does, so a
 parked speculative run costs what plain decoding costs.
 
-A ``Sequence`` is one sequence's decoding state (its cache, speculator, governor and history); the
+A ``DecodeState`` is one sequence's decoding state (its cache, speculator, governor and history); the
 model it runs on holds weights only, so several sequences can share one loaded model and advance
 in any interleaving. ``decode`` runs one sequence to the end. A step is two halves around its
 forward (``prepare``, ``finish``), so ``step_together`` can give several sequences' rows one shared
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence as Seq
+from typing import Callable, Sequence
 
 import torch
 
@@ -38,7 +38,7 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-def forward_each(target: SpecTarget, items: Seq[ForwardItem]) -> list[ForwardOutput]:
+def forward_each(target: SpecTarget, items: Sequence[ForwardItem]) -> list[ForwardOutput]:
     """The items' outputs (each on its own cache): one shared forward when the target batches
     sequences (``BatchedTarget.batches_sequences``), else one ``forward`` per item, the reference
     the shared one is tested against. Item i's output is the same bits either way."""
@@ -57,8 +57,8 @@ def _forward(target: SpecTarget, it: ForwardItem) -> ForwardOutput:
 @dataclass
 class Rows:
     """What one sequence forwards in a step: a chunk of its prompt (``prefill``), its last token (a
-    plain step), or its last token and a draft (a verify). ``Sequence.prepare`` makes it,
-    ``Sequence.finish`` takes the forward's output."""
+    plain step), or its last token and a draft (a verify). ``DecodeState.prepare`` makes it,
+    ``DecodeState.finish`` takes the forward's output."""
 
     pos: int  # the position the first row takes (for a step: the last token's)
     draft: Draft
@@ -78,7 +78,7 @@ def rollback_memory_bytes(target, window: int) -> int:
     return int(per_window(window)) if per_window is not None and window > 0 else 0
 
 
-class Sequence:
+class DecodeState:
     """One sequence decoding on a shared target: ``start`` it, then ``step`` until ``done``.
 
     ``cache`` may already hold a prefix of the prompt (a kept cache: a conversation's earlier turns);
@@ -109,14 +109,14 @@ class Sequence:
         self._prefill_hidden: list[torch.Tensor] = []
 
     # -- prefill and the first token -------------------------------------------------------------
-    def start(self, prompt: Seq[int]) -> int:
+    def start(self, prompt: Sequence[int]) -> int:
         """Forward what the cache does not hold of ``prompt`` and draw the first token."""
         self.begin(prompt)
         while self.prefilling:
             self.step(1)
         return self.last
 
-    def begin(self, prompt: Seq[int]) -> None:
+    def begin(self, prompt: Sequence[int]) -> None:
         """Take ``prompt``: the steps that follow forward what the cache does not hold of it, in
         chunks of ``PREFILL_CHUNK`` (``prefilling`` until then), the last of them drawing the
         first token. ``start`` runs them alone; ``step_together`` shares them with other sequences'."""
@@ -318,7 +318,7 @@ class Run:
     ``on_step(stats)`` is called after every step (for a live display).
     """
 
-    def __init__(self, seq: Sequence, prompt: Seq[int], max_tokens: int, *,
+    def __init__(self, seq: DecodeState, prompt: Sequence[int], max_tokens: int, *,
                  on_token: Callable[[int], bool] | None = None, on_step: Callable[[SpecStats], None] | None = None):
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
@@ -404,7 +404,7 @@ def step_together(runs: list[Run]) -> None:
 def decode(
     target: SpecTarget,
     sampler: Sampler,
-    prompt: Seq[int],
+    prompt: Sequence[int],
     max_tokens: int,
     *,
     cache: Cache | None = None,
@@ -422,16 +422,16 @@ def decode(
     ``cache``: a kept cache holding a prefix of ``prompt`` (default: a new one). ``on_token(tok) ->
     stop`` is called for every emitted token in order; returning True ends the run after that token.
     ``on_step(stats)`` is called after every step (for a live display). ``drawable``: the ids that
-    have a token (``Sequence``).
+    have a token (``DecodeState``).
     """
-    seq = Sequence(target, sampler, cache=cache, speculator=speculator, governor=governor, window=window,
+    seq = DecodeState(target, sampler, cache=cache, speculator=speculator, governor=governor, window=window,
                    accept_rule=accept_rule, stats=stats, drawable=drawable)
     run = Run(seq, prompt, max_tokens, on_token=on_token, on_step=on_step)  # checks the prompt
     run.drive()  # nothing when max_tokens <= 0
     return run.finish()
 
 
-def decode_interleaved(sequences: list[Sequence], prompts: list[Seq[int]], max_tokens: int) -> list[list[int]]:
+def decode_interleaved(sequences: list[DecodeState], prompts: list[Sequence[int]], max_tokens: int) -> list[list[int]]:
     """Run several sequences (each on its own cache, possibly one shared model) one step each in
     turn, each with its own forward, until each has ``max_tokens`` tokens; -> their tokens. Each
     gets exactly what it gets alone."""
@@ -443,7 +443,7 @@ def decode_interleaved(sequences: list[Sequence], prompts: list[Seq[int]], max_t
     return outs
 
 
-def decode_batched(sequences: list[Sequence], prompts: list[Seq[int]], max_tokens: int | list[int]
+def decode_batched(sequences: list[DecodeState], prompts: list[Sequence[int]], max_tokens: int | list[int]
                    ) -> list[list[int]]:
     """Run several sequences to ``max_tokens`` tokens each (one number, or one per sequence), every
     step shared: the rows of all their plain steps and verifies go through one forward per target
