@@ -102,8 +102,8 @@ def test_int4_linear_matches_its_dense_weights():
     # the kernel rounds inputs and output to bf16
     bound = 2.0**-7 * (x.abs() @ dense.abs().T) + 1e-5
     assert bool(((got - want).abs() <= bound).all())
-    # a float weight with "auto" is bf16; an Int4Weight with "bf16" is dense bf16
-    assert Linear(w.dense(), None, "auto").fmt == "bf16"
+    # a float array with "auto" is f32 (never below its values' precision); an Int4Weight with "bf16" is dense bf16
+    assert Linear(w.dense(), None, "auto").fmt == "f32"  # a dense array: never below f32 under auto
     assert Linear(w, None, "bf16").weight.dtype == torch.bfloat16
 
 
@@ -115,7 +115,7 @@ def test_concat_int4_and_mixed():
     want = torch.cat([Linear(a, None, "auto")(x), Linear(b, None, "auto")(x)], dim=1)
     assert torch.equal(fused(x), want)
     mixed = Linear.concat([(a, None), (b.dense(), np.ones(32, np.float32))], "auto")
-    assert mixed.fmt == "bf16" and mixed.out_features == 96 and mixed.bias is not None
+    assert mixed.fmt == "f32" and mixed.out_features == 96 and mixed.bias is not None
 
 
 def test_supported_shapes():
