@@ -3,7 +3,7 @@
     python scripts/trace_steps.py [--out steps.jsonl] -- bench -m smollm2-135m --chat -w code \
         --config ngram -n 64 --reps 1
 
-Runs the given ``tsspec`` command in this process with ``Sequence.finish`` wrapped, so every decode
+Runs the given ``tsspec`` command in this process with ``DecodeState.finish`` wrapped, so every decode
 step of every sequence is logged as one JSON line: the sequence's ordinal, the step's index within
 it, whether a draft was asked for (``proposed``), how many tokens it drafted and emitted, the
 forward's and the whole step's milliseconds, and the governor's state before and after. Then prints,
@@ -41,7 +41,7 @@ def main() -> None:
     steps: list[dict] = []
     seq_ids: dict[int, tuple[int, int]] = {}  # id(sequence) -> (ordinal, steps so far)
     begun = [0]
-    orig_begin, orig_finish = loop.Sequence.begin, loop.Sequence.finish
+    orig_begin, orig_finish = loop.DecodeState.begin, loop.DecodeState.finish
 
     def begin(self, prompt):
         begun[0] += 1
@@ -65,7 +65,7 @@ def main() -> None:
         })
         return emitted
 
-    loop.Sequence.begin, loop.Sequence.finish = begin, finish
+    loop.DecodeState.begin, loop.DecodeState.finish = begin, finish
     from tsspec.cli import main as tsspec_main
     try:
         tsspec_main(cmd)

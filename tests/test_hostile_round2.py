@@ -592,21 +592,43 @@ def test_chat_says_why_a_template_that_is_not_text_is_no_template(int_template, 
 
 
 def test_sigterm_into_generate_json_keeps_what_was_generated(tmp_path):
+    """Two prompts: the first one's JSON line says the run is generating (a fixed sleep was either
+    too short on a loaded machine or outlived the whole run on a quiet one); SIGTERM lands in the
+    second, whose JSON is still printed, cut where the signal came."""
     import json
     import signal
     import subprocess
-    import time
+    import threading
 
     path = write_tiny_model(tmp_path / "m.gguf", arch="llama", seed=3, ctx=4096, d_model=256, ffn_dim=1024, n_layers=4)
-    p = subprocess.Popen([os.sys.executable, "-m", "tsspec", "generate", "-m", str(path), "-p", "hi", "-n", "4000",
-                          "--ignore-eos", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "text": "hi"}\n{"id": "b", "text": "there"}\n')
+    p = subprocess.Popen([os.sys.executable, "-m", "tsspec", "generate", "-m", str(path), "--prompts", str(prompts),
+                          "-n", "3000", "--ignore-eos", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True,
                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
-    time.sleep(8)  # loaded and generating
+    lines: list[str] = []
+    first = threading.Event()
+
+    def read():
+        for line in p.stdout:
+            lines.append(line)
+            first.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert first.wait(300), "the first prompt never finished"
+    first_obj = json.loads(lines[0])
+    assert first_obj["id"] == "a" and len(first_obj["token_ids"]) == 3000
+    threading.Event().wait(0.5)  # the second prompt is generating
     p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=60)
+    err = p.stderr.read()
+    p.wait(timeout=60)
+    reader.join(timeout=10)
     assert p.returncode == 143, err
-    obj = json.loads(out)
-    assert obj["stop_reason"] == "interrupted" and 0 < len(obj["token_ids"]) < 4000
+    assert len(lines) == 2, lines
+    obj = json.loads(lines[1])
+    assert obj["id"] == "b" and obj["stop_reason"] == "interrupted" and 0 < len(obj["token_ids"]) < 3000
     assert [x for x in err.splitlines() if x.strip()][-1] == "terminated"
 
 
