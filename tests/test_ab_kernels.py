@@ -47,3 +47,24 @@ def test_gfni_nibbles_give_the_shift_and_mask_bits(tmp_path):
     for rows in (1, 2, 5):
         res = ab_kernels.compare(str(path), rows, libs, rounds=2, steps=1, head=True, threads=2, allow_different=True)
         assert res["identical"], (quant, rows)
+
+
+def test_an_older_build_gets_every_function_it_has_declared():
+    """A library without a later function (tsq_forward_tree sits before tsq_output in the table)
+    still gets tsq_output typed, and the missing one is named."""
+    class Fn:
+        restype = argtypes = None
+
+    class Old:
+        pass
+
+    old = Old()
+    for name in kernels.SIGNATURES:
+        if name != "tsq_forward_tree":
+            setattr(old, name, Fn())
+    import pytest as _pytest
+
+    with _pytest.raises(AttributeError, match="lacks tsq_forward_tree"):
+        kernels._declare(old)
+    assert old.tsq_output.argtypes == kernels.SIGNATURES["tsq_output"][1]
+    assert old.tsq_eagle_step.restype is kernels.SIGNATURES["tsq_eagle_step"][0]

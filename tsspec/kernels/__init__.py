@@ -176,12 +176,20 @@ AMX_REASONS = {1: "not on this CPU", 2: "not enabled by the operating system", 3
                4: "not in this build (the compiler has no AMX support)"}
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    """Every function of ``SIGNATURES`` typed on ``lib`` (AttributeError where an older build, as
-    scripts/ab_kernels.py loads, lacks one: the ones before it are declared)."""
+def _declare(lib) -> None:
+    """Every function of ``SIGNATURES`` that ``lib`` has, typed; then an AttributeError naming the
+    ones it lacks (an older build, as scripts/ab_kernels.py loads, has fewer: the ones it has are all
+    declared, wherever the missing ones sit in the table; an undeclared function would take a
+    float argument as a double)."""
+    missing = []
     for name, (res, args) in SIGNATURES.items():
-        f = getattr(lib, name)
+        f = getattr(lib, name, None)
+        if f is None:
+            missing.append(name)
+            continue
         f.restype, f.argtypes = res, args
+    if missing:
+        raise AttributeError(f"the kernel library lacks {', '.join(missing)}")
 
 
 def _enabled() -> bool:
