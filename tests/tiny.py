@@ -223,7 +223,9 @@ def write_tiny_model(
 
     ``n_layers`` defaults to 2 (6 for gemma3, so it has a global layer after five local ones);
     ``head_dim`` to d_model/n_heads (2*d_model/n_heads for gemma3). ``quant`` None writes F32;
-    "Q8_0"/"Q4_0" quantize every matrix with gguf-py. ``tokenizer="bytes"`` writes a GPT-2 byte-level
+    "Q8_0", "Q4_0", "Q4_1" and "Q5_0" quantize every matrix with gguf-py; "Q4_K" and "Q6_K" with
+    ``quantize_k`` (gguf-py has no K-quant writer), a matrix whose rows are not whole 256-element
+    super-blocks in Q8_0 instead, as llama.cpp's quantizer falls back. ``tokenizer="bytes"`` writes a GPT-2 byte-level
     BPE vocabulary of ``vocab_size`` (>= 259) tokens with ``<|endoftext|>`` as EOS and ChatML
     specials; ``tokenizer=None`` writes no tokenizer (then ``{arch}.vocab_size`` carries the size).
     ``sliding_window`` is written for gemma3 only.
@@ -236,8 +238,8 @@ def write_tiny_model(
                  n_kv_heads=n_kv_heads, head_dim=head_dim, ffn_dim=ffn_dim, tied=tied)
     if tokenizer not in ("bytes", None):
         raise ValueError(f"tokenizer must be 'bytes' or None, not {tokenizer!r}")
-    if quant not in (None, "Q8_0", "Q4_0"):
-        raise ValueError(f"quant must be None, 'Q8_0' or 'Q4_0', not {quant!r}")
+    if quant not in FILE_TYPES:
+        raise ValueError(f"quant must be one of {', '.join(map(str, FILE_TYPES))}, not {quant!r}")
     hd = a["head_dim"]
 
     w = gguf.GGUFWriter(str(path), arch)
@@ -261,7 +263,7 @@ def write_tiny_model(
         w.add_rope_dimension_count(hd)
     elif tokenizer is None:
         w.add_vocab_size(a["vocab_size"])
-    w.add_file_type({None: 0, "Q8_0": 7, "Q4_0": 2}[quant])
+    w.add_file_type(FILE_TYPES[quant])
 
     if tokenizer == "bytes":
         tokens, types, merges = byte_level_vocab(a["vocab_size"])
@@ -283,14 +285,76 @@ def write_tiny_model(
     return finish_gguf(w, tensors, path, quant)
 
 
+# quant -> general.file_type (llama.cpp's LLAMA_FTYPE_MOSTLY_*)
+FILE_TYPES = {None: 0, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q4_K": 15, "Q6_K": 18}
+
+
+def quantize_k(arr: np.ndarray, type_name: str) -> np.ndarray:
+    """``arr`` float32 [n, k] (k a multiple of 256) as GGUF Q4_K or Q6_K blocks (uint8 [n, row
+    bytes]): a plain round-to-nearest quantizer (llama.cpp searches its scales; any valid blocks
+    serve here), written in the layout ggml and gguf-py dequantize."""
+    n, k = arr.shape
+    if k % 256:
+        raise ValueError(f"{type_name}: rows of {k} elements are not whole super-blocks of 256")
+    x = arr.astype(np.float32).reshape(-1, 256)
+    nb = len(x)
+    if type_name == "Q6_K":
+        sub = x.reshape(nb, 16, 16)
+        s = np.abs(sub).max(axis=2) / 31.0  # per 16-element sub-block
+        d = s.max(axis=1) / 127.0
+        d16 = d.astype(np.float16)
+        dd = d16.astype(np.float32)[:, None]
+        sc = np.clip(np.rint(np.divide(s, dd, out=np.zeros_like(s), where=dd > 0)), -128, 127).astype(np.int8)
+        step = dd * sc.astype(np.float32)
+        q = np.clip(np.rint(np.divide(sub, step[:, :, None], out=np.zeros_like(sub), where=step[:, :, None] != 0)),
+                    -32, 31).astype(np.int32) + 32  # 0..63
+        q = q.reshape(nb, 2, 128)  # two halves of 128
+        ql = np.zeros((nb, 2, 64), np.uint8)
+        qh = np.zeros((nb, 2, 32), np.uint8)
+        for t in range(4):  # element 32 t + l of a half: ql[l + 32 (t % 2)], nibble t // 2; qh[l] bits 2t
+            c = q[:, :, 32 * t:32 * t + 32]
+            lo = (c & 0xF).astype(np.uint8)
+            ql[:, :, 32 * (t % 2):32 * (t % 2) + 32] |= lo << (4 * (t // 2))
+            qh |= ((c >> 4) & 3).astype(np.uint8) << (2 * t)
+        out = np.concatenate([ql.reshape(nb, 128), qh.reshape(nb, 64), sc.view(np.uint8).reshape(nb, 16),
+                              d16.view(np.uint8).reshape(nb, 2)], axis=1)
+        return out.reshape(n, -1)
+    if type_name != "Q4_K":
+        raise ValueError(f"quantize_k writes Q4_K and Q6_K, not {type_name}")
+    sub = x.reshape(nb, 8, 32)
+    lo = np.minimum(sub.min(axis=2), 0.0)
+    s = (sub.max(axis=2) - lo) / 15.0
+    mn = -lo
+    d16, dm16 = (s.max(axis=1) / 63.0).astype(np.float16), (mn.max(axis=1) / 63.0).astype(np.float16)
+    d, dm = d16.astype(np.float32)[:, None], dm16.astype(np.float32)[:, None]
+    sc = np.clip(np.rint(np.divide(s, d, out=np.zeros_like(s), where=d > 0)), 0, 63).astype(np.int32)
+    m = np.clip(np.rint(np.divide(mn, dm, out=np.zeros_like(mn), where=dm > 0)), 0, 63).astype(np.int32)
+    step, off = d * sc, dm * m
+    q = np.clip(np.rint(np.divide(sub + off[:, :, None], step[:, :, None], out=np.zeros_like(sub),
+                                  where=step[:, :, None] > 0)), 0, 15).astype(np.uint8)
+    scales = np.zeros((nb, 12), np.uint8)
+    for j in range(4):  # ggml's 6-bit packing (get_scale_min_k4 reads it back)
+        scales[:, j] = (sc[:, j] | ((sc[:, j + 4] >> 4) << 6)).astype(np.uint8)
+        scales[:, j + 4] = (m[:, j] | ((m[:, j + 4] >> 4) << 6)).astype(np.uint8)
+        scales[:, j + 8] = ((sc[:, j + 4] & 0xF) | ((m[:, j + 4] & 0xF) << 4)).astype(np.uint8)
+    qs = (q[:, 0::2, :] | (q[:, 1::2, :] << 4)).reshape(nb, 128)  # sub-blocks 2j (low) and 2j+1 (high)
+    out = np.concatenate([d16.view(np.uint8).reshape(nb, 2), dm16.view(np.uint8).reshape(nb, 2), scales, qs], axis=1)
+    return out.reshape(n, -1)
+
+
 def finish_gguf(w, tensors: dict, path: Path, quant: str | None = None) -> Path:
-    """Add ``tensors`` (matrices quantized to ``quant`` if given) and write the file out."""
+    """Add ``tensors`` (matrices quantized to ``quant`` if given; see ``write_tiny_model``) and
+    write the file out."""
     import gguf
 
-    qtype = None if quant is None else gguf.GGMLQuantizationType[quant]
     for name, arr in tensors.items():
-        if qtype is not None and arr.ndim == 2:
-            w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+        qname = quant
+        if quant in ("Q4_K", "Q6_K") and arr.ndim == 2 and arr.shape[1] % 256:
+            qname = "Q8_0"
+        if qname is not None and arr.ndim == 2:
+            qtype = gguf.GGMLQuantizationType[qname]
+            data = quantize_k(arr, qname) if qname in ("Q4_K", "Q6_K") else gguf.quants.quantize(arr, qtype)
+            w.add_tensor(name, data, raw_dtype=qtype)
         else:
             w.add_tensor(name, arr)
     w.write_header_to_file()

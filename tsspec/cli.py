@@ -119,8 +119,8 @@ def _notice_without_kernels(weights: str) -> None:
     """One line when "auto" had to fall back to the slower pure-torch formats."""
     from . import kernels
 
-    if weights == "auto" and not kernels.simd():
-        why = kernels.unavailable_reason() or "this CPU lacks AVX-512 VNNI"
+    if weights == "auto" and not kernels.available():
+        why = kernels.unavailable_reason()
         err.print(f"[yellow]note:[/] native kernels unavailable ({why}); using the pure-torch weight formats (slower)")
 
 

@@ -29,6 +29,8 @@ from .errors import BadInput
 ENV_CACHE = "TSSPEC_CACHE"
 ENV_KERNELS = "TSSPEC_KERNELS"
 ENV_AMX = "TSSPEC_AMX"  # auto | 0 | 1: the AMX tile products (kernels/amx.c)
+ENV_ISA = "TSSPEC_ISA"  # auto | avx512 | avx2 | neon | scalar: the native kernels' instruction-set level
+ISA_WORDS = ("auto", "avx512", "avx2", "neon", "scalar")
 ENV_CC = "CC"
 ENV_LLAMA_CPP_DIR = "LLAMA_CPP_DIR"
 ENV_OMP_THREADS = "OMP_NUM_THREADS"  # not tsspec's, but the native kernels' OpenMP runtime obeys it
@@ -86,9 +88,21 @@ def kernels_enabled(env: Mapping[str, str] | None = None) -> bool:
     return True if raw is None else parse_bool(ENV_KERNELS, raw)
 
 
+def isa_choice(env: Mapping[str, str] | None = None) -> str:
+    """``TSSPEC_ISA``: "auto" (default: the best level this CPU runs), or one of avx512, avx2, neon,
+    scalar (case and blanks ignored). Whether the CPU has a forced level is the kernels' check."""
+    raw = value(environ(env), ENV_ISA)
+    if raw is None:
+        return "auto"
+    v = raw.strip().lower()
+    if v not in ISA_WORDS:
+        raise BadInput(f"{ENV_ISA}={raw!r}: expected {', '.join(ISA_WORDS)}")
+    return v
+
+
 def amx_mode(env: Mapping[str, str] | None = None) -> str:
-    """``TSSPEC_AMX``: "auto" (default: the tiles where the CPU has AMX and the kernel grants it),
-    "0" (never) or "1" (always: a machine without them is an error); booleans' other spellings
+    """``TSSPEC_AMX``: "auto" (default: the tiles only where measured faster than the SIMD path,
+    which is nowhere yet, so off), "0" (never) or "1" (always: a machine without them is an error); booleans' other spellings
     read as 0/1. Anything else is a BadInput."""
     raw = value(environ(env), ENV_AMX)
     if raw is None or raw.strip().lower() == "auto":

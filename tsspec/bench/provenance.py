@@ -152,5 +152,5 @@ def kernels_info() -> dict[str, Any]:
     """Whether the native kernels ran, and if not, why."""
     from .. import kernels
 
-    return {"native": kernels.available(), "simd": kernels.simd(), "unavailable": kernels.unavailable_reason(),
+    return {"native": kernels.available(), "simd": kernels.simd(), "isa": kernels.level(), "unavailable": kernels.unavailable_reason(),
             "amx": kernels.amx_status()}

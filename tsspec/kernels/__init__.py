@@ -1,8 +1,8 @@
 """Native kernels over GGUF blocks, compiled on first use and cached.
 
 The C sources, one library (``tsq.h`` is what they share):
-- ``products.c``: the GGUF products (x @ W.T over the stored blocks), the plain C reference and the
-  AVX-512 VNNI path;
+- ``products.c``: the GGUF products (x @ W.T over the stored blocks), the plain C reference, the
+  AVX-512 VNNI path and the AVX2 path; ``neon.c``: the ARM64 NEON path (with and without dotprod);
 - ``blocks.c``: a whole llama-family block forward (norms, rope, attention) over those products,
   and the trunk's output (final norm and LM head);
 - ``eagle.c``: a trained draft head's step;
@@ -10,14 +10,27 @@ The C sources, one library (``tsq.h`` is what they share):
   emulation of the tile instruction that tests them on any CPU.
 
 AMX (``TSSPEC_AMX=auto|0|1``): when the library loads, the C side asks the kernel for the tile
-permission (once per process, before any product runs). With ``auto`` the tiles take the quantized
-products of at least ``AMX_MIN_ROWS`` input rows when the CPU has AMX, the kernel grants it and a
-self-check (the hardware against the emulation, every type) passes; ``amx_status()`` says which.
+permission (once per process, before any product runs). ``auto`` (the default) leaves the tiles off:
+it is to take them only at row counts where they are measured faster than the SIMD path, and there
+are none yet. ``1`` has them take the quantized products of at least ``AMX_MIN_ROWS`` input rows
+where the CPU has AMX, the kernel grants it and a self-check (the tiles against the reference, every
+type, 1 and 2 threads) passes. ``amx_status()`` says which and why; a failure there costs the tiles
+only, never the library.
 
-They are built with the machine's C compiler (``cc``/``gcc``; ``-O3 -march=native -fopenmp``) into
-``$TSSPEC_CACHE/kernels/`` (default ``~/.cache/tsspec/kernels/``) under a name that hashes the
-sources, the flags, the compiler and the CPU's feature flags, so a rebuilt tree or another CPU gets
-its own artifact and a cached one is reused. The build is atomic (temporary file, then rename).
+Instruction-set levels (``TSSPEC_ISA=auto|avx512|avx2|neon|scalar``): one shared object per level,
+each built with that level's flags and ``-DTSQ_ISA`` (``LEVELS``), so no library links an
+instruction its level lacks. ``auto`` takes the best level the CPU runs, read from its feature
+flags (/proc/cpuinfo, as CPUID and HWCAP report them; ``cpu_levels``); where that level's build
+fails it takes the next one and says why (``products_line``). A forced level the CPU lacks is one
+BadInput. Every level computes every product's exact integer sums and the same float steps, so
+all give the same bits.
+
+They are built with the machine's C compiler (``cc``/``gcc``; ``-O3 -fopenmp`` and the level's
+``-march``) into ``$TSSPEC_CACHE/kernels/`` (default ``~/.cache/tsspec/kernels/``) under a name that
+hashes the sources, the flags, the compiler and the CPU's feature flags, so a rebuilt tree or another
+CPU gets its own artifact and a cached one is reused. The build is atomic (temporary file, then
+rename). A compiler without OpenMP (clang on macOS without libomp) gets a build without it, which
+runs its products on one thread, and ``products_line`` says so.
 
 Where no compiler is found, the build fails, or ``TSSPEC_KERNELS=0`` is set, ``lib()`` returns
 None, ``unavailable_reason()`` says why, and the weight seam falls back to its pure-torch formats.
@@ -48,7 +61,65 @@ from ..interrupts import catchable
 
 SOURCE_DIR = Path(__file__).parent
 HEADER = "tsq.h"
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
+CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared", "-std=c11"]
+OPENMP_FLAG = "-fopenmp"
+
+
+class Level:
+    """One instruction-set level of the library: its ``-DTSQ_ISA`` value (tsq.h), the ``-march`` flag
+    sets to try in order, and the name ``products_line`` gives it."""
+
+    def __init__(self, name: str, isa: int, march: tuple[tuple[str, ...], ...], label: str):
+        self.name, self.isa, self.march, self.label = name, isa, march, label
+
+    def __repr__(self) -> str:
+        return f"Level({self.name})"
+
+
+# tsq.h's TSQ_ISA_* values. avx512 keeps -march=native (all the CPU has: GFNI, its tuning), as the
+# library was built before there were levels; the others name their baseline, tuned for this CPU.
+# scalar is the plain C reference, built for this CPU where the compiler can (fmaf inline), else
+# for the architecture's baseline.
+LEVELS = {
+    "avx512": Level("avx512", 2, (("-march=native",),), "AVX-512 VNNI"),
+    "avx2": Level("avx2", 1, (("-march=x86-64-v3", "-mtune=native"), ("-march=haswell",)), "AVX2"),
+    "neon-dotprod": Level("neon-dotprod", 4, (("-march=armv8.2-a+dotprod", "-mtune=native"),
+                                              ("-march=armv8.2-a+dotprod",)), "NEON dotprod"),
+    "neon": Level("neon", 3, (("-march=armv8-a", "-mtune=native"), ("-march=armv8-a",)), "NEON"),
+    "scalar": Level("scalar", 0, (("-march=native",), ()), "plain C"),
+}
+# what TSSPEC_ISA's words may pick, best first
+ISA_CHOICES = {"avx512": ("avx512",), "avx2": ("avx2",), "neon": ("neon-dotprod", "neon"), "scalar": ("scalar",)}
+
+
+def cpu_levels(flags: str | None = None, machine: str | None = None) -> list[str]:
+    """The levels this CPU runs, best first (always ending with scalar). ``flags``: /proc/cpuinfo's
+    flags (x86) or Features (ARM) line; ``machine``: ``platform.machine()``."""
+    import platform
+
+    machine = (machine if machine is not None else platform.machine()).lower()
+    words = set((cpu_flags() if flags is None else flags).split())
+    out = []
+    if machine in ("x86_64", "amd64", "i686", "i386"):
+        if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"} <= words:
+            out.append("avx512")
+        if {"avx2", "fma", "f16c"} <= words:
+            out.append("avx2")
+    elif machine in ("aarch64", "arm64", "armv8l"):
+        if "asimddp" in words or (flags is None and _darwin_dotprod()):
+            out.append("neon-dotprod")
+        out.append("neon")  # Advanced SIMD is part of every ARMv8-A (AArch64) core
+    out.append("scalar")
+    return out
+
+
+def _darwin_dotprod() -> bool:
+    """Apple silicon (no /proc/cpuinfo): sysctl's hw.optional.arm.FEAT_DotProd."""
+    try:
+        r = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_DotProd"], capture_output=True, text=True, timeout=5)
+        return r.stdout.strip() == "1"
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def sources() -> dict[str, bytes]:
@@ -78,7 +149,11 @@ _reason: str | None = None
 _tried = False
 _force_off = False  # tests set this to exercise the pure-torch fallback in one process
 _amx: str = "not checked"  # amx_status()'s answer once the library is loaded
-_amx_error: Exception | None = None  # TSSPEC_AMX=1 where the tiles cannot run: raised by every lib()
+_amx_error: Exception | None = None  # TSSPEC_AMX=1 where the tiles cannot run, or a TSSPEC_ISA this CPU
+# lacks: raised by every lib()
+_level: Level | None = None  # the loaded library's level
+_skipped: list[str] = []  # better levels whose build failed, and why
+_openmp = True  # the loaded library was built with OpenMP
 
 
 def cache_dir() -> Path:
@@ -98,21 +173,23 @@ def _compiler() -> str | None:
 
 
 def cpu_flags() -> str:
-    """/proc/cpuinfo's flags line (empty where there is none)."""
+    """/proc/cpuinfo's flags line (x86) or Features line (ARM); empty where there is none."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):
                 return line
     except OSError:
         pass
     return ""
 
 
-def _build(cc: str, srcs: dict[str, bytes] | None = None) -> Path:
-    """The cached shared library of ``srcs`` (file name -> bytes; default: this tree's ``sources()``),
-    compiled on first use; keyed by the sources, the flags, the compiler and the CPU. (scripts/ab_kernels.py
-    builds other revisions' sources through it.)"""
+def _build(cc: str, srcs: dict[str, bytes] | None = None, flags: Sequence[str] | None = None) -> Path:
+    """The cached shared library of ``srcs`` (file name -> bytes; default: this tree's ``sources()``)
+    built with ``flags`` (default: the best level's first flag set), compiled on first use; keyed by
+    the sources, the flags, the compiler and the CPU. (scripts/ab_kernels.py builds other revisions'
+    sources through it.)"""
     srcs = sources() if srcs is None else srcs
+    flags = list(flags) if flags is not None else level_flags(LEVELS[cpu_levels()[0]])[0]
     try:
         ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -120,7 +197,7 @@ def _build(cc: str, srcs: dict[str, bytes] | None = None) -> Path:
     h = hashlib.sha256()
     for name in sorted(srcs):
         h.update(name.encode() + b"\0" + hashlib.sha256(srcs[name]).digest())
-    h.update(" ".join(CFLAGS).encode() + ver.encode() + cpu_flags().encode())
+    h.update(" ".join(flags).encode() + ver.encode() + cpu_flags().encode())
     out = cache_dir() / f"tsq-{h.hexdigest()[:16]}.so"
     if out.exists():
         return out
@@ -132,10 +209,11 @@ def _build(cc: str, srcs: dict[str, bytes] | None = None) -> Path:
             for name, data in srcs.items():
                 Path(d, name).write_bytes(data)
             c_files = [str(Path(d, n)) for n in sorted(srcs) if n.endswith(".c")]
-            r = subprocess.run([cc, *CFLAGS, "-o", tmp, *c_files, "-lm"], capture_output=True, text=True,
+            r = subprocess.run([cc, *flags, "-o", tmp, *c_files, "-lm"], capture_output=True, text=True,
                                timeout=300)
         if r.returncode != 0:
-            msg = (r.stderr or r.stdout).strip().splitlines()
+            msg = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if "error" in ln] or \
+                (r.stderr or r.stdout).strip().splitlines()
             raise RuntimeError(f"{cc} failed: {msg[0] if msg else 'exit ' + str(r.returncode)}")
         os.replace(tmp, out)
     finally:
@@ -144,10 +222,37 @@ def _build(cc: str, srcs: dict[str, bytes] | None = None) -> Path:
     return out
 
 
+def level_flags(level: Level) -> list[list[str]]:
+    """The compiler flag sets to try for ``level``, in order: each ``-march`` set with OpenMP, then
+    the same without it (a compiler that lacks OpenMP still builds the native path)."""
+    with_omp = [[*CFLAGS, *march, f"-DTSQ_ISA={level.isa}"] for march in level.march]
+    return with_omp + [[f for f in fl if f != OPENMP_FLAG] for fl in with_omp]
+
+
+def _load_level(cc: str, level: Level) -> tuple[ctypes.CDLL, bool]:
+    """The library of ``level``, built if need be: (handle, built with OpenMP). Tries each flag set
+    of ``level_flags``; raises the first failure's reason when none builds and loads."""
+    first: Exception | None = None
+    for flags in level_flags(level):
+        try:
+            with catchable():  # a Ctrl-C mid-build still removes the temporary file
+                path = _build(cc, flags=flags)
+            h = ctypes.CDLL(str(path))
+            _declare(h)
+            _check_layouts(h)
+            if h.tsq_isa() != level.isa:
+                raise RuntimeError(f"the {level.name} build reports level {h.tsq_isa()}")
+            return h, OPENMP_FLAG in flags
+        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
+            first = first or e
+    raise first if first is not None else RuntimeError("no flags to build with")
+
+
 _L, _I, _P, _F = ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
 # every function the library exports that Python calls: name -> (result, arguments)
 SIGNATURES: dict[str, tuple] = {
     "tsq_simd": (_I, []),
+    "tsq_isa": (_I, []),
     "tsq_xrow_bytes": (_L, [_L]),
     "tsq_row_bytes": (_L, [_I, _L]),
     "tsq_quantize": (None, [_P, _L, _L, _P]),
@@ -165,7 +270,7 @@ SIGNATURES: dict[str, tuple] = {
     "tsq_matmul_amx": (_I, [_I, _P, _I, _L, _L, _L, _P, _L, _P, _L, _I, _I]),
 }
 
-# Input rows from which the tiles take a product under TSSPEC_AMX=auto/1. The tile backend unpacks
+# Input rows from which the tiles take a product under TSSPEC_AMX=1. The tile backend unpacks
 # each weight group with the reference's scalar reader (products.c tsq_weight_group), once per
 # product whatever its rows: about 3 instructions a weight against VNNI's ~0.025 a weight and row,
 # so on estimate it pays from about a hundred rows (prefill chunks), not yet for a 9-row verify.
@@ -204,9 +309,17 @@ def _enabled() -> bool:
     return on
 
 
+# What ``amx_status`` says under TSSPEC_AMX=auto where the tiles could run: auto takes them only
+# where they are measured faster than the SIMD path for a row count, and that is nowhere yet (the
+# tiles unpack every weight group with the reference's scalar reader: 10-31x slower than VNNI,
+# measured single-threaded on a Sapphire Rapids Xeon).
+AMX_AUTO_OFF = "off under auto (the tiles are not yet measured faster than VNNI at any row count; TSSPEC_AMX=1 forces them)"
+
+
 def _setup_amx(h: ctypes.CDLL) -> None:
     """Ask for the tile permission and switch the tiles on as ``TSSPEC_AMX`` says; sets ``_amx``.
-    TSSPEC_AMX=1 where they cannot run leaves ``_amx_error`` for lib() to raise."""
+    TSSPEC_AMX=1 where they cannot run leaves ``_amx_error`` for lib() to raise. Nothing here may
+    cost the rest of the library: a failure in the self-check leaves the tiles off and says why."""
     global _amx, _amx_error
     from ..errors import BadInput
     from ..env import amx_mode
@@ -222,20 +335,27 @@ def _setup_amx(h: ctypes.CDLL) -> None:
         if mode == "1":
             _amx_error = BadInput(f"TSSPEC_AMX=1: AMX cannot run here: {_amx}")
         return
-    bad = amx_self_check(h)
+    if mode == "auto":
+        _amx = AMX_AUTO_OFF
+        return
+    try:
+        bad = amx_self_check(h)
+    except Exception as e:  # noqa: BLE001 - the tiles' own failure, never the library's
+        bad = f"{type(e).__name__}: {e}"
     if bad:
         _amx = f"self-check failed ({bad}): not used"
-        if mode == "1":
-            _amx_error = BadInput(f"TSSPEC_AMX=1: the AMX tiles gave wrong products on this machine ({bad})")
+        _amx_error = BadInput(f"TSSPEC_AMX=1: the AMX tiles failed their self-check on this machine ({bad})")
         return
     h.tsq_amx_use(1, AMX_MIN_ROWS)
     _amx = "in use"
 
 
-def amx_self_check(h: ctypes.CDLL) -> str | None:
-    """The hardware tiles against their C emulation on random weights of every quantized type, 33
-    input rows (three tiles, a short one) and 40 weight rows (a short panel): None when every bit
-    agrees, else the first type that differs."""
+def amx_self_check(h: ctypes.CDLL, *, hardware: bool = True) -> str | None:
+    """The tile backend against the reference product on random weights of every quantized type,
+    33 input rows (three tiles, a short one) and 40 weight rows (a short panel), on 1 and 2 threads:
+    None when every bit agrees, else the first type (and threads) that differs. ``hardware``: the
+    real tiles (needs AMX and the permission); False runs the emulation, which the tests do on
+    every CPU so this code is run where there is no AMX."""
     rng = np.random.default_rng(7)
     k = 256
     x = torch.from_numpy(rng.standard_normal((33, k)).astype(np.float32))
@@ -245,16 +365,16 @@ def amx_self_check(h: ctypes.CDLL) -> str | None:
         if name in FLOAT_TYPES:
             continue
         rb = h.tsq_row_bytes(tid, k)
-        w = rng.integers(0, 256, size=(40, rb), dtype=np.uint8)
-        w = _sane_scales(name, w)
-        ys = []
-        for emulate in (1, 0):
-            y = torch.zeros(33, 40, dtype=torch.float32)
-            if h.tsq_matmul_amx(tid, _ptr(w), 0, rb, 40, k, _ptr(xq), 33, _ptr(y), 40, 1, emulate):
-                return name
-            ys.append(y)
-        if not torch.equal(ys[0].view(torch.int32), ys[1].view(torch.int32)):
+        w = _sane_scales(name, rng.integers(0, 256, size=(40, rb), dtype=np.uint8))
+        ref = torch.zeros(33, 40, dtype=torch.float32)
+        if h.tsq_matmul(tid, _ptr(w), 0, rb, 40, k, _ptr(x), _ptr(xq), 33, _ptr(ref), 40, 1, 0):
             return name
+        for threads in (1, 2):
+            y = torch.full((33, 40), float("nan"), dtype=torch.float32)
+            if h.tsq_matmul_amx(tid, _ptr(w), 0, rb, 40, k, _ptr(xq), 33, _ptr(y), 40, threads, 0 if hardware else 1):
+                return f"{name}, {threads} threads: refused"
+            if not torch.equal(y.view(torch.int32), ref.view(torch.int32)):
+                return f"{name}, {threads} threads"
     return None
 
 
@@ -265,7 +385,7 @@ def _sane_scales(name: str, w: np.ndarray) -> np.ndarray:
 
     elems, size = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
     blocks = w.reshape(w.shape[0], -1, size)
-    half = np.float16(0.01).view(np.uint8)
+    half = np.array([0.01], dtype=np.float16).view(np.uint8)  # a 1-d array: numpy 2 refuses to view a 0-d scalar
     at = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}[name]
     for o in at:
         blocks[:, :, o], blocks[:, :, o + 1] = half[0], half[1]
@@ -273,11 +393,16 @@ def _sane_scales(name: str, w: np.ndarray) -> np.ndarray:
 
 
 def products_line() -> str:
-    """One line on which path the products take, for ``tsspec info``."""
+    """One line on which path the products take, for ``tsspec info``: "native, AVX2; AMX: ...",
+    with any better level that failed to build and why, or why there is no native path."""
     h = lib()
     if h is None:
         return f"pure torch (native kernels unavailable: {unavailable_reason()})"
-    return f"native, {'AVX-512 VNNI' if simd() else 'plain C'}; AMX: {amx_status()}"
+    notes = [f"{s} (not built)" for s in _skipped]
+    if not _openmp:
+        notes.append("built without OpenMP: one thread")
+    extra = f" [{'; '.join(notes)}]" if notes else ""
+    return f"native, {_level.label}{extra}; AMX: {amx_status()}"
 
 
 def use_tiles(mode: int, min_rows: int = AMX_MIN_ROWS) -> None:
@@ -287,6 +412,13 @@ def use_tiles(mode: int, min_rows: int = AMX_MIN_ROWS) -> None:
     rc = lib().tsq_amx_use(mode, min_rows)
     if rc:
         raise ValueError(f"the AMX tiles cannot be switched on: {AMX_REASONS.get(rc, rc)}")
+
+
+def amx_usable() -> bool:
+    """Whether the hardware tiles can run in this process (the CPU has AMX, the OS enables it and the
+    kernel granted the permission), whatever ``TSSPEC_AMX`` chose."""
+    h = lib()
+    return bool(h is not None and h.tsq_amx_init() == 0)
 
 
 def amx_status() -> str:
@@ -299,9 +431,25 @@ def amx_status() -> str:
     return _amx
 
 
+def _choose_levels() -> list[Level]:
+    """The levels to try, best first: TSSPEC_ISA's, or every level this CPU runs under auto. A forced
+    level the CPU lacks is a BadInput (raised by every ``lib()``)."""
+    from ..env import ENV_ISA, isa_choice
+    from ..errors import BadInput
+
+    choice = isa_choice()
+    here = cpu_levels()
+    if choice == "auto":
+        return [LEVELS[n] for n in here]
+    have = [n for n in ISA_CHOICES[choice] if n in here]
+    if not have:
+        raise BadInput(f"{ENV_ISA}={choice}: this CPU cannot run it (it runs {', '.join(here)})")
+    return [LEVELS[have[0]]]
+
+
 def lib() -> ctypes.CDLL | None:
     """The loaded kernel library, building it on first use; None when unavailable."""
-    global _lib, _reason, _tried
+    global _lib, _reason, _tried, _level, _skipped, _openmp, _amx_error
     if _force_off:
         return None
     if _amx_error is not None:
@@ -315,23 +463,49 @@ def lib() -> ctypes.CDLL | None:
         try:
             if not enabled:
                 raise RuntimeError("disabled by TSSPEC_KERNELS=0")
+            levels = _choose_levels()
             cc = _compiler()
             if cc is None:
                 raise RuntimeError("no C compiler found (install gcc, or set CC)")
-            with catchable():  # a Ctrl-C mid-build still removes the temporary file
-                path = _build(cc)
-            h = ctypes.CDLL(str(path))
-            _declare(h)
-            _check_layouts(h)
+            h = None
+            for lv in levels:
+                try:
+                    h, _openmp = _load_level(cc, lv)
+                    _level = lv
+                    break
+                except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as e:
+                    _skipped.append(f"{lv.label}: {e}")
+            if h is None:
+                raise RuntimeError("; ".join(_skipped))
             _setup_amx(h)
             _lib = h
         except Exception as e:  # noqa: BLE001 - any failure means: use the pure-torch formats
+            from ..errors import BadInput
+
+            if isinstance(e, BadInput):  # a forced level this CPU lacks: refused on every call
+                _amx_error = e
             _reason = str(e) or type(e).__name__
             _lib = None
         _tried = True
     if _amx_error is not None:
         raise _amx_error
     return _lib
+
+
+def load_level(name: str) -> ctypes.CDLL:
+    """The library of level ``name`` (``LEVELS``) as a handle of its own, built if need be, beside
+    whatever ``lib()`` loaded (tests and scripts compare levels in one process). Its AMX tiles stay
+    off. Raises RuntimeError where it cannot be built or loaded."""
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (install gcc, or set CC)")
+    h, _ = _load_level(cc, LEVELS[name])
+    return h
+
+
+def level() -> str | None:
+    """The instruction-set level of the loaded library (``LEVELS``' names), None without one."""
+    return _level.name if lib() is not None and _level is not None else None
 
 
 def available() -> bool:
@@ -345,13 +519,15 @@ def unavailable_reason() -> str | None:
 
 
 def simd() -> bool:
+    """Whether the loaded library runs the AVX-512 VNNI products (the level the AMX tiles pair with)."""
     h = lib()
     return bool(h and h.tsq_simd())
 
 
 def takes(type_name: str, k: int) -> bool:
-    """Whether the SIMD kernels multiply rows of ``k`` elements of this GGUF type as stored."""
-    if type_name not in TYPE_IDS or not simd():
+    """Whether the native kernels (any level: each has every type) multiply rows of ``k`` elements
+    of this GGUF type as stored."""
+    if type_name not in TYPE_IDS or lib() is None:
         return False
     return lib().tsq_row_bytes(TYPE_IDS[type_name], k) > 0 and (type_name in FLOAT_TYPES or k % QUANT_BLOCK == 0)
 
@@ -600,7 +776,7 @@ class FusedEagle:
         """The native step over these ``Linear``s (gate and up run as one product, without a copy)
         and the norms enorm, hnorm, ffn_norm, out_norm ([d]); None where a matrix is off the gguf
         backend or the SIMD kernels are missing (the torch step then runs)."""
-        if not simd():
+        if not available():
             return None
         lins = (c_linear(fc), c_linear(gate, up), c_linear(down), c_linear(head))
         if any(x is None for x in lins):

@@ -17,10 +17,11 @@
  * bit what the hardware computes (integer sums), so the backend's data movement and float steps are
  * tested on every CPU; emulate = 0 needs AMX and the kernel's permission (tsq_amx_init).
  *
- * Two things the hardware is strict about, both kept here: the tile configuration is a static,
+ * Three things the hardware is strict about, all kept here: the tile configuration is a constant,
  * fully zeroed structure (a non-zero reserved byte, or a configuration the compiler drops as dead
- * stores, makes LDTILECFG fault: llama.cpp b11434's crash on these CPUs), and the permission is
- * asked for once per process before any thread issues a tile instruction.
+ * stores, makes LDTILECFG fault: llama.cpp b11434's crash on these CPUs); it is per thread, so
+ * every OpenMP thread loads it before its first tile instruction (else SIGILL on the workers); and
+ * the permission is asked for once per process before any thread issues a tile instruction.
  */
 #define _GNU_SOURCE /* syscall() under -std=c11 */
 #include "tsq.h"
@@ -28,6 +29,7 @@
 #if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
 #define TSQ_AMX_BUILD 1
 #include <cpuid.h>
+#include <immintrin.h> /* the tile intrinsics, whatever level the rest of the library is built for */
 #include <sys/syscall.h>
 #include <unistd.h>
 #define AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
@@ -94,15 +96,18 @@ typedef struct {
 } tilecfg;
 
 #if TSQ_AMX_BUILD
-static AMX_TARGET void tiles_begin(void) {
-    static tilecfg cfg; /* static: the compiler cannot drop it as dead stores; zeroed whole below */
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette_id = 1;
-    cfg.rows[0] = TR; cfg.colsb[0] = 4 * TR;
-    cfg.rows[1] = TR; cfg.colsb[1] = 16;
-    cfg.rows[2] = 4;  cfg.colsb[2] = 4 * TR;
-    _tile_loadconfig(&cfg);
-}
+/* The configuration LDTILECFG reads: a constant, so it is complete before any thread can read it
+ * (it was a static that every thread zeroed and filled as it began: a thread loading it while
+ * another had just zeroed it got palette 0, and its next tile instruction faulted), and the
+ * compiler cannot drop its stores as dead. Every byte not set here is zero, reserved ones too. */
+static const tilecfg TILE_CFG = {
+    .palette_id = 1,
+    .colsb = {4 * TR, 16, 4 * TR},
+    .rows = {TR, TR, 4},
+};
+/* Tile configuration is per thread: every thread that issues a tile instruction calls this first
+ * (tsq_matmul_tiles does, inside its parallel region). */
+static AMX_TARGET void tiles_begin(void) { _tile_loadconfig(&TILE_CFG); }
 static AMX_TARGET void tiles_end(void) { _tile_release(); }
 /* c[16][16] = A (16 rows x 16 codes, `as` bytes apart) . B (4 rows x 64 bytes) */
 static AMX_TARGET void tile_dp_hw(const uint8_t *A, long as, const int8_t *B, int32_t *c) {

@@ -45,12 +45,56 @@ static void rope_row(float *v, const float *c, const float *s, long half, int ne
     }
 }
 
-static inline float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+/* e^x and tanh lane by lane, the operations exp8/tanh8 below do in each of their eight lanes (so
+ * every level, SIMD or not, gets the same bits): e^x = 2^n e^r, n = round(x log2 e), r by Cody and
+ * Waite's two-part ln 2, e^r by Cephes' degree-7 polynomial (about 1 ulp over the float range); x is
+ * clamped to [-87, 88] first (e^-87 ~ 1.6e-38 stands for anything smaller, 88 for anything larger:
+ * both only ever feed 1/(1 + e) or a softmax; NaN becomes -87, as the vector max/min leave it).
+ * tanh is Cephes' tanhf: an odd polynomial below 0.625, else 1 - 2 / (e^2|x| + 1) with x's sign. */
+static inline float exp1(float x) {
+    x = x > -87.f ? x : -87.f;
+    x = x < 88.f ? x : 88.f;
+    const float n = rintf(x * 1.44269504088896341f);
+    float r = fmaf(-n, 0.693359375f, x);
+    r = fmaf(-n, -2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r + 1.f);
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float e;
+    memcpy(&e, &bits, 4);
+    return p * e;
 }
 
-#if TSQ_SIMD
+static inline float tanh1(float x) {
+    const float ax = fabsf(x), z = x * x;
+    float p = -5.70498872745e-3f;
+    p = fmaf(p, z, 2.06390887954e-2f);
+    p = fmaf(p, z, -5.37397155531e-2f);
+    p = fmaf(p, z, 1.33314422036e-1f);
+    p = fmaf(p, z, -3.33332819422e-1f);
+    if (ax < 0.625f) return fmaf(p * z, x, x);
+    const float e = exp1(ax + ax);
+    return copysignf(1.f - 2.f / (e + 1.f), x); /* the quotient's value is positive: only the sign moves */
+}
+
+/* a[i] = act(g[i]) * u[i], one element as each lane of tsq_act_row's vectors computes it */
+static inline float act1(int gelu, float g, float u) {
+    float act;
+    if (gelu) {
+        const float z = 0.7978845608028654f * fmaf(0.044715f, (g * g) * g, g);
+        act = (0.5f * g) * (1.f + tanh1(z));
+    } else {
+        act = g / (1.f + exp1(0.f - g));
+    }
+    return act * u;
+}
+
+#if TSQ_HAS_AVX2
 /* e^x for eight lanes: x = n ln2 + r, |r| <= ln2/2, e^r by Cephes' degree-7 polynomial (about 1 ulp
  * over the float range), 2^n through the exponent bits. x is clamped to [-87, 88]: e^-87 ~ 1.6e-38
  * stands for anything smaller, 88 for anything larger (both only ever feed 1/(1 + e)). */
@@ -87,14 +131,14 @@ static inline __m256 tanh8(__m256 x) {
     return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
 }
 
-/* a[i] = act(g[i]) * u[i] over n elements, eight at a time (the last eight masked): silu is
- * g / (1 + e^-g); gelu (tanh form) is 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), in the
- * order torch and transformers compute it. */
+/* a[i] = act(g[i]) * u[i] over n elements, eight at a time (the tail element by element, act1's
+ * same operations): silu is g / (1 + e^-g); gelu (tanh form) is 0.5 g (1 + tanh(sqrt(2/pi) (g +
+ * 0.044715 g^3))), in the order torch and transformers compute it. */
 void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n) {
     const __m256 one = _mm256_set1_ps(1.f);
-    for (long i = 0; i < n; i += 8) {
-        const __mmask8 mk = n - i >= 8 ? 0xFF : (__mmask8)((1u << (n - i)) - 1);
-        const __m256 gv = _mm256_maskz_loadu_ps(mk, g + i), uv = _mm256_maskz_loadu_ps(mk, u + i);
+    long i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i), uv = _mm256_loadu_ps(u + i);
         __m256 act;
         if (gelu) {
             const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
@@ -105,12 +149,13 @@ void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n) {
             const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
             act = _mm256_div_ps(gv, _mm256_add_ps(one, e));
         }
-        _mm256_mask_storeu_ps(a + i, mk, _mm256_mul_ps(act, uv));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(act, uv));
     }
+    for (; i < n; i++) a[i] = act1(gelu, g[i], u[i]);
 }
 #else
 void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n) {
-    for (long i = 0; i < n; i++) a[i] = (gelu ? gelu_tanh(g[i]) : g[i] / (1.0f + expf(-g[i]))) * u[i];
+    for (long i = 0; i < n; i++) a[i] = act1(gelu, g[i], u[i]);
 }
 #endif
 
@@ -124,12 +169,13 @@ static inline __attribute__((always_inline)) const float *kv_row(const float *b,
 
 /* One query row's attention over positions [lo, hi] of one KV head: o = softmax(q . k_j) v_j.
  * Each row's float steps depend only on its own span, never on other rows (batch invariance).
- * The SIMD path (head dimensions that are a multiple of 8) scores eight positions at a time (eight
- * FMA chains over the head dimension, then a fixed add tree), exponentiates eight at a time, and
- * accumulates the values in position order with up to 64 outputs held in registers; the plain path
- * does the same sums one lane at a time, not in the same order (the two agree to rounding).
- * sc: scratch for hi - lo + 1 scores, rounded up to 8. */
-#if TSQ_SIMD
+ * Head dimensions that are a multiple of 8: a score is eight FMA chains over the head dimension
+ * (lane u takes elements 8t + u) reduced ((0+1)+(2+3))+((4+5)+(6+7)); e^(s - max) by exp1's
+ * steps, summed in eight lanes (position j in lane j % 8) reduced as sum8; each value element an
+ * FMA chain in position order. The AVX2 code does it eight positions or outputs at a time, the
+ * plain code one lane at a time: the same operations, so the same bits. Other head dimensions take
+ * a plain loop of their own. sc: scratch for hi - lo + 1 scores, rounded up to 8. */
+#if TSQ_HAS_AVX2
 static inline __attribute__((always_inline)) __m256 scores8(const float *q, const float *kb, long j0, long hd, long c,
                                                             long split, const long *map) {
     const float *kr[8];
@@ -144,7 +190,9 @@ static inline __attribute__((always_inline)) __m256 scores8(const float *q, cons
     const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
     const __m256 h03 = _mm256_hadd_ps(h01, h23), h47 = _mm256_hadd_ps(h45, h67);
     const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20), _mm256_permute2f128_ps(h03, h47, 0x31));
-    return c >= 8 ? s : _mm256_mask_blend_ps((__mmask8)((1u << c) - 1), _mm256_set1_ps(-INFINITY), s);
+    if (c >= 8) return s;
+    const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, live);
 }
 
 /* o[0..8U) = sum over j < n of p[j] v_(lo + j)[i0 + 0..8U), accumulated in j order */
@@ -179,8 +227,11 @@ static inline __attribute__((always_inline)) void attend_row(const float *q, con
         const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
         __m256 vs = _mm256_setzero_ps();
         for (long j = 0; j < n; j += 8) {
-            const __mmask8 mk = n - j >= 8 ? 0xFF : (__mmask8)((1u << (n - j)) - 1);
-            const __m256 e = _mm256_maskz_mov_ps(mk, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mx)));
+            const long c = n - j;
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mx));
+            if (c < 8)
+                e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)c),
+                                                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
             _mm256_storeu_ps(sc + j, e);
             vs = _mm256_add_ps(vs, e);
         }
@@ -190,6 +241,31 @@ static inline __attribute__((always_inline)) void attend_row(const float *q, con
         for (; i0 + 64 <= hd; i0 += 64) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 8);
         for (; i0 + 32 <= hd; i0 += 32) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 4);
         for (; i0 < hd; i0 += 8) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 1);
+        return;
+    }
+#else
+    if (hd % 8 == 0) { /* the AVX2 code's operations, one lane at a time */
+        float mx = -INFINITY;
+        for (long j = 0; j < n; j++) {
+            const float *k = kv_row(kb, lo + j, hd, split, map);
+            float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (long i = 0; i < hd; i += 8)
+                for (int u = 0; u < 8; u++) l[u] = fmaf(q[i + u], k[i + u], l[u]);
+            sc[j] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+            mx = sc[j] > mx ? sc[j] : mx;
+        }
+        float vs[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (long j = 0; j < n; j++) {
+            sc[j] = exp1(sc[j] - mx);
+            vs[j % 8] += sc[j];
+        }
+        const float inv = 1.f / sum8(vs);
+        for (long j = 0; j < n; j++) sc[j] = sc[j] * inv;
+        for (long i = 0; i < hd; i++) {
+            float a = 0.f;
+            for (long j = 0; j < n; j++) a = fmaf(sc[j], kv_row(vb, lo + j, hd, split, map)[i], a);
+            o[i] = a;
+        }
         return;
     }
 #endif

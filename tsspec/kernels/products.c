@@ -16,60 +16,22 @@
  * Threads split the output columns only. So a row's result is the same in a 1-row decode and in
  * a 9-row verify, bit for bit, which is what keeps speculative output equal to plain output.
  *
- * Two implementations of every type: a plain C one (the reference, and the path on CPUs without
- * AVX-512 VNNI) and an AVX-512 VNNI/VL one. For the quantized types the reference performs the
- * SIMD path's float steps lane by lane and equals it bit for bit; for the float types they agree
- * to rounding (tests compare both). Compile with -ffp-contract=off: the scalar float terms must
+ * One implementation of every type per instruction-set level (tsq.h TSQ_ISA): the plain C
+ * reference (also the scalar level), AVX-512 VNNI/VL, AVX2 (avx2.h) and ARM NEON (neon.c). All take
+ * the same exact integer sums and the same float steps in the same order: the reference performs
+ * the SIMD paths' float steps lane by lane, so every level equals it bit for bit, the float types
+ * included (tests compare them all). Compile with -ffp-contract=off: the scalar float terms must
  * not be fused differently in different places.
  */
 #include "tsq.h"
 
 int tsq_simd(void) { return TSQ_SIMD; }
+int tsq_isa(void) { return TSQ_ISA; }
 
 /* bytes of one weight row of K elements (-1 when K is not whole blocks) */
 long tsq_row_bytes(int type, long k) {
     if (type < 0 || type >= T_COUNT || k % BLOCK_ELEMS[type]) return -1;
     return k / BLOCK_ELEMS[type] * BLOCK_BYTES[type];
-}
-
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else { /* subnormal: renormalise */
-            exp = 127 - 15 + 1;
-            while (!(man & 0x400)) { man <<= 1; exp--; }
-            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-
-static inline void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
-    if (j < 4) {
-        *d = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
 }
 
 /* ------------------------------------------------------------------ activation quantization */
@@ -284,9 +246,6 @@ typedef struct {
     float a[8], m[8]; /* m: Q4_1 block b's offset in lane b (4..7 zero); Q4_K the super-block's eight */
 } wgroup;
 
-static inline int offset_shift(int type) {
-    return type == T_Q4_0 ? 3 : type == T_Q5_0 ? 4 : type == T_Q8_0 ? 7 : type == T_Q6_K ? 5 : 0;
-}
 static inline int has_min(int type) { return type == T_Q4_1 || type == T_Q4_K; }
 
 /* The code bits of weight group g as four 32-byte vectors B[b], in the order the SIMD extraction
@@ -382,8 +341,6 @@ static void transpose_row(int type, uint8_t *row, long ng) {
  * all queued on one port and bounded a one-row product (Q4_1 ran at 0.55x llama.cpp's decode). The
  * record has the four blocks' size and place, so a short last group stays as stored; values are
  * unchanged. Not its own inverse: tsq_unpack restores the file's layout. */
-static inline int group_major(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
-static inline int gm_codes_at(int type) { return type == T_Q4_1 ? 16 : 8; }
 
 static void gm_pack(int type, const uint8_t *src, uint8_t *rec) { /* four stored blocks -> a record */
     const int bb = BLOCK_BYTES[type];
@@ -584,18 +541,27 @@ static float dot_ref_q(int type, const uint8_t *w, long k, int packed, const xgr
         for (int L = 0; L < 8; L++) acc[L] += accm[L];
     return sum8(acc);
 }
-static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
-    float acc = 0.f;
-    for (long i = 0; i < k; i++) {
-        float v = type == T_F32 ? ((const float *)w)[i]
-                : type == T_F16 ? f16_to_f32(rd16(w + 2 * i)) : bf16_to_f32(rd16(w + 2 * i));
-        acc += v * x[i];
-    }
-    return acc;
+/* A float weight's element i */
+static inline float wf(int type, const uint8_t *w, long i) {
+    return type == T_F32 ? ((const float *)w)[i] : type == T_F16 ? f16_to_f32(rd16(w + 2 * i)) : bf16_to_f32(rd16(w + 2 * i));
 }
 
-/* ------------------------------------------------------------------ AVX-512 VNNI products */
-#if TSQ_SIMD
+/* The SIMD float product's arithmetic, lane by lane: eight fma chains over the whole groups of 8
+ * (lane u takes elements 8t + u), reduced as sum8, plus the tail's products added in order. */
+static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, tail = 0.f;
+    const long k8 = k & ~7L;
+    for (long i = 0; i < k8; i += 8)
+        for (int u = 0; u < 8; u++) acc[u] = fmaf(wf(type, w, i + u), x[i + u], acc[u]);
+    for (long i = k8; i < k; i++) tail += wf(type, w, i) * x[i];
+    return sum8(acc) + tail;
+}
+
+/* ------------------------------------------------------------------ x86 products
+ * What the AVX-512 VNNI and the AVX2 levels share (256-bit AVX2/FMA/F16C code): a weight group
+ * unpacked into registers (wgroup_simd), the float products (dot_simd_f). Then each level's own
+ * integer sums and drivers. */
+#if TSQ_HAS_AVX2
 #define TILE 4
 #define CTILE 8 /* the tallest tile a product takes in k-chunks */
 /* A verify of up to 16 rows runs as ONE tile of that height when its input fits in L1: each weight
@@ -638,6 +604,19 @@ static inline __attribute__((always_inline)) void transpose4(__m256i b0, __m256i
     W[1] = _mm256_unpackhi_epi64(t0, t2);
     W[2] = _mm256_unpacklo_epi64(t1, t3);
     W[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* 0x10 in byte e where bit e of qh is set (Q5_0's fifth bits) */
+static inline __attribute__((always_inline)) __m256i fifth_bits(uint32_t qh) {
+#if TSQ_SIMD
+    return _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10));
+#else /* byte e takes byte e / 8 of qh, keeps its bit e % 8, and becomes 0x10 where that is set */
+    const __m256i idx = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), idx), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+#endif
 }
 
 /* Weight group g as four words W[j] laid out like xgroup (a 4x4 transpose of 32-bit words within
@@ -707,7 +686,7 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
                 _mm_loadu_si128((const __m128i *)(p + (type == T_Q4_0 ? 2 : type == T_Q4_1 ? 4 : 6)))); \
             B[b] = _mm256_and_si256(_mm256_srlv_epi64(t, hi4), m4);                                   \
             if (type == T_Q5_0) /* bit e of qh is element e's fifth bit */                            \
-                B[b] = _mm256_or_si256(B[b], _mm256_maskz_mov_epi8((__mmask32)rd32(p + 2), _mm256_set1_epi8(0x10))); \
+                B[b] = _mm256_or_si256(B[b], fifth_bits(rd32(p + 2)));                                \
             if (type == T_Q4_1) ho |= (uint64_t)rd16(p + 2) << (16 * (b));                            \
         }                                                                                             \
     } while (0)
@@ -734,6 +713,8 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
     }
 }
 
+/* ------------------------------------------------------------------ AVX-512 VNNI products */
+#if TSQ_SIMD
 /* the two 256-bit halves of a 512-bit register, and back */
 static inline __m512 cat_ps(__m256 lo, __m256 hi) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
@@ -1099,6 +1080,12 @@ static void dot_pairw(int type, const uint8_t *w, long k, const xgroup *x, const
     }
 }
 
+#endif /* TSQ_SIMD */
+
+#if TSQ_ISA == TSQ_ISA_AVX2
+#include "avx2.h"
+#endif
+
 static inline __m256 load8_f(int type, const uint8_t *w, long i) {
     if (type == T_F32) return _mm256_loadu_ps((const float *)w + i);
     __m128i h = _mm_loadu_si128((const __m128i *)(w + 2 * i));
@@ -1132,6 +1119,11 @@ static void dot_simd_f(int type, const uint8_t *w, long k, const float *x, long 
 static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
                           const xgroup *xq, long m, float *y, long ldy, int n_threads);
 #endif
+#if TSQ_NEON
+TSQ_INTERNAL int tsq_matmul_neon(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
+                                 const xgroup *xq, long m, float *y, long ldy, int n_threads);
+TSQ_INTERNAL void tsq_dot_neon_f(int type, const uint8_t *w, long k, const float *x, float *y);
+#endif
 
 /* y[m, n] (row stride ldy) = x[m, :] . W[n, :] for W [n_rows, k] of `type` with rows row_bytes
  * apart. For quantized types `xq` holds x quantized by tsq_quantize (m rows of xgroups) and `x`
@@ -1143,13 +1135,19 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
         return -1;
     const int fl = is_float_type(type);
     const long ng = n_groups(k);
-#if !TSQ_SIMD
+    if (n_threads < 1) n_threads = 1;
+    /* the tile backend (amx.c), while switched on (2: its emulation, on any build) */
+    const int tiles = use_simd && !fl ? tsq_amx_on(m) : 0;
+    if (tiles)
+        return tsq_matmul_tiles(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads, tiles == 2);
+#if TSQ_ISA == TSQ_ISA_AVX2
+    if (use_simd && !fl) return matmul_avx2(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
+#elif TSQ_NEON
+    if (use_simd && !fl) return tsq_matmul_neon(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
+#endif
+#if TSQ_ISA == TSQ_ISA_SCALAR
     use_simd = 0;
 #endif
-    if (n_threads < 1) n_threads = 1;
-    const int tiles = use_simd && !fl ? tsq_amx_on(m) : 0;
-    if (tiles) /* the tile backend (amx.c), while switched on (2: its emulation) */
-        return tsq_matmul_tiles(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads, tiles == 2);
 #if TSQ_SIMD
     if (use_simd && !fl && !one_q_tile(m, ng))
         return matmul_blocked(type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
@@ -1190,11 +1188,13 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
                                    : dot_ref_q(type, wr, k, packed, xq + r * ng);
                 continue;
             }
-#if TSQ_SIMD
+#if TSQ_HAS_AVX2
             for (long r = c0; r < c1; r += TILE) {
                 int tr = (int)(c1 - r < TILE ? c1 - r : TILE);
                 dot_simd_f(type, wr, k, x + r * k, k, tr, y + r * ldy + n, ldy);
             }
+#elif TSQ_NEON
+            for (long r = c0; r < c1; r++) tsq_dot_neon_f(type, wr, k, x + r * k, y + r * ldy + n);
 #endif
         }
     }

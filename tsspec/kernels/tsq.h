@@ -10,11 +10,62 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__F16C__)
-#include <immintrin.h>
-#define TSQ_SIMD 1
+/* The instruction-set level a build is for. The library is built once per level
+ * (tsspec/kernels/__init__.py LEVELS passes -DTSQ_ISA and that level's -march) and the loader picks
+ * the one the CPU runs, so no build holds an instruction its level lacks. Without -DTSQ_ISA the
+ * compiler's target macros choose. Every level gives every product the same bits. */
+#define TSQ_ISA_SCALAR 0  /* the plain C reference */
+#define TSQ_ISA_AVX2 1    /* x86-64-v3: AVX2, FMA, F16C */
+#define TSQ_ISA_AVX512 2  /* AVX-512 VNNI/VL/BW */
+#define TSQ_ISA_NEON 3    /* ARMv8-A Advanced SIMD */
+#define TSQ_ISA_DOTPROD 4 /* ARMv8.2-A NEON with the dot product (SDOT/UDOT) */
+
+/* what the compiler's target allows */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__F16C__) && defined(__FMA__)
+#define TSQ_CC_AVX512 1
 #else
-#define TSQ_SIMD 0
+#define TSQ_CC_AVX512 0
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define TSQ_CC_AVX2 1
+#else
+#define TSQ_CC_AVX2 0
+#endif
+#ifndef TSQ_ISA
+#if TSQ_CC_AVX512
+#define TSQ_ISA TSQ_ISA_AVX512
+#elif TSQ_CC_AVX2
+#define TSQ_ISA TSQ_ISA_AVX2
+#elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD)
+#define TSQ_ISA TSQ_ISA_DOTPROD
+#elif defined(__aarch64__)
+#define TSQ_ISA TSQ_ISA_NEON
+#else
+#define TSQ_ISA TSQ_ISA_SCALAR
+#endif
+#endif
+
+#if TSQ_ISA == TSQ_ISA_AVX512 && !TSQ_CC_AVX512
+#error "TSQ_ISA avx512 needs a compiler target with AVX-512 VNNI, VL, BW, F16C and FMA"
+#endif
+#if TSQ_ISA == TSQ_ISA_AVX2 && !TSQ_CC_AVX2
+#error "TSQ_ISA avx2 needs a compiler target with AVX2, FMA and F16C"
+#endif
+#if (TSQ_ISA == TSQ_ISA_NEON || TSQ_ISA == TSQ_ISA_DOTPROD) && !defined(__aarch64__)
+#error "TSQ_ISA neon needs an AArch64 target"
+#endif
+#if TSQ_ISA == TSQ_ISA_DOTPROD && !defined(__ARM_FEATURE_DOTPROD)
+#error "TSQ_ISA neon-dotprod needs a compiler target with +dotprod"
+#endif
+
+#define TSQ_SIMD (TSQ_ISA == TSQ_ISA_AVX512)                             /* the AVX-512 VNNI products */
+#define TSQ_HAS_AVX2 (TSQ_ISA == TSQ_ISA_AVX2 || TSQ_ISA == TSQ_ISA_AVX512) /* 256-bit AVX2/FMA/F16C code */
+#define TSQ_NEON (TSQ_ISA == TSQ_ISA_NEON || TSQ_ISA == TSQ_ISA_DOTPROD)
+#if TSQ_HAS_AVX2
+#include <immintrin.h>
+#endif
+#if TSQ_NEON
+#include <arm_neon.h>
 #endif
 
 enum { T_F32 = 0, T_F16 = 1, T_BF16 = 2, T_Q4_0 = 3, T_Q4_1 = 4, T_Q5_0 = 5, T_Q8_0 = 6, T_Q4_K = 7,
@@ -78,7 +129,7 @@ static inline float sum8(const float *v) {
     return (s0 + s2) + (s1 + s3);
 }
 
-#if TSQ_SIMD
+#if TSQ_HAS_AVX2
 static inline float hsum8(__m256 v) { /* sum8's order */
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -86,6 +137,58 @@ static inline float hsum8(__m256 v) { /* sum8's order */
     return _mm_cvtss_f32(s);
 }
 #endif
+
+/* ------------------------------------------------------------------ readers every level shares */
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+static inline void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* A weight's offset as a power of two (products.c, weight groups): Q4_0's c - 8, Q5_0's c - 16,
+ * Q8_0's c - 128 (codes taken unsigned), Q6_K's c - 32 */
+static inline int offset_shift(int type) {
+    return type == T_Q4_0 ? 3 : type == T_Q5_0 ? 4 : type == T_Q8_0 ? 7 : type == T_Q6_K ? 5 : 0;
+}
+/* Q4_0, Q4_1 and Q8_0 groups repacked as records (products.c, tsq_repack): the record types, and
+ * where a record's codes start */
+static inline int group_major(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
+static inline int gm_codes_at(int type) { return type == T_Q4_1 ? 16 : 8; }
 
 /* A product's weight as the block engine and the draft head take it: up to MAX_PARTS GGUF matrices
  * stacked along N, one product's output columns after another's. */
@@ -117,6 +220,7 @@ typedef struct {
 } tsq_config;
 
 /* products.c */
+int tsq_isa(void);
 long tsq_xrow_bytes(long k);
 void tsq_quantize(const float *x, long m, long k, xgroup *out);
 int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k, const float *x,

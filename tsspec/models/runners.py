@@ -238,7 +238,7 @@ def fused_blocks(model: "TransformerModel"):
     off the gguf backend (bf16/f32/int4 formats, unsupported quant types) or the kernels are missing."""
     from .. import kernels
 
-    if not kernels.simd():
+    if not kernels.available():
         return None
     cfg = model.cfg
     if cfg.activation not in ("silu", "gelu_tanh") or cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:

@@ -1,0 +1,155 @@
+/* avx2.h: the quantized products at the AVX2 level (x86-64-v3: AVX2, FMA, F16C; Haswell and later,
+ * every AMD since Zen 1). Included into products.c, whose weight readers (wgroup_simd, transpose4)
+ * it shares with the AVX-512 VNNI path.
+ *
+ * The arithmetic is the reference's (products.c's header): per weight row, input row, group and
+ * lane L, the exact integer sum over the lane's 16 code pairs less the weight offset times the
+ * input's code sum, then acc[L] = fma(isum, a[L] * dx[L], acc[L]); Q4_K's offsets fma'd into acc
+ * ahead of each super-block, Q4_1's into a second set of accumulators added at the end; sum8.
+ * So every output equals the reference's, bit for bit.
+ *
+ * Without VNNI a lane's four-product sum is vpmaddubsw (unsigned byte x signed byte, adjacent pairs
+ * added into a saturating int16) then vpmaddwd against ones (pairs of int16 into an exact int32).
+ * The int16 step must never saturate, so each type's pair of products is bounded (inputs are int8
+ * in [-127, 127], tsq_quantize clamps them there):
+ *   Q4_0, Q4_1, Q4_K: codes 0..15, |pair| <= 2 * 15 * 127 = 3,810
+ *   Q5_0:             codes 0..31, |pair| <= 2 * 31 * 127 = 7,874
+ *   Q6_K:             codes 0..63, |pair| <= 2 * 63 * 127 = 16,002
+ *   Q8_0:             taken unsigned (c + 128, up to 255) a pair could reach 2 * 255 * 127 = 64,770,
+ *                     so Q8_0 goes signed: |c| (at most 128, read as an unsigned byte) against the
+ *                     input with c's sign moved onto it (|q| <= 127), |pair| <= 2 * 128 * 127 =
+ *                     32,512 <= 32,767. Its sum is then sum(c q) itself, the integer the reference
+ *                     gets as sum((c + 128) q) - 128 sum(q).
+ * The int32 lane sums are at most 16 * 128 * 127 in magnitude. tests/test_kernels.py multiplies the
+ * extreme codes against inputs of +-127 on every level against the reference.
+ *
+ * Tiles of up to TILE input rows share each unpacked weight group; a longer product goes over the
+ * weight rows in blocks that stay in L2 while its tiles pass. Threads take contiguous shares of the
+ * weight rows. None of this changes the operations an output element goes through. */
+
+/* each lane's sum of four byte products (unsigned w, signed x) */
+static inline __attribute__((always_inline)) __m256i dot4_avx2(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+
+/* One weight group against one input row (step256's arithmetic without VNNI). W as wgroup_simd
+ * gives it: Q8_0's codes are c + 128 there, turned back to signed here. */
+static inline __attribute__((always_inline)) void step_avx2(const int type, const int sh, const int mn,
+                                                            const __m256i W[4], __m256 a, __m256 mw,
+                                                            const xgroup *xg, __m256 *acc, __m256 *accm) {
+    __m256i is = _mm256_setzero_si256();
+    if (type == T_Q8_0) {
+        const __m256i flip = _mm256_set1_epi8((char)0x80);
+        for (int j = 0; j < 4; j++) {
+            const __m256i c = _mm256_xor_si256(W[j], flip);
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(xg->q + 32 * j));
+            is = _mm256_add_epi32(is, dot4_avx2(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c)));
+        }
+    } else {
+        for (int j = 0; j < 4; j++)
+            is = _mm256_add_epi32(is, dot4_avx2(W[j], _mm256_loadu_si256((const __m256i *)(xg->q + 32 * j))));
+        if (sh) is = _mm256_sub_epi32(is, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)xg->s), sh));
+    }
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(a, _mm256_loadu_ps(xg->d)), *acc);
+    if (mn) *accm = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xg->fs), *accm);
+}
+
+/* nrows weight rows (rb bytes apart; results to y[0..nrows)) against tr input rows (xstride groups
+ * apart; row r's results at y[r * ldy]) over all groups */
+static inline __attribute__((always_inline)) void dot_avx2_t(const int type, const int tr, const uint8_t *w,
+                                                             long k, int packed, const xgroup *x, long xstride,
+                                                             float *y, long ldy, long nrows, long rb) {
+    const long ng = n_groups(k), nblocks = k / QB;
+    const int sh = offset_shift(type), mg = type == T_Q4_1;
+    for (long n = 0; n < nrows; n++, w += rb, y++) {
+        __m256 acc[TILE], accm[TILE];
+        for (int r = 0; r < tr; r++) acc[r] = accm[r] = _mm256_setzero_ps();
+        if (type == T_Q4_K) { /* a super-block (two groups) at a time, its scales unpacked once */
+            const __m256i m4 = _mm256_set1_epi8(0x0F);
+            for (long sb = 0; sb < ng / 2; sb++) {
+                const uint8_t *p = w + sb * 144;
+                _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0);
+                const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
+                const __m128i A = _mm_cvtepu8_epi32(v), B = _mm_cvtepu8_epi32(_mm_srli_si128(v, 4));
+                const __m128i C = _mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), c63 = _mm_set1_epi32(63);
+                const __m128i sc0 = _mm_and_si128(A, c63), mn0 = _mm_and_si128(B, c63);
+                const __m128i sc1 = _mm_or_si128(_mm_and_si128(C, _mm_set1_epi32(15)), _mm_slli_epi32(_mm_srli_epi32(A, 6), 4));
+                const __m128i mn1 = _mm_or_si128(_mm_srli_epi32(C, 4), _mm_slli_epi32(_mm_srli_epi32(B, 6), 4));
+                const float d1 = _cvtsh_ss(rd16(p)), dm1 = -_cvtsh_ss(rd16(p + 2));
+                const __m256 mw8 = _mm256_mul_ps(_mm256_set1_ps(dm1),
+                    _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(mn0), mn1, 1)));
+                for (int r = 0; r < tr; r++)
+                    acc[r] = _mm256_fmadd_ps(mw8, _mm256_loadu_ps(x[r * xstride + 2 * sb].fs), acc[r]);
+                for (int gi = 0; gi < 2; gi++) {
+                    const __m256 a = _mm256_mul_ps(_mm256_set1_ps(d1),
+                                                   _mm256_cvtepi32_ps(_mm256_broadcastsi128_si256(gi ? sc1 : sc0)));
+                    const uint8_t *q = p + 16 + 64 * gi;
+                    const __m256i q0 = _mm256_loadu_si256((const __m256i *)q), q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
+                    __m256i W[4];
+                    W[0] = _mm256_and_si256(q0, m4);
+                    W[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
+                    W[2] = _mm256_and_si256(q1, m4);
+                    W[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
+                    if (!packed) transpose4(W[0], W[1], W[2], W[3], W);
+                    for (int r = 0; r < tr; r++)
+                        step_avx2(type, 0, 0, W, a, _mm256_setzero_ps(), x + r * xstride + 2 * sb + gi, &acc[r], &accm[r]);
+                }
+            }
+        } else {
+            for (long g = 0; g < ng; g++) {
+                __m256i W[4];
+                __m256 a, mw;
+                wgroup_simd(type, w, g, nblocks, packed, W, &a, &mw);
+                for (int r = 0; r < tr; r++) step_avx2(type, sh, mg, W, a, mw, x + r * xstride + g, &acc[r], &accm[r]);
+            }
+        }
+        for (int r = 0; r < tr; r++) y[r * ldy] = hsum8(mg ? _mm256_add_ps(acc[r], accm[r]) : acc[r]);
+    }
+}
+
+static void dot_avx2(int type, int tr, const uint8_t *w, long k, int pk, const xgroup *x, long xs, float *y, long ldy,
+                     long nrows, long rb) {
+#define A2(T, n) dot_avx2_t(T, n, w, k, pk, x, xs, y, ldy, nrows, rb)
+#define A2_TILES(T)                                                                                   \
+    switch (tr) {                                                                                     \
+    case 1: A2(T, 1); break;                                                                          \
+    case 2: A2(T, 2); break;                                                                          \
+    case 3: A2(T, 3); break;                                                                          \
+    default: A2(T, 4); break;                                                                         \
+    }
+    switch (type) {
+    case T_Q4_0: A2_TILES(T_Q4_0) break;
+    case T_Q4_1: A2_TILES(T_Q4_1) break;
+    case T_Q5_0: A2_TILES(T_Q5_0) break;
+    case T_Q8_0: A2_TILES(T_Q8_0) break;
+    case T_Q4_K: A2_TILES(T_Q4_K) break;
+    default: A2_TILES(T_Q6_K) break;
+    }
+#undef A2_TILES
+#undef A2
+}
+
+#ifndef AVX2_BLOCK_BYTES
+#define AVX2_BLOCK_BYTES (128 * 1024) /* weight bytes a block of rows may span and stay in L2 */
+#endif
+
+static int matmul_avx2(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
+                       const xgroup *xq, long m, float *y, long ldy, int n_threads) {
+    const long ng = n_groups(k);
+    long nb = m <= TILE ? n_rows : AVX2_BLOCK_BYTES / row_bytes;
+    if (nb < 4) nb = 4;
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
+    {
+        long n0, n1;
+        thread_share(n_rows, &n0, &n1);
+        for (long b0 = n0; b0 < n1; b0 += nb) {
+            const long b1 = n1 - b0 < nb ? n1 : b0 + nb;
+            for (long r = 0; r < m; r += TILE) {
+                const int tr = (int)(m - r < TILE ? m - r : TILE);
+                dot_avx2(type, tr, w + b0 * row_bytes, k, packed, xq + r * ng, ng, y + r * ldy + b0, ldy, b1 - b0,
+                         row_bytes);
+            }
+        }
+    }
+    return 0;
+}
