@@ -2,7 +2,7 @@
 """tsspec plain decode and prefill beside llama.cpp's llama-bench on the same GGUF file, plus tsspec's verify-cost curve.
 
     python scripts/bench_vs_llamacpp.py [MODEL ...] [--rounds 3] [--reps 3] [--tokens 64]
-        [--threads 2] [--llama-bin DIR] [--json OUT] [--curve/--no-curve] [--prefill/--no-prefill]
+        [--threads 2] [--llama-bin DIR] [--isa avx2] [--json OUT] [--curve/--no-curve] [--prefill/--no-prefill]
 
 MODEL is a name from ``tsspec.hub.KNOWN_MODELS`` (default: all of them).
 
@@ -200,6 +200,7 @@ def provenance(args: argparse.Namespace, llama_bench: Path) -> dict[str, Any]:
         "cpu": provenance_.cpu(),
         "nproc": os.cpu_count(),
         "llama_bench": str(llama_bench),
+        "tsspec_isa": os.environ.get("TSSPEC_ISA", "auto"),
         "llama_bench_version": (version.stdout + version.stderr).strip(),
     }
 
@@ -396,7 +397,10 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
     from rich.console import Console
     from rich.table import Table
 
+    from tsspec import kernels
+
     con = Console()
+    con.print(f"tsspec products: {kernels.products_line()}; peer: {getattr(args, 'peer', '?')}")
     for m, r in results.items():
         if "llama" in r:
             b = r["llama"]
@@ -449,6 +453,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompt-tokens", type=int, default=1, help="tsspec prompt before the timed decode (default 1)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads and llama-bench -t (default 2)")
     ap.add_argument("--llama-bin", metavar="DIR", help="llama.cpp bin dir holding llama-bench")
+    ap.add_argument("--isa", choices=("auto", "avx512", "avx2", "neon", "scalar"), default=None,
+                    help="tsspec's kernel level (sets TSSPEC_ISA); with avx2 the peer defaults to the "
+                         "LLAMA_ISA=avx2 build (DIR-avx2 of the usual llama.cpp directory)")
     ap.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
                     help="extra llama-bench argument (repeatable), e.g. --llama-arg=-fa --llama-arg=on")
     ap.add_argument("--json", metavar="OUT", help="write all samples and provenance here")
@@ -484,7 +491,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = [m for m in models if m not in KNOWN_MODELS]
         if unknown:
             raise ScriptError(f"unknown model {', '.join(map(repr, unknown))} (known: {', '.join(KNOWN_MODELS)})")
-        exe = llama_tool("llama-bench", args.llama_bin)
+        if args.isa:
+            os.environ["TSSPEC_ISA"] = args.isa  # read when the kernels first load, below
+        bin_dir = args.llama_bin
+        if bin_dir is None and args.isa == "avx2":
+            from tsspec.bench.llama_server import llama_cpp_dir
+
+            bin_dir = str(Path(str(llama_cpp_dir()) + "-avx2") / "build" / "bin")
+        exe = llama_tool("llama-bench", bin_dir)
+        args.peer = str(exe)
         import torch
 
         torch.set_num_threads(args.threads)

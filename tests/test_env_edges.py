@@ -32,7 +32,10 @@ KINDS = {
     "cache": (set(EDGE_VALUES) - {" ", "\t"}, ["CACHE"]),  # any path the system takes is a path
     "tree": ({"", "0", "1", " 1 "}, ["16", "64"]),
     # 1 runs only where the AMX tiles do (refused elsewhere, one line: test_amx)
-    "amx": ({"", "0"} | ({"1", " 1 "} if kernels.amx_status() == "in use" else set()), ["auto", " AUTO ", "off"]),
+    "amx": ({"", "0"} | ({"1", " 1 "} if kernels.amx_usable() else set()), ["auto", " AUTO ", "off"]),
+    # the levels this CPU runs; one it lacks is refused in one line (test_isa)
+    "isa": ({""}, ["auto", " AUTO ", "scalar"] + [w for w in ("avx512", "avx2", "neon")
+                                                  if any(n in kernels.cpu_levels() for n in kernels.ISA_CHOICES[w])]),
 }
 SPEC_KINDS = {"SPEC": "bool", "TYPE": "type", "DRAFT": "draft", "PMIN": "pmin", "ACCEPT": "accept",
               "ADAPTIVE": "bool", "DRAFT_MODEL": "draft_model", "TREE": "tree"}
@@ -40,6 +43,7 @@ VARIABLES = {fam + suffix: kind for fam in FAMILIES for suffix, kind in SPEC_KIN
     "TSSPEC_WEIGHTS": "weights", "TSSPEC_DRAFT_WEIGHTS": "weights", "TSSPEC_CACHE": "cache",
     "TSSPEC_KERNELS": "bool", "TS_Q35_VERIFY_SNAPSHOTS": "bool", "TS_DFLASH_CONV": "bool",
     "TS_DFLASH_SELECTOR": "bool", "TSSPEC_DEVICE": "device", "TSSPEC_AMX": "amx",
+    "TSSPEC_ISA": "isa",
 }
 COUNTS = {"ran": 0, "refused": 0}
 
@@ -58,7 +62,7 @@ def test_every_edge_value(name, model, tmp_path, monkeypatch):
         env = {name: value}
         if name.startswith(FAMILIES) and not name.endswith("_SPEC"):
             env[name[:name.index("_", 3) + 1] + "SPEC"] = "1"  # speculation on, so the setting is live
-        if name in ("TSSPEC_KERNELS", "TSSPEC_AMX"):  # read once per process: start each case afresh
+        if name in ("TSSPEC_KERNELS", "TSSPEC_AMX", "TSSPEC_ISA"):  # read once per process: start each case afresh
             monkeypatch.setattr(kernels, "_tried", False)
             monkeypatch.setattr(kernels, "_lib", None)
             monkeypatch.setattr(kernels, "_reason", None)

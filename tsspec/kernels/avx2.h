@@ -20,7 +20,10 @@
  *                     input with c's sign moved onto it (|q| <= 127), |pair| <= 2 * 128 * 127 =
  *                     32,512 <= 32,767. Its sum is then sum(c q) itself, the integer the reference
  *                     gets as sum((c + 128) q) - 128 sum(q).
- * The int32 lane sums are at most 16 * 128 * 127 in magnitude. tests/test_kernels.py multiplies the
+ * vpmaddwd is the costlier step, so the int16 pair sums of several words are added first where
+ * that cannot overflow either: all four words for the 4-bit types (4 * 3,810 = 15,240) and Q5_0
+ * (4 * 7,874 = 31,496 <= 32,767), two words at a time for Q6_K (2 * 16,002 = 32,004), none for Q8_0.
+ * The int32 lane sums are at most 16 * 128 * 127 in magnitude. tests/test_isa.py multiplies the
  * extreme codes against inputs of +-127 on every level against the reference.
  *
  * Tiles of up to TILE input rows share each unpacked weight group; a longer product goes over the
@@ -46,8 +49,15 @@ static inline __attribute__((always_inline)) void step_avx2(const int type, cons
             is = _mm256_add_epi32(is, dot4_avx2(_mm256_sign_epi8(c, c), _mm256_sign_epi8(x, c)));
         }
     } else {
-        for (int j = 0; j < 4; j++)
-            is = _mm256_add_epi32(is, dot4_avx2(W[j], _mm256_loadu_si256((const __m256i *)(xg->q + 32 * j))));
+        __m256i p[4];
+        for (int j = 0; j < 4; j++) p[j] = _mm256_maddubs_epi16(W[j], _mm256_loadu_si256((const __m256i *)(xg->q + 32 * j)));
+        const __m256i ones = _mm256_set1_epi16(1);
+        if (type == T_Q6_K) {
+            is = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), ones),
+                                  _mm256_madd_epi16(_mm256_add_epi16(p[2], p[3]), ones));
+        } else {
+            is = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])), ones);
+        }
         if (sh) is = _mm256_sub_epi32(is, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)xg->s), sh));
     }
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(a, _mm256_loadu_ps(xg->d)), *acc);
