@@ -213,7 +213,7 @@ static inline __attribute__((always_inline)) void attend_row(const float *q, con
                                                             long hi, long hd, long split, const long *map, float *sc,
                                                             float *o) {
     const long n = hi - lo + 1;
-#if TSQ_SIMD
+#if TSQ_HAS_AVX2
     if (hd % 8 == 0) {
         __m256 vmx = _mm256_set1_ps(-INFINITY);
         for (long j = 0; j < n; j += 8) {
@@ -390,7 +390,9 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
 #else
             float *sc = scores;
 #endif
-#pragma omp for schedule(static)
+            /* (row, head) pairs dealt out one at a time: a prompt's later rows attend over more
+             * positions, and contiguous shares left one thread with most of the work */
+#pragma omp for schedule(static, 1)
             for (long t = 0; t < m * nh; t++) {
                 long r = t / nh, hh = t % nh, g = hh / rep, pos = rpos[r];
                 const long s = rseq[r], cp = cap[s];

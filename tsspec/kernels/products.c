@@ -60,7 +60,7 @@ static void quantize_row(const float *x, long k, xgroup *out) {
         const int b = (int)(blk % 4);
         const float amax = absmax(v, QB);
         const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-#if TSQ_SIMD
+#if TSQ_HAS_AVX2
         /* the same steps, eight elements at a time: cvtps rounds to nearest even as rintf does */
         const __m256 vid = _mm256_set1_ps(id);
         const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
@@ -70,8 +70,14 @@ static void quantize_row(const float *x, long k, xgroup *out) {
             const __m256i q0 = _mm256_min_epi32(hi, _mm256_max_epi32(lo, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * h), vid))));
             const __m256i q1 = _mm256_min_epi32(hi, _mm256_max_epi32(lo, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * h + 8), vid))));
             half[h] = _mm256_add_epi32(q0, q1);
+#if TSQ_SIMD
             _mm_storel_epi64((__m128i *)(words + 4 * h), _mm256_cvtepi32_epi8(q0));
             _mm_storel_epi64((__m128i *)(words + 4 * h + 2), _mm256_cvtepi32_epi8(q1));
+#else /* the same 16 bytes by packing (the values are in [-127, 127]: no saturation) */
+            const __m256i p16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8);
+            _mm_storeu_si128((__m128i *)(words + 4 * h),
+                             _mm_packs_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1)));
+#endif
         }
         int bsum = 0;
         for (int h = 0; h < 2; h++) {
