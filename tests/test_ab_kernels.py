@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import ab_kernels  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not kernels.simd(), reason="the native kernels are not built on this machine")
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"native kernels: {kernels.unavailable_reason()}")
 
 
 def test_same_source_twice_is_identical_and_timed(tmp_path):

@@ -185,5 +185,5 @@ def test_bad_toml(tmp_path, body, needle):
 
 
 def test_missing_toml(tmp_path):
-    with pytest.raises(BadInput, match="not found"):
+    with pytest.raises(BadInput, match="no such file or directory"):
         load_config_file(tmp_path / "nope.toml")

@@ -309,7 +309,7 @@ def test_load_prompts_errors(tmp_path, name, body, needle):
 
 
 def test_load_prompts_missing(tmp_path):
-    with pytest.raises(BadInput, match="not found"):
+    with pytest.raises(BadInput, match="no such file or directory"):
         load_prompts(tmp_path / "none.txt")
 
 

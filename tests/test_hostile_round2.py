@@ -468,7 +468,7 @@ def test_a_fifo_as_the_model_is_refused(tmp_path):
     from tsspec.gguf_file import GGUFFile
 
     fifo = _fifo(tmp_path)
-    one_error(run("generate", "-m", str(fifo), "-p", "hi"), 2, "model not found")
+    one_error(run("generate", "-m", str(fifo), "-p", "hi"), 2, "is a named pipe (FIFO), not a regular file")
     with pytest.raises(ModelFileError, match="not a regular file"):
         GGUFFile(fifo)
 

@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from .display import error_line
 from .errors import BadInput, TsspecError
+from .paths import read_user_file
 from .interrupts import StopRequest, exit_for, startup_done
 
 app = typer.Typer(
@@ -83,6 +84,14 @@ def resolve_command(*, model, weights, ctx_size, threads, spec, spec_type, spec_
                  accept=spec_accept, adaptive=spec_adaptive, tree=spec_tree, block_drafter=draft_model)
     config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags,
                          device=device, draft_weights=draft_weights)
+    from .errors import ModelFileError
+    from .paths import check_input_file, exists, is_file
+
+    for flag, named in (("--spec-draft-model", spec_draft_model), ("--draft-model", draft_model)):
+        # a FIFO, a device or a directory named on the command line is refused even where speculation
+        # is off and it goes unused (a missing file is the drafter loader's, exit 3)
+        if named is not None and exists(named) and not is_file(named):
+            check_input_file(named, flag, error=ModelFileError)
     for w in config.warnings:
         warn(w)
     return config
@@ -162,13 +171,8 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
         raise BadInput("give the prompt with -p or -f, not both")
     if prompt is not None:
         return utf8_text(prompt, "the -p prompt")
-    if file is not None:
-        try:
-            return file.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is no prompt text
-        except OSError as e:
-            raise BadInput(f"cannot read prompt file {file}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise BadInput(f"prompt file {file} is not UTF-8 text") from None
+    if file is not None:  # a BOM (Windows editors) is no prompt text: utf-8-sig drops it
+        return read_user_file(file, "prompt file -f")
     if sys.stdin is not None and not sys.stdin.isatty():
         raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
         try:
@@ -181,12 +185,7 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
 
 
 def read_prompt_set(path: Path) -> list[tuple[str, str]]:
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except OSError as e:
-        raise BadInput(f"cannot read --prompts file {path}: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise BadInput(f"--prompts file {path} is not UTF-8 text (byte {e.start})") from None
+    lines = read_user_file(path, "--prompts file").splitlines()
     out = []
     seen: dict[str, int] = {}  # id -> its line: the results are keyed by id, as bench's prompts are
     for i, line in enumerate(lines, 1):

@@ -44,7 +44,7 @@ from typing import IO, NamedTuple
 from tsspec.env import cache_root
 from tsspec.errors import BadInput, TsspecError
 from tsspec.interrupts import catchable
-from tsspec.paths import is_file
+from tsspec.paths import check_input_file, exists, is_file
 
 try:  # POSIX only; without it concurrent pulls of one model are simply not serialized.
     import fcntl
@@ -523,6 +523,8 @@ def check_model_spec(spec: str | os.PathLike[str]) -> None:
     s = os.fspath(spec)
     if not s.strip():  # `-m ''` read "model not found:  is neither a file nor..."
         raise UnknownModel(f"model not found: the name is empty (give a GGUF path or one of: {_known_list()})")
+    if not is_file(s) and s not in KNOWN_MODELS and exists(s):  # there, but a FIFO, a socket, a device, a directory
+        check_input_file(s, "model", error=UnknownModel)
     if not is_file(s) and s not in KNOWN_MODELS:
         raise UnknownModel(f"model not found: {s} is neither a file nor a known model name "
                            f"(known: {_known_list()}){_did_you_mean(s)}")

@@ -1,6 +1,14 @@
-"""Paths a user names: where a command is about to write a file (refused before any work when
+"""Paths a user names: the one guarded open for every file a command reads (``read_user_file``,
+``check_input_file``), where a command is about to write a file (refused before any work when
 writing there would harm something or could never succeed), and tests on a path that answer
 False for a name the OS refuses to look up (too long, a NUL byte) instead of raising.
+
+Reading: a prompt file, a prompts or workload file, a bench config file, a distill corpus file, a
+model or drafter: whatever is not a regular file (a FIFO blocked the reader for ever, ``/dev/zero``
+never ends, a directory is no text) is refused before any work, as is a file too large for its
+purpose and one that cannot be read, each in one ``BadInput`` line that names the option and the
+path. The file is opened without blocking and checked again once open, so a FIFO put in its place
+between the two looks cannot hang the command either.
 
 Every command that writes a file (distill, export-hf, bench --json/--csv/--plot, chat /save,
 scripts/trace_steps.py) asks here first. A target that exists and is not a regular file is refused:
@@ -17,6 +25,76 @@ import stat
 from pathlib import Path
 
 from .errors import BadInput
+
+MB = 1 << 20
+# what each kind of file a command reads may weigh at most (a prompt file past this is no prompt:
+# check_fits refuses far smaller ones; a TOML config of 16 MB is a mistake)
+MAX_TEXT_BYTES = 256 * MB
+MAX_CONFIG_BYTES = 16 * MB
+
+
+def _kind(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "something else")
+
+
+def check_input_file(path: str | os.PathLike, label: str, *, max_bytes: int | None = None,
+                     error: type[Exception] = BadInput) -> Path:
+    """``path`` (``~`` expanded) if it is a regular file no larger than ``max_bytes``; else one
+    ``error`` line, ``"{label} {path}: ..."``, that says why (not there, a directory, a FIFO, a
+    socket, a device, too large, a name the OS refuses)."""
+    p = Path(path).expanduser()
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise error(f"{label} {p}: no such file or directory") from None
+    except (OSError, ValueError) as e:  # a name too long, a parent that is a file, a NUL byte: not there
+        raise error(f"{label} {p}: no such file or directory ({getattr(e, 'strerror', None) or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{label} {p}: is {_kind(st.st_mode)}, not a regular file")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise error(f"{label} {p}: {st.st_size / MB:.0f} MB is too large (at most {max_bytes / MB:.0f} MB)")
+    return p
+
+
+def read_user_file(path: str | os.PathLike, label: str, *, max_bytes: int = MAX_TEXT_BYTES,
+                   encoding: str | None = "utf-8-sig") -> str | bytes:
+    """The contents of a file a user named: text decoded with ``encoding`` (a BOM dropped), or bytes
+    with ``encoding=None``. Refused in one ``BadInput`` line, before anything is read, where
+    ``check_input_file`` refuses it; also where it cannot be opened or read, or is not text in that
+    encoding. Opened with O_NONBLOCK and checked again by its descriptor, so a FIFO swapped in
+    after the check is refused rather than waited on."""
+    p = check_input_file(path, label, max_bytes=max_bytes)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise BadInput(f"{label} {p}: cannot be read ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{label} {p}: is {_kind(st.st_mode)}, not a regular file")
+        chunks, total = [], 0
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            total += len(b)
+            if total > max_bytes:  # it grew since the check
+                raise BadInput(f"{label} {p}: too large (at most {max_bytes / MB:.0f} MB)")
+            chunks.append(b)
+    except OSError as e:
+        raise BadInput(f"{label} {p}: cannot be read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if encoding is None:
+        return data
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        what = "UTF-8" if encoding.startswith("utf-8") else encoding
+        raise BadInput(f"{label} {p}: is not {what} text (byte {e.start})") from None
 
 
 def check_output_file(path: str | os.PathLike, label: str) -> Path:

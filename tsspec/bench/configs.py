@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from tsspec.errors import BadInput
+from tsspec.paths import MAX_CONFIG_BYTES, read_user_file
 from tsspec.options import ACCEPT_RULES as _OPT_ACCEPT_RULES, DRAFT_MAX, DRAFT_MIN, bool_word
 
 def algos() -> tuple[str, ...]:
@@ -297,11 +298,7 @@ def load_config_file(path: str | Path) -> ConfigFile:
     """``[configs.NAME]`` tables (``algo`` plus keys as on the command line) from a TOML file."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BadInput(f"config file {str(p)!r}: not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"config file {str(p)!r}: cannot read ({exc})") from None
+        data = tomllib.loads(read_user_file(p, "--config-file", max_bytes=MAX_CONFIG_BYTES, encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"config file {str(p)!r}: invalid TOML ({exc})") from None
     unknown = sorted(set(data) - {"configs", "baseline"})

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tsspec.errors import BadInput
+from tsspec.paths import read_user_file
 
 
 @dataclass(frozen=True)
@@ -298,14 +299,7 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     Ids default to ``<file stem>-<n>`` (1-based); they must be unique.
     """
     p = Path(path)
-    try:
-        content = p.read_text(encoding="utf-8-sig")  # a BOM is no prompt text (nor valid JSON)
-    except FileNotFoundError:
-        raise BadInput(f"prompts file {str(p)!r}: not found") from None
-    except IsADirectoryError:
-        raise BadInput(f"prompts file {str(p)!r}: is a directory") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"prompts file {str(p)!r}: cannot read ({exc})") from None
+    content = read_user_file(p, "prompts file")  # a BOM is no prompt text (nor valid JSON)
     prompts = _parse_jsonl(content, p) if p.suffix.lower() == ".jsonl" else _parse_text(content, p)
     if not prompts:
         raise BadInput(f"prompts file {str(p)!r}: no prompts")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import BadInput
-from ..paths import is_dir, is_file
+from ..paths import check_input_file, exists, is_dir
 
 TEXT_SUFFIXES = {".md", ".txt", ".rst", ".markdown", ""}
 MAX_FILE_CHARS = 200_000  # one huge file must not be the whole corpus
@@ -69,12 +69,12 @@ def user_sources(paths: Sequence[str | Path]) -> list[Source]:
     out: list[Source] = []
     for raw in paths:
         p = Path(raw).expanduser()
-        if is_dir(p):
+        if is_dir(p):  # regular files only (is_file is False for a FIFO, a socket, a device)
             out += [_found(f, p, "user") for f in sorted(p.rglob("*")) if f.is_file() and _looks_textual(f)]
-        elif is_file(p):
-            out.append(Source(p, "user", p.name))
-        else:
+        elif not exists(p):
             raise BadInput(f"--corpus {raw}: no such file or directory")
+        else:  # a FIFO, a socket or a device is refused here, in one line
+            out.append(Source(check_input_file(p, "--corpus"), "user", p.name))
     if not out:
         raise BadInput("--corpus: no text files found in " + ", ".join(str(p) for p in paths))
     return out

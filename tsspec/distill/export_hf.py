@@ -38,7 +38,7 @@ import numpy as np
 from ..drafters.dflash.config import ARCH, read_config
 from ..errors import BadInput, TsspecError
 from ..gguf_file import GGUFFile
-from ..paths import is_file
+from ..paths import check_input_file
 
 DTYPES = ("float32", "bfloat16")
 DEFAULT_MAX_POSITIONS = 32768  # for a file without dflash.context_length; default rope ignores it
@@ -105,9 +105,7 @@ def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
     if dtype not in DTYPES:
         raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     check_out_dir(Path(out_dir))
-    path = Path(gguf_path)
-    if not is_file(path):
-        raise BadInput(f"{path}: no such file")
+    path = check_input_file(gguf_path, "drafter")  # one line for a missing name, a FIFO, a device
     g = GGUFFile(path)
     name = path.name
     arch = g.get("general.architecture")
