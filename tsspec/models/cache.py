@@ -16,9 +16,11 @@ Every cache has the same small surface the decoding loop uses:
 recurrent layer's state. A recurrent state cannot be trimmed by arithmetic, so the cache keeps what
 a trim needs, in one of two ways:
 
-* per-row slots (the default): a multi-row forward of at most ``ROW_FORM_MAX`` rows leaves the live
+* per-row slots (the default): a multi-row forward of at most ``ROW_FORM_MAX`` rows, and at most
+  the verify window + 1 where the decoding loop has said its window (``set_rollback_window``: a
+  prompt longer than that is never rolled back and updates the state in place), leaves the live
   state alone and writes the state after *every* row into ``RollbackSlots`` (two buffers used in
-  turn); the conv window after row m is a slice of the input the forward concatenated anyway. The
+  turn, never more than window + 1 rows each); the conv window after row m is a slice of the input the forward concatenated anyway. The
   forward is *pending* until the next forward (all rows kept) or a ``trim`` (some kept), which
   points the live state at the kept row's slot: no copy, no re-forward;
 * copies (``snapshots=False``, ``TS_Q35_VERIFY_SNAPSHOTS=0``): a multi-row forward first copies the
@@ -141,6 +143,10 @@ class RollbackSlots:
         self.rows = rows
         return True
 
+    def nbytes(self) -> int:
+        """What the two buffers hold, as allocated."""
+        return sum(t.numel() * t.element_size() for buf in self.ssm for t in buf)
+
 
 @dataclass
 class Pending:
@@ -170,6 +176,10 @@ class HybridCache:
         self.conv_shape, self.ssm_shape, self.n_recurrent = conv_shape, ssm_shape, n_recurrent
         self.snapshots = snapshots
         self.slots = RollbackSlots()
+        # the most rows a forward that may be rolled back has (a verify: the window + 1); a longer
+        # multi-row forward (a prompt, a chunk of one) updates the state in place and holds no
+        # per-row states. None: any multi-row forward may be rolled back (a direct caller's).
+        self.rollback_rows: int | None = None
         self.reset()
 
     # -- the loop's surface ----------------------------------------------------------------------
@@ -246,10 +256,32 @@ class HybridCache:
         self.settle()
         return self.states
 
+    def set_rollback_window(self, window: int) -> None:
+        """The verify window the decoding loop runs (0: plain decoding, nothing is ever rolled back):
+        the slot buffers hold at most window + 1 rows from now on, larger ones left by an earlier
+        run are released (the live state moved out of them first)."""
+        rows = max(0, window) + 1
+        self.rollback_rows = rows
+        if self.slots.rows > rows:
+            self.settle()
+            if self.live_buf is not None:  # the live state is a view into a slot: copy it out
+                for st in self.states:
+                    st.ssm = st.ssm.clone()
+                    st.conv = st.conv.clone()
+                self.live_buf = None
+            self.slots = RollbackSlots()
+
+    def rollback_bytes(self) -> int:
+        """The memory held to undo a verify, as allocated: the per-row slot buffers and the conv
+        windows of a forward still pending."""
+        conv = sum(t.numel() * t.element_size() for t in self.pending.conv_cat) if self.pending else 0
+        return self.slots.nbytes() + conv
+
     def plan(self, tokens: Sequence[int]) -> str:
         """Called at the start of a forward over ``tokens`` (replay included): how it treats the state.
 
-        "inplace": the live state is updated row by row (one row; or copy mode, after copying);
+        "inplace": the live state is updated row by row (one row; more rows than ``rollback_rows``,
+        a prompt; or copy mode, after copying);
         "slots": every row's state goes to a slot buffer, the live state is untouched;
         "chunked": a prompt chunk longer than ``ROW_FORM_MAX`` (the parallel form, in place).
         """
@@ -260,8 +292,8 @@ class HybridCache:
         self.saved = None
         if n > ROW_FORM_MAX:
             return "chunked"
-        if n == 1:
-            return "inplace"
+        if n == 1 or (self.rollback_rows is not None and n - len(self.replay) > self.rollback_rows):
+            return "inplace"  # a prompt or a chunk of one: never rolled back, no per-row states
         if not self.snapshots:
             self.saved = Saved(self.state_len, [s.clone() for s in self.states], list(tokens))
             return "inplace"

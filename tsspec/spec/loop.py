@@ -134,6 +134,9 @@ class DecodeState:
         st = self.stats
         st.speculator = spec.name if spec is not None else None
         st.window = self.window if spec is not None else 0
+        set_window = getattr(self.cache, "set_rollback_window", None)
+        if set_window is not None:  # a hybrid trunk's cache: per-row states for a verify's rows only
+            set_window(st.window)
         st.rollback_bytes = rollback_memory_bytes(self.target, st.window) if spec is not None else 0
         st.prompt_tokens = len(prompt)
         if self.governor is not None:
@@ -373,10 +376,13 @@ class Run:
             self.on_step(st)
 
     def finish(self) -> list[int]:
+        st = self.seq.stats
         if self.out:
-            st = self.seq.stats
             st.decode_ms = _ms(self._t_decode)
             st.generated = len(self.out)
+        cache = self.seq.cache
+        if st.window and getattr(cache, "snapshots", False) and hasattr(cache, "rollback_bytes"):
+            st.rollback_bytes = int(cache.rollback_bytes())  # what the slots hold, as allocated
         return self.out
 
 
