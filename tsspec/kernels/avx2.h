@@ -79,15 +79,10 @@ static inline __attribute__((always_inline)) void dot_avx2_t(const int type, con
             for (long sb = 0; sb < ng / 2; sb++) {
                 const uint8_t *p = w + sb * 144;
                 _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0);
-                const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
-                const __m128i A = _mm_cvtepu8_epi32(v), B = _mm_cvtepu8_epi32(_mm_srli_si128(v, 4));
-                const __m128i C = _mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), c63 = _mm_set1_epi32(63);
-                const __m128i sc0 = _mm_and_si128(A, c63), mn0 = _mm_and_si128(B, c63);
-                const __m128i sc1 = _mm_or_si128(_mm_and_si128(C, _mm_set1_epi32(15)), _mm_slli_epi32(_mm_srli_epi32(A, 6), 4));
-                const __m128i mn1 = _mm_or_si128(_mm_srli_epi32(C, 4), _mm_slli_epi32(_mm_srli_epi32(B, 6), 4));
-                const float d1 = _cvtsh_ss(rd16(p)), dm1 = -_cvtsh_ss(rd16(p + 2));
-                const __m256 mw8 = _mm256_mul_ps(_mm256_set1_ps(dm1),
-                    _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(mn0), mn1, 1)));
+                __m128i sc0, sc1;
+                __m256 mw8;
+                float d1;
+                q4k_header(p, &sc0, &sc1, &mw8, &d1);
                 for (int r = 0; r < tr; r++)
                     acc[r] = _mm256_fmadd_ps(mw8, _mm256_loadu_ps(x[r * xstride + 2 * sb].fs), acc[r]);
                 for (int gi = 0; gi < 2; gi++) {
@@ -120,22 +115,7 @@ static inline __attribute__((always_inline)) void dot_avx2_t(const int type, con
 static void dot_avx2(int type, int tr, const uint8_t *w, long k, int pk, const xgroup *x, long xs, float *y, long ldy,
                      long nrows, long rb) {
 #define A2(T, n) dot_avx2_t(T, n, w, k, pk, x, xs, y, ldy, nrows, rb)
-#define A2_TILES(T)                                                                                   \
-    switch (tr) {                                                                                     \
-    case 1: A2(T, 1); break;                                                                          \
-    case 2: A2(T, 2); break;                                                                          \
-    case 3: A2(T, 3); break;                                                                          \
-    default: A2(T, 4); break;                                                                         \
-    }
-    switch (type) {
-    case T_Q4_0: A2_TILES(T_Q4_0) break;
-    case T_Q4_1: A2_TILES(T_Q4_1) break;
-    case T_Q5_0: A2_TILES(T_Q5_0) break;
-    case T_Q8_0: A2_TILES(T_Q8_0) break;
-    case T_Q4_K: A2_TILES(T_Q4_K) break;
-    default: A2_TILES(T_Q6_K) break;
-    }
-#undef A2_TILES
+    TSQ_DISPATCH4(type, tr, A2)
 #undef A2
 }
 
@@ -145,21 +125,5 @@ static void dot_avx2(int type, int tr, const uint8_t *w, long k, int pk, const x
 
 static int matmul_avx2(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
                        const xgroup *xq, long m, float *y, long ldy, int n_threads) {
-    const long ng = n_groups(k);
-    long nb = m <= TILE ? n_rows : AVX2_BLOCK_BYTES / row_bytes;
-    if (nb < 4) nb = 4;
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
-    {
-        long n0, n1;
-        thread_share(n_rows, &n0, &n1);
-        for (long b0 = n0; b0 < n1; b0 += nb) {
-            const long b1 = n1 - b0 < nb ? n1 : b0 + nb;
-            for (long r = 0; r < m; r += TILE) {
-                const int tr = (int)(m - r < TILE ? m - r : TILE);
-                dot_avx2(type, tr, w + b0 * row_bytes, k, packed, xq + r * ng, ng, y + r * ldy + b0, ldy, b1 - b0,
-                         row_bytes);
-            }
-        }
-    }
-    return 0;
+    return tsq_matmul_tiles4(dot_avx2, AVX2_BLOCK_BYTES, type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
 }

@@ -240,48 +240,17 @@ static inline __attribute__((always_inline)) void dot_neon_t(const int type, con
 static void dot_neon(int type, int tr, const uint8_t *w, long k, int pk, const xgroup *x, long xs, float *y, long ldy,
                      long nrows, long rb) {
 #define NE(T, n) dot_neon_t(T, n, w, k, pk, x, xs, y, ldy, nrows, rb)
-#define NE_TILES(T)                                                                                   \
-    switch (tr) {                                                                                     \
-    case 1: NE(T, 1); break;                                                                          \
-    case 2: NE(T, 2); break;                                                                          \
-    case 3: NE(T, 3); break;                                                                          \
-    default: NE(T, 4); break;                                                                         \
-    }
-    switch (type) {
-    case T_Q4_0: NE_TILES(T_Q4_0) break;
-    case T_Q4_1: NE_TILES(T_Q4_1) break;
-    case T_Q5_0: NE_TILES(T_Q5_0) break;
-    case T_Q8_0: NE_TILES(T_Q8_0) break;
-    case T_Q4_K: NE_TILES(T_Q4_K) break;
-    default: NE_TILES(T_Q6_K) break;
-    }
-#undef NE_TILES
+    TSQ_DISPATCH4(type, tr, NE)
 #undef NE
 }
 
 #define NEON_BLOCK_BYTES (128 * 1024) /* weight bytes a block of rows may span and stay in L2 */
 
-/* y[m, n_rows] = the quantized input xq against W's rows (tsq_matmul's contract), tiles of NTILE
- * input rows over blocks of weight rows; threads take contiguous shares of the weight rows */
+/* y[m, n_rows] = the quantized input xq against W's rows (tsq_matmul's contract) */
 TSQ_INTERNAL int tsq_matmul_neon(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
                                  const xgroup *xq, long m, float *y, long ldy, int n_threads) {
-    const long ng = n_groups(k);
-    long nb = m <= NTILE ? n_rows : NEON_BLOCK_BYTES / row_bytes;
-    if (nb < 4) nb = 4;
-#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
-    {
-        long n0, n1;
-        thread_share(n_rows, &n0, &n1);
-        for (long b0 = n0; b0 < n1; b0 += nb) {
-            const long b1 = n1 - b0 < nb ? n1 : b0 + nb;
-            for (long r = 0; r < m; r += NTILE) {
-                const int tr = (int)(m - r < NTILE ? m - r : NTILE);
-                dot_neon(type, tr, w + b0 * row_bytes, k, packed, xq + r * ng, ng, y + r * ldy + b0, ldy, b1 - b0,
-                         row_bytes);
-            }
-        }
-    }
-    return 0;
+    return tsq_matmul_tiles4(dot_neon, NEON_BLOCK_BYTES, type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy,
+                             n_threads);
 }
 
 /* y[0] = x . W's row w of k float elements (dot_ref_f's operations) */

@@ -612,6 +612,22 @@ static inline __attribute__((always_inline)) void transpose4(__m256i b0, __m256i
     W[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
+/* A Q4_K super-block's header at p: its two groups' sub-block scales (sc0: sub-blocks 0-3, sc1: 4-7,
+ * as int32), its eight offsets -(dmin m) as floats, and d */
+static inline __attribute__((always_inline)) void q4k_header(const uint8_t *p, __m128i *sc0, __m128i *sc1, __m256 *mw8,
+                                                             float *d1) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
+    const __m128i A = _mm_cvtepu8_epi32(v), B = _mm_cvtepu8_epi32(_mm_srli_si128(v, 4));
+    const __m128i C = _mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), c63 = _mm_set1_epi32(63);
+    const __m128i mn0 = _mm_and_si128(B, c63);
+    const __m128i mn1 = _mm_or_si128(_mm_srli_epi32(C, 4), _mm_slli_epi32(_mm_srli_epi32(B, 6), 4));
+    *sc0 = _mm_and_si128(A, c63);
+    *sc1 = _mm_or_si128(_mm_and_si128(C, _mm_set1_epi32(15)), _mm_slli_epi32(_mm_srli_epi32(A, 6), 4));
+    *d1 = _cvtsh_ss(rd16(p));
+    *mw8 = _mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(rd16(p + 2))),
+                         _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(mn0), mn1, 1)));
+}
+
 /* 0x10 in byte e where bit e of qh is set (Q5_0's fifth bits) */
 static inline __attribute__((always_inline)) __m256i fifth_bits(uint32_t qh) {
 #if TSQ_SIMD
@@ -829,18 +845,13 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
         for (long sb = g0 / 2; sb < g1 / 2; sb++) {
             const uint8_t *p = w + sb * 144;
             _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0);
-            const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
-            const __m128i A = _mm_cvtepu8_epi32(v), B = _mm_cvtepu8_epi32(_mm_srli_si128(v, 4));
-            const __m128i C = _mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), c63 = _mm_set1_epi32(63);
-            const __m128i sc0 = _mm_and_si128(A, c63), mn0 = _mm_and_si128(B, c63);
-            const __m128i sc1 = _mm_or_si128(_mm_and_si128(C, _mm_set1_epi32(15)), _mm_slli_epi32(_mm_srli_epi32(A, 6), 4));
-            const __m128i mn1 = _mm_or_si128(_mm_srli_epi32(C, 4), _mm_slli_epi32(_mm_srli_epi32(B, 6), 4));
-            const float d1 = _cvtsh_ss(rd16(p)), dm1 = -_cvtsh_ss(rd16(p + 2));
+            __m128i sc0, sc1;
+            __m256 mw8;
+            float d1;
+            q4k_header(p, &sc0, &sc1, &mw8, &d1);
             { /* the eight sub-blocks' offsets against the input's eight block sums (the even group's
                * fs), into the same accumulators, ahead of the super-block's products: one step per
                * super-block and no second set of accumulators */
-                const __m256 mw8 = _mm256_mul_ps(_mm256_set1_ps(dm1),
-                    _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(mn0), mn1, 1)));
                 const __m512 mwz8 = dup_ps(mw8);
                 for (int q = 0; q < np; q++)
                     accz[q] = _mm512_fmadd_ps(mwz8, _mm512_loadu_ps(xp[q * xstride + 2 * sb].fs), accz[q]);

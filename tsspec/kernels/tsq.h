@@ -190,6 +190,51 @@ static inline int offset_shift(int type) {
 static inline int group_major(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
 static inline int gm_codes_at(int type) { return type == T_Q4_1 ? 16 : 8; }
 
+/* CALL(T, n) with the runtime quantized type `type` and tile height `tr` (1..4) as compile-time
+ * constants: the dispatch of the kernels specialised for both (avx2.h, neon.c) */
+#define TSQ_TILES4(T, tr, CALL)                                                                   \
+    switch (tr) {                                                                                 \
+    case 1: CALL(T, 1); break;                                                                    \
+    case 2: CALL(T, 2); break;                                                                    \
+    case 3: CALL(T, 3); break;                                                                    \
+    default: CALL(T, 4); break;                                                                   \
+    }
+#define TSQ_DISPATCH4(type, tr, CALL)                                                             \
+    switch (type) {                                                                               \
+    case T_Q4_0: TSQ_TILES4(T_Q4_0, tr, CALL) break;                                              \
+    case T_Q4_1: TSQ_TILES4(T_Q4_1, tr, CALL) break;                                              \
+    case T_Q5_0: TSQ_TILES4(T_Q5_0, tr, CALL) break;                                              \
+    case T_Q8_0: TSQ_TILES4(T_Q8_0, tr, CALL) break;                                              \
+    case T_Q4_K: TSQ_TILES4(T_Q4_K, tr, CALL) break;                                              \
+    default: TSQ_TILES4(T_Q6_K, tr, CALL) break;                                                  \
+    }
+
+/* y[m, n_rows] = the quantized input xq against W's rows (tsq_matmul's contract) through `dot`,
+ * which multiplies up to 4 input rows against a run of weight rows (avx2.h, neon.c): tiles of 4
+ * input rows pass over blocks of weight rows that stay in L2 (block_bytes); threads take contiguous
+ * shares of the weight rows. No output element's operations depend on the tiling. */
+typedef void (*tsq_dot4)(int type, int tr, const uint8_t *w, long k, int packed, const xgroup *x, long xstride,
+                         float *y, long ldy, long nrows, long rb);
+static inline int tsq_matmul_tiles4(tsq_dot4 dot, long block_bytes, int type, const uint8_t *w, int packed,
+                                    long row_bytes, long n_rows, long k, const xgroup *xq, long m, float *y, long ldy,
+                                    int n_threads) {
+    const long ng = n_groups(k);
+    long nb = m <= 4 ? n_rows : block_bytes / row_bytes;
+    if (nb < 4) nb = 4;
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
+    {
+        long n0, n1;
+        thread_share(n_rows, &n0, &n1);
+        for (long b0 = n0; b0 < n1; b0 += nb) {
+            const long b1 = n1 - b0 < nb ? n1 : b0 + nb;
+            for (long r = 0; r < m; r += 4)
+                dot(type, (int)(m - r < 4 ? m - r : 4), w + b0 * row_bytes, k, packed, xq + r * ng, ng,
+                    y + r * ldy + b0, ldy, b1 - b0, row_bytes);
+        }
+    }
+    return 0;
+}
+
 /* A product's weight as the block engine and the draft head take it: up to MAX_PARTS GGUF matrices
  * stacked along N, one product's output columns after another's. */
 #define MAX_PARTS 4
