@@ -36,7 +36,7 @@ LAYERS = (
     ("chat",),  # chat templates: above the loop, below what holds a conversation
     ("generate", "display", "distill"),  # what runs the loop; the trainer beside it
     ("settings",),  # the run configuration
-    ("session",),  # a run composed from it
+    ("session", "prefix_cache"),  # a run composed from it; the kept caches a conversation or a server reuses
     ("conversation", "server", "bench"),
     ("repl",),
     ("cli",),

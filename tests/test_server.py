@@ -14,7 +14,7 @@ from tsspec.chat import chat_prompt_ids
 from tsspec.generate import Engine
 from tsspec.models import load_model
 from tsspec.sampling import Sampler, SamplingParams
-from tsspec.models.cache import PrefixCache
+from tsspec.prefix_cache import PrefixCache
 from tsspec.server import Server, create_app
 from tsspec.spec.loop import decode
 from tsspec.spec.ngram import NGramSpeculator

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 from .chat import chat_prompt_ids
 from .errors import BadInput
 from .generate import Engine, check_fits
-from .models.cache import PrefixCache
+from .prefix_cache import PrefixCache
 from .sampling import Sampler
 from .spec.stats import SpecStats
 

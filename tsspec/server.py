@@ -49,7 +49,7 @@ from starlette.routing import Route
 from .chat import chat_prompt_ids
 from .errors import BadInput
 from .generate import Engine, GenerationResult, TextGeneration
-from .models.cache import PrefixCache
+from .prefix_cache import PrefixCache
 from .sampling import Sampler, SamplingParams
 from .spec.loop import step_together
 
