@@ -352,7 +352,9 @@ def test_rollback_memory_in_the_json_and_the_live_display(hybrid_path):
     r = run(*args, "--spec", "--spec-type", "ngram")
     assert r.exit_code == 0, r.output
     spec = json.loads(r.stdout.strip().splitlines()[-1])["spec"]
-    assert spec["window"] == 3 and spec["rollback_bytes"] == want
+    # what the cache holds at the end, as allocated (issue 50): never past the window's two buffers
+    # of window + 1 rows; here the 3-token prompt's rows (tests/test_hybrid_memory.py checks the bytes)
+    assert spec["window"] == 3 and 0 < spec["rollback_bytes"] <= want
     r = run(*args)
     assert json.loads(r.stdout.strip().splitlines()[-1])["spec"]["rollback_bytes"] == 0
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional
 
@@ -69,25 +71,24 @@ def utf8_text(text: str, what: str) -> str:
 # ----------------------------------------------------------------------------- loading
 
 
-def resolve_command(*, model, weights, ctx_size, threads, spec, spec_type, spec_draft, spec_pmin, spec_draft_model,
-                    draft_model, spec_accept, spec_adaptive, device=None, draft_weights=None, mtp_spec=None,
-                    spec_tree=None):
+def resolve_command(run: "RunFlags"):
     """Flags and environment resolved once into the run's configuration (its warnings printed): the
     start of generate, chat and serve. What runs is published once the model has chosen its window
     (``start_speculation``)."""
     from .settings import resolve_run
 
-    if spec is not None and mtp_spec is not None and spec != mtp_spec:
+    if run.spec is not None and run.mtp_spec is not None and run.spec != run.mtp_spec:
         raise BadInput("--spec and --mtp-spec disagree")
-    spec = spec if spec is not None else mtp_spec
-    flags = dict(enabled=spec, type=spec_type, draft=spec_draft, pmin=spec_pmin, draft_model=spec_draft_model,
-                 accept=spec_accept, adaptive=spec_adaptive, tree=spec_tree, block_drafter=draft_model)
-    config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, speculation=flags,
-                         device=device, draft_weights=draft_weights)
+    spec = run.spec if run.spec is not None else run.mtp_spec
+    flags = dict(enabled=spec, type=run.spec_type, draft=run.spec_draft, pmin=run.spec_pmin,
+                 draft_model=run.spec_draft_model, accept=run.spec_accept, adaptive=run.spec_adaptive,
+                 tree=run.spec_tree, block_drafter=run.draft_model)
+    config = resolve_run(model=run.model, weights=run.weights, ctx_size=run.ctx_size, threads=run.threads,
+                         speculation=flags, device=run.device, draft_weights=run.draft_weights)
     from .errors import ModelFileError
     from .paths import check_input_file, exists, is_file
 
-    for flag, named in (("--spec-draft-model", spec_draft_model), ("--draft-model", draft_model)):
+    for flag, named in (("--spec-draft-model", run.spec_draft_model), ("--draft-model", run.draft_model)):
         # a FIFO, a device or a directory named on the command line is refused even where speculation
         # is off and it goes unused (a missing file is the drafter loader's, exit 3)
         if named is not None and exists(named) and not is_file(named):
@@ -241,10 +242,72 @@ SPEC_ACCEPT_OPTION = typer.Option(None, "--spec-accept", help="Verification rule
 SPEC_ADAPTIVE_OPTION = typer.Option(None, "--spec-adaptive/--no-spec-adaptive", help="Cost governor that parks drafting while it loses (default on; env TS_SPEC_ADAPTIVE=0 turns it off).")
 
 
+@dataclass(frozen=True)
+class RunFlags:
+    """The model and speculation options that generate, chat and serve share, as given (None: not
+    given; the environment and defaults are ``settings.resolve_run``'s). Declared once, here and in
+    ``RUN_FLAG_OPTIONS``; ``run_flags`` puts them on a command."""
+
+    model: Optional[str] = None
+    ctx_size: Optional[int] = None
+    threads: Optional[int] = None
+    weights: Optional[str] = None
+    draft_weights: Optional[str] = None
+    device: Optional[str] = None
+    spec: Optional[bool] = None
+    mtp_spec: Optional[bool] = None
+    spec_type: Optional[str] = None
+    spec_draft: Optional[int] = None
+    spec_tree: Optional[int] = None
+    spec_pmin: Optional[float] = None
+    spec_draft_model: Optional[str] = None
+    draft_model: Optional[str] = None
+    spec_accept: Optional[str] = None
+    spec_adaptive: Optional[bool] = None
+
+
+# RunFlags' field -> (its type, its typer option), in the order --help lists them
+RUN_FLAG_OPTIONS = {
+    "model": (Optional[str], MODEL_OPTION), "ctx_size": (Optional[int], CTX_OPTION),
+    "threads": (Optional[int], THREADS_OPTION), "weights": (Optional[str], WEIGHTS_OPTION),
+    "draft_weights": (Optional[str], DRAFT_WEIGHTS_OPTION), "device": (Optional[str], DEVICE_OPTION),
+    "spec": (Optional[bool], SPEC_OPTION), "mtp_spec": (Optional[bool], MTP_SPEC_OPTION),
+    "spec_type": (Optional[str], SPEC_TYPE_OPTION), "spec_draft": (Optional[int], SPEC_DRAFT_OPTION),
+    "spec_tree": (Optional[int], SPEC_TREE_OPTION), "spec_pmin": (Optional[float], SPEC_PMIN_OPTION),
+    "spec_draft_model": (Optional[str], SPEC_DRAFT_MODEL_OPTION), "draft_model": (Optional[str], DRAFT_MODEL_OPTION),
+    "spec_accept": (Optional[str], SPEC_ACCEPT_OPTION), "spec_adaptive": (Optional[bool], SPEC_ADAPTIVE_OPTION),
+}
+RUN_FLAGS = RunFlags()  # the ``common`` parameter's placeholder default; run_flags replaces it
+
+
+def run_flags(fn):
+    """A command whose ``common: RunFlags`` parameter stands for ``RUN_FLAG_OPTIONS``: typer sees
+    those options in its place (the signature is rewritten), and the command gets them as one
+    RunFlags."""
+    sig = inspect.signature(fn)
+    params = []
+    for p in sig.parameters.values():
+        if p.name != "common":
+            params.append(p)
+            continue
+        params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=opt, annotation=ann)
+                   for name, (ann, opt) in RUN_FLAG_OPTIONS.items()]
+
+    @functools.wraps(fn)
+    def command(*args, **kwargs):
+        common = RunFlags(**{name: kwargs.pop(name) for name in RUN_FLAG_OPTIONS})
+        return fn(*args, common=common, **kwargs)
+
+    command.__signature__ = sig.replace(parameters=params)
+    command.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k != "common"}
+    return command
+
+
 
 @app.command()
+@run_flags
 def generate(
-    model: Optional[str] = MODEL_OPTION,
+    common: RunFlags = RUN_FLAGS,  # -m/--model and the speculation options (run_flags)
     prompt: Optional[str] = typer.Option(None, "-p", "--prompt", help="Prompt text."),
     file: Optional[Path] = typer.Option(None, "-f", "--file", help="Read the prompt from a file."),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help='JSONL file, one {"id", "text"} per line: many prompts, model loaded once.'),
@@ -263,21 +326,6 @@ def generate(
     chat: bool = typer.Option(False, "--chat", help="Render the prompt with the model's chat template."),
     system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
     chat_template_kwargs: Optional[str] = TEMPLATE_KWARGS_OPTION,
-    ctx_size: Optional[int] = CTX_OPTION,
-    threads: Optional[int] = THREADS_OPTION,
-    weights: Optional[str] = WEIGHTS_OPTION,
-    draft_weights: Optional[str] = DRAFT_WEIGHTS_OPTION,
-    device: Optional[str] = DEVICE_OPTION,
-    spec: Optional[bool] = SPEC_OPTION,
-    mtp_spec: Optional[bool] = MTP_SPEC_OPTION,
-    spec_type: Optional[str] = SPEC_TYPE_OPTION,
-    spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
-    spec_tree: Optional[int] = SPEC_TREE_OPTION,
-    spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
-    spec_draft_model: Optional[str] = SPEC_DRAFT_MODEL_OPTION,
-    draft_model: Optional[str] = DRAFT_MODEL_OPTION,
-    spec_accept: Optional[str] = SPEC_ACCEPT_OPTION,
-    spec_adaptive: Optional[bool] = SPEC_ADAPTIVE_OPTION,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (text, ids, counters, timings) at the end instead of streaming."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Plain text only: no live panel, no summary."),
 ):
@@ -293,11 +341,7 @@ def generate(
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
             repeat_last_n=repeat_last_n, seed=seed,
         ))
-        config = resolve_command(
-            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, mtp_spec=mtp_spec, spec_type=spec_type,
-            spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
-            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights,
-            spec_tree=spec_tree)
+        config = resolve_command(common)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         if (system or kwargs) and not chat:
             warn("--system and --chat-template-kwargs only apply with --chat")
@@ -339,8 +383,9 @@ def generate(
 
 
 @app.command()
+@run_flags
 def chat(
-    model: Optional[str] = MODEL_OPTION,
+    common: RunFlags = RUN_FLAGS,  # -m/--model and the speculation options (run_flags)
     system: Optional[str] = typer.Option(None, "--system", help="System message (change it later with /system)."),
     max_tokens: int = typer.Option(512, "-n", "--max-tokens", help="Tokens per reply at most."),
     temp: float = TEMP_OPTION,
@@ -351,21 +396,6 @@ def chat(
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     stop: List[str] = typer.Option([], "--stop", help="End a reply when this text appears (repeatable)."),
     chat_template_kwargs: Optional[str] = TEMPLATE_KWARGS_OPTION,
-    ctx_size: Optional[int] = CTX_OPTION,
-    threads: Optional[int] = THREADS_OPTION,
-    weights: Optional[str] = WEIGHTS_OPTION,
-    draft_weights: Optional[str] = DRAFT_WEIGHTS_OPTION,
-    device: Optional[str] = DEVICE_OPTION,
-    spec: Optional[bool] = SPEC_OPTION,
-    mtp_spec: Optional[bool] = MTP_SPEC_OPTION,
-    spec_type: Optional[str] = SPEC_TYPE_OPTION,
-    spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
-    spec_tree: Optional[int] = SPEC_TREE_OPTION,
-    spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
-    spec_draft_model: Optional[str] = SPEC_DRAFT_MODEL_OPTION,
-    draft_model: Optional[str] = DRAFT_MODEL_OPTION,
-    spec_accept: Optional[str] = SPEC_ACCEPT_OPTION,
-    spec_adaptive: Optional[bool] = SPEC_ADAPTIVE_OPTION,
 ):
     """Talk to a model, keeping its cache from turn to turn.
 
@@ -381,11 +411,7 @@ def chat(
             raise BadInput("--max-tokens must be >= 1")
         sampler = Sampler(SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                                          repeat_penalty=repeat_penalty, seed=seed))
-        config = resolve_command(
-            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, mtp_spec=mtp_spec, spec_type=spec_type,
-            spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
-            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights,
-            spec_tree=spec_tree)
+        config = resolve_command(common)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         check_texts(system, stop)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
@@ -398,8 +424,9 @@ def chat(
 
 
 @app.command()
+@run_flags
 def serve(
-    model: Optional[str] = MODEL_OPTION,
+    common: RunFlags = RUN_FLAGS,  # -m/--model and the speculation options (run_flags)
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (loopback by default)."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     slots: int = typer.Option(4, "--slots", help="Kept caches in the prefix cache (memory: one context's KV each)."),
@@ -409,21 +436,6 @@ def serve(
                               "answered 503 at once."),
     max_tokens: int = typer.Option(256, "-n", "--max-tokens", help="Default max_tokens of a request that gives none (capped at the room its prompt leaves in the context)."),
     chat_template_kwargs: Optional[str] = TEMPLATE_KWARGS_OPTION,
-    ctx_size: Optional[int] = CTX_OPTION,
-    threads: Optional[int] = THREADS_OPTION,
-    weights: Optional[str] = WEIGHTS_OPTION,
-    draft_weights: Optional[str] = DRAFT_WEIGHTS_OPTION,
-    device: Optional[str] = DEVICE_OPTION,
-    spec: Optional[bool] = SPEC_OPTION,
-    mtp_spec: Optional[bool] = MTP_SPEC_OPTION,
-    spec_type: Optional[str] = SPEC_TYPE_OPTION,
-    spec_draft: Optional[int] = SPEC_DRAFT_OPTION,
-    spec_tree: Optional[int] = SPEC_TREE_OPTION,
-    spec_pmin: Optional[float] = SPEC_PMIN_OPTION,
-    spec_draft_model: Optional[str] = SPEC_DRAFT_MODEL_OPTION,
-    draft_model: Optional[str] = DRAFT_MODEL_OPTION,
-    spec_accept: Optional[str] = SPEC_ACCEPT_OPTION,
-    spec_adaptive: Optional[bool] = SPEC_ADAPTIVE_OPTION,
 ):
     """An OpenAI-compatible HTTP server over one loaded model, with a prefix cache across requests.
 
@@ -442,11 +454,7 @@ def serve(
         _check_bind(host, port)  # before minutes of loading, not after
         if max_tokens < 1:
             raise BadInput("--max-tokens must be >= 1")
-        config = resolve_command(
-            model=model, weights=weights, device=device, ctx_size=ctx_size, threads=threads, spec=spec, mtp_spec=mtp_spec, spec_type=spec_type,
-            spec_draft=spec_draft, spec_pmin=spec_pmin, spec_draft_model=spec_draft_model, draft_model=draft_model,
-            spec_accept=spec_accept, spec_adaptive=spec_adaptive, draft_weights=draft_weights,
-            spec_tree=spec_tree)
+        config = resolve_command(common)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         session = open_session(config)
         speculation = start_speculation(session)
