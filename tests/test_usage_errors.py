@@ -120,3 +120,15 @@ def test_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
     line = one_line(err)
     assert line.startswith("error: out of memory") and "--ctx-size" in line, line
     assert "Traceback" not in err
+
+
+def test_help_into_a_full_disk_is_one_line():
+    """The parser's own output (--help) that stdout refuses: one error line and exit 1, as for every
+    other write (it was a traceback: the help is printed before any command's error handling)."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "tsspec", "generate", "--help"], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip() == "error: cannot write the output: No space left on device"

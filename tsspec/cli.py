@@ -955,6 +955,11 @@ def run(args: list[str] | None = None) -> int:
         if "Abort" in kinds:  # end of input, or an interrupt, inside the parser
             err.print(f"[yellow]{MESSAGE}[/]")
             return EXIT_CODE
+        from .display import OutputError
+
+        if isinstance(e, OutputError):  # the parser's own output (--help) into a closed pipe or a full disk
+            error_line(err, str(e))
+            return e.exit_code
         raise
     return rv if isinstance(rv, int) else 0
 
