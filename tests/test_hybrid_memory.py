@@ -78,3 +78,30 @@ def test_a_kept_cache_shrinks_to_the_next_runs_window(model):
     assert got == decode(model, Sampler(), follow, 10)
     assert cache.slots.rows <= 2
     assert cache.rollback_bytes() < held_before or held_before == 0
+
+
+def test_serve_metrics_report_what_the_caches_hold(model, tmp_path):
+    """serve's /metrics: tsspec_rollback_bytes is the sum of what its kept caches hold, as allocated,
+    and stays within one window's buffers per kept cache."""
+    from starlette.testclient import TestClient
+
+    from tsspec.generate import Engine
+    from tsspec.server import Server, create_app
+    from tsspec.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(model.path)
+
+    def spec():
+        return NGramSpeculator(max_draft_tokens=WINDOW)
+
+    engine = Engine(model, tok, speculator=spec(), window=WINDOW, new_speculation=lambda: (spec(), None))
+    server = Server(engine, model_id="m", slots=2, default_max_tokens=6, parallel=2)
+    client = TestClient(create_app(server))
+    for text in ("abc", "xyz"):  # prompts of at most window + 1 tokens: their forwards hold per-row states
+        r = client.post("/v1/completions", json={"prompt": text, "temperature": 0, "max_tokens": 6})
+        assert r.status_code == 200, r.text
+    line = next(x for x in client.get("/metrics").text.splitlines() if x.startswith("tsspec_rollback_bytes "))
+    held = int(line.split()[1])
+    kept = [c for _, c in server.prefix.entries.values()]
+    assert held == sum(allocated(c) for c in kept) > 0
+    assert held <= len(kept) * model.rollback_state_bytes(WINDOW)

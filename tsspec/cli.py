@@ -594,7 +594,8 @@ def info(
             held = session.rollback_memory(window)
             if held:
                 how = ("one copy of the recurrent state, TS_Q35_VERIFY_SNAPSHOTS=0" if not config.verify_snapshots
-                       else f"recurrent-state slots for {window + 1} verify rows")
+                       else f"at most: recurrent-state slots for {window + 1} verify rows; a run "
+                            "reports what it held")
                 out.print(f"rollback memory: {human_bytes(held)} per sequence at window {window} ({how})")
 
 

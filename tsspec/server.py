@@ -321,6 +321,18 @@ class Server:
                              "(a fresh speculator and governor per sequence)")
         self.scheduler = Scheduler(self, parallel, queue)
 
+    def rollback_bytes(self) -> int:
+        """The rollback memory held now by every kept and running cache, as allocated (a hybrid
+        trunk's per-row recurrent states; 0 for KV caches, whose trim is arithmetic)."""
+        for _ in range(8):  # the scheduler's thread changes both while we look: read again
+            try:
+                caches = [c for _, c in list(self.prefix.entries.values())]
+                caches += [j.cache for j in list(self.scheduler.active) if j.cache is not None]
+                return sum(int(c.rollback_bytes()) for c in caches if hasattr(c, "rollback_bytes"))
+            except RuntimeError:
+                continue
+        return 0
+
     def submit(self, prompt: list[int], sampler: Sampler, max_tokens: int, stop: list[str],
                on_text: Callable[[str], None] | None = None,
                interrupted: Callable[[], bool] | None = None) -> Job:
@@ -587,7 +599,9 @@ def create_app(server: Server) -> Starlette:
         running, waiting = server.scheduler.load()
         gauges = "".join(f"# HELP {name} {help_}\n# TYPE {name} gauge\n{name} {value}\n" for name, help_, value in (
             ("tsspec_requests_running", "requests being decoded (together)", running),
-            ("tsspec_requests_waiting", "requests waiting for a place", waiting)))
+            ("tsspec_requests_waiting", "requests waiting for a place", waiting),
+            ("tsspec_rollback_bytes", "rollback memory held by the kept and running caches, as allocated "
+             "(a hybrid trunk's per-row states; 0 for KV caches)", server.rollback_bytes())))
         return PlainTextResponse(server.metrics.prometheus() + gauges, media_type="text/plain; version=0.0.4")
 
     routes = [
