@@ -206,7 +206,14 @@ class DecodeState:
     def finish(self, rows: Rows, out: ForwardOutput, forward_ms: float) -> list[int]:
         """The second half of a step, given the forward of ``rows``: accept, trim, commit; -> the
         tokens emitted (none for a prompt chunk but the last). ``forward_ms``: the forward's wall
-        time (a shared one's whole time)."""
+        time (a shared one's whole time). The stats' rollback memory is then what the cache holds."""
+        emitted = self._complete(rows, out, forward_ms)
+        st, cache = self.stats, self.cache
+        if st.window and getattr(cache, "snapshots", False) and hasattr(cache, "rollback_bytes"):
+            st.rollback_bytes = int(cache.rollback_bytes())  # as allocated: the live panel and --json show it
+        return emitted
+
+    def _complete(self, rows: Rows, out: ForwardOutput, forward_ms: float) -> list[int]:
         if self.drawable is not None and out.logits.shape[-1] > self.drawable:
             with torch.inference_mode():  # in place (a forward's rows are inference tensors): no copy of [rows, vocab]
                 out.logits[..., self.drawable:] = float("-inf")
@@ -376,13 +383,10 @@ class Run:
             self.on_step(st)
 
     def finish(self) -> list[int]:
-        st = self.seq.stats
         if self.out:
+            st = self.seq.stats
             st.decode_ms = _ms(self._t_decode)
             st.generated = len(self.out)
-        cache = self.seq.cache
-        if st.window and getattr(cache, "snapshots", False) and hasattr(cache, "rollback_bytes"):
-            st.rollback_bytes = int(cache.rollback_bytes())  # what the slots hold, as allocated
         return self.out
 
 
