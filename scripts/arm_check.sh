@@ -10,7 +10,8 @@ CC=${ARM_CC:-aarch64-linux-gnu-gcc}
 if ! command -v "$CC" >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
     echo "installing gcc-aarch64-linux-gnu and qemu-user" >&2
     SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-    $SUDO apt-get install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null
+    $SUDO apt-get install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null 2>&1 ||
+        { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q gcc-aarch64-linux-gnu qemu-user >/dev/null; }
 fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
