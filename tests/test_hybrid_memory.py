@@ -59,7 +59,7 @@ def test_a_prompt_holds_no_per_row_states_and_what_is_held_is_reported(model, n,
     assert stats.verify_calls > 0 and max(spec.drafts) == WINDOW
     assert 0 < cache.slots.rows <= WINDOW + 1
     assert stats.rollback_bytes == cache.rollback_bytes() == allocated(cache)
-    assert cache.slots.nbytes() <= 2 * (WINDOW + 1) * model.per_row_state_bytes()
+    assert cache.slots.nbytes <= 2 * (WINDOW + 1) * model.per_row_state_bytes()
     assert stats.rollback_bytes <= model.rollback_state_bytes(WINDOW)
 
 

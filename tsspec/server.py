@@ -328,7 +328,7 @@ class Server:
             try:
                 caches = [c for _, c in list(self.prefix.entries.values())]
                 caches += [j.cache for j in list(self.scheduler.active) if j.cache is not None]
-                return sum(int(c.rollback_bytes()) for c in caches if hasattr(c, "rollback_bytes"))
+                return sum(c.rollback_bytes() for c in caches)
             except RuntimeError:
                 continue
         return 0

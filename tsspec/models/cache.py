@@ -93,6 +93,12 @@ class KVCache:
         v[:, :, : self.capacity] = self.v
         self.k, self.v = k, v
 
+    def set_rollback_window(self, window: int) -> None:
+        """Nothing to size: a KV cache's trim is arithmetic."""
+
+    def rollback_bytes(self) -> int:
+        return 0
+
     def trim(self, n: int) -> None:
         if not 0 <= n <= self.length:
             raise ValueError(f"cannot trim {n} positions from a cache of {self.length}")
@@ -133,6 +139,7 @@ class RollbackSlots:
     def __init__(self) -> None:
         self.ssm: list[list[torch.Tensor]] = [[], []]
         self.rows = 0
+        self.nbytes = 0  # what the two buffers hold, as allocated (set when they are)
 
     def ensure(self, rows: int, shapes: list[tuple[int, ...]]) -> bool:
         """Grow to ``rows`` rows; True when the buffers were reallocated."""
@@ -140,11 +147,8 @@ class RollbackSlots:
             return False
         self.ssm = [[torch.empty(rows, *s) for s in shapes] for _ in range(2)]
         self.rows = rows
+        self.nbytes = sum(t.numel() * t.element_size() for buf in self.ssm for t in buf)
         return True
-
-    def nbytes(self) -> int:
-        """What the two buffers hold, as allocated."""
-        return sum(t.numel() * t.element_size() for buf in self.ssm for t in buf)
 
 
 @dataclass
@@ -271,10 +275,18 @@ class HybridCache:
             self.slots = RollbackSlots()
 
     def rollback_bytes(self) -> int:
-        """The memory held to undo a verify, as allocated: the per-row slot buffers and the conv
-        windows of a forward still pending."""
-        conv = sum(t.numel() * t.element_size() for t in self.pending.conv_cat) if self.pending else 0
-        return self.slots.nbytes() + conv
+        """The memory held to undo a verify: the per-row slot buffers as allocated and the conv
+        windows of a forward still pending; in copy mode the one copy of the state a verify takes
+        (none where nothing is ever rolled back). Arithmetic only: the loop asks after every step."""
+        if not self.snapshots:
+            if self.rollback_rows is not None and self.rollback_rows <= 1:
+                return 0
+            (k1, c), ssm = self.conv_shape, self.ssm_shape
+            return self.n_recurrent * (k1 * c + ssm[0] * ssm[1] * ssm[2]) * 4
+        if self.pending is None:
+            return self.slots.nbytes
+        k1, c = self.conv_shape
+        return self.slots.nbytes + self.n_recurrent * (k1 + self.pending.n) * c * 4
 
     def plan(self, tokens: Sequence[int]) -> str:
         """Called at the start of a forward over ``tokens`` (replay included): how it treats the state.

@@ -60,6 +60,14 @@ class Cache(Protocol):
 
     def reset(self) -> None: ...
 
+    def set_rollback_window(self, window: int) -> None:
+        """The verify window the decoding loop runs (0: plain decoding): what a trim may undo."""
+        ...
+
+    def rollback_bytes(self) -> int:
+        """Memory held now to undo a verify, as allocated (0 for a KV cache: its trim is arithmetic)."""
+        ...
+
 
 @runtime_checkable
 class SpecTarget(Protocol):

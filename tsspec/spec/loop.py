@@ -134,9 +134,7 @@ class DecodeState:
         st = self.stats
         st.speculator = spec.name if spec is not None else None
         st.window = self.window if spec is not None else 0
-        set_window = getattr(self.cache, "set_rollback_window", None)
-        if set_window is not None:  # a hybrid trunk's cache: per-row states for a verify's rows only
-            set_window(st.window)
+        self.cache.set_rollback_window(st.window)  # a hybrid trunk's cache keeps a verify's rows only
         st.rollback_bytes = rollback_memory_bytes(self.target, st.window) if spec is not None else 0
         st.prompt_tokens = len(prompt)
         if self.governor is not None:
@@ -208,9 +206,7 @@ class DecodeState:
         tokens emitted (none for a prompt chunk but the last). ``forward_ms``: the forward's wall
         time (a shared one's whole time). The stats' rollback memory is then what the cache holds."""
         emitted = self._complete(rows, out, forward_ms)
-        st, cache = self.stats, self.cache
-        if st.window and getattr(cache, "snapshots", False) and hasattr(cache, "rollback_bytes"):
-            st.rollback_bytes = int(cache.rollback_bytes())  # as allocated: the live panel and --json show it
+        self.stats.rollback_bytes = self.cache.rollback_bytes()  # as held: the live panel and --json show it
         return emitted
 
     def _complete(self, rows: Rows, out: ForwardOutput, forward_ms: float) -> list[int]:
