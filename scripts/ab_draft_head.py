@@ -47,9 +47,9 @@ def main() -> None:
         native, torch_ref = s.speculation(opts), s.speculation(opts)
     except TsspecError as e:
         sys.exit(f"ab_draft_head: {e}")
-    if native.speculator.head.native is None:
+    if native.plan.speculator.head.native is None:
         sys.exit("ab_draft_head: this head has no native step here (matrices off the gguf backend, or no SIMD kernels)")
-    torch_ref.speculator.head.native = None
+    torch_ref.plan.speculator.head.native = None
     engines = {"plain": s.engine(), "native": s.engine(native), "torch": s.engine(torch_ref)}
     spec = ("native", "torch")
     for wl in ("code", "prose"):

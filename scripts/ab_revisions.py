@@ -53,6 +53,7 @@ def run_one(model: str, tokens: int, rows: list[int] | None = None) -> dict:
     from tsspec.models import load_model
     from tsspec.sampling import Sampler
     from tsspec.spec.loop import decode
+    from tsspec.spec.plan import SpecPlan
     from tsspec.spec.ngram import NGramSpeculator
     from tsspec.spec.stats import SpecStats
     from tsspec.tokenizer import Tokenizer
@@ -71,7 +72,7 @@ def run_one(model: str, tokens: int, rows: list[int] | None = None) -> dict:
             if cache is not None:
                 cache.reset()
                 kw["cache"] = cache
-            got = decode(m, Sampler(), ids, tokens, speculator=spec, window=8, stats=st, **kw)
+            got = decode(m, Sampler(), ids, tokens, SpecPlan(spec, window=8), stats=st, **kw)
             out[f"{i}/{mode}"] = {"decode_ms": st.decode_ms, "tokens": got}
     if rows:
         out["curve"] = verify_curve(m, tok, rows)

@@ -24,6 +24,7 @@ import math
 import statistics
 import sys
 
+from tsspec.spec.plan import SpecPlan
 from tsspec.conversation import Conversation
 from tsspec.generate import Engine
 from tsspec.hub import ensure_model
@@ -51,7 +52,7 @@ CONFIGS = ("fresh", "reuse", "reuse+ngram")
 
 def run_conversation(model, tok, turns: list[str], config: str, tokens: int) -> list[dict]:
     spec = NGramSpeculator() if config == "reuse+ngram" else None
-    engine = Engine(model, tok, speculator=spec, governor=SpeculationCostGovernor() if spec else None, window=8)
+    engine = Engine(model, tok, SpecPlan(spec, governor=SpeculationCostGovernor() if spec else None, window=8))
     conv = Conversation(engine)
     out = []
     for user in turns:

@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 
+from tsspec.spec.plan import SpecPlan
 from tsspec.drafters import DrafterOptions, load_drafter
 from tsspec.hub import ensure_model
 from tsspec.models import load_model
@@ -42,7 +43,7 @@ PROMPTS = {
 
 def run(target, sampler, prompt, n, spec=None, window=0):
     st = SpecStats()
-    toks = decode(target, sampler, prompt, n, speculator=spec, window=window or 8, stats=st)
+    toks = decode(target, sampler, prompt, n, SpecPlan(spec, window=window or 8), stats=st)
     return toks, st
 
 

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from tsspec.spec.plan import SpecPlan
 from tsspec.models.base import ArchConfig, LayerSpec
 from tsspec.models.gated_attention import AttnLayer
 from tsspec.models.hybrid import GDNLayer, HybridModel, HybridSpec
@@ -122,8 +123,7 @@ def main() -> None:
         for fast in (True, False):
             m.verify_snapshots = fast
             st = SpecStats()
-            out = decode(m, sampler, prompt, a.tokens, window=a.window, stats=st,
-                         speculator=Scripted(ref, len(prompt), a.keep, a.window, a.vocab))
+            out = decode(m, sampler, prompt, a.tokens, SpecPlan(Scripted(ref, len(prompt), a.keep, a.window, a.vocab), window=a.window), stats=st)
             assert out == ref, "speculative output differs from plain"
             rows[fast].append(st)
     print(f"\n{a.tokens} tokens, window {a.window}, {a.keep} of {a.window} drafts accepted per verify, "

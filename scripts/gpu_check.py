@@ -261,12 +261,13 @@ def spec_equals_plain(model, prompt, n_new: int = 64) -> dict:
     """Greedy plain decoding, then speculative decoding with the scripted acceptance pattern: equal?"""
     from tsspec.sampling import Sampler
     from tsspec.spec.loop import decode
+    from tsspec.spec.plan import SpecPlan
     from tsspec.spec.stats import SpecStats
 
     plain = decode(model, Sampler(), prompt, n_new)
     spec = ScriptedSpeculator(list(prompt) + plain, model.vocab_size)
     stats = SpecStats()
-    out = decode(model, Sampler(), prompt, n_new, speculator=spec, window=MAX_DRAFT, stats=stats)
+    out = decode(model, Sampler(), prompt, n_new, SpecPlan(spec, window=MAX_DRAFT), stats=stats)
     return dict(equal=out == plain, tokens=len(out), verifies=stats.verify_calls, drafted=stats.drafted,
                 accepted=stats.accepted)
 

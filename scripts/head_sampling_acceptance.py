@@ -15,6 +15,7 @@ import argparse
 
 import torch
 
+from tsspec.spec.plan import SpecPlan
 from tsspec.chat import chat_prompt_ids
 from tsspec.drafters import load_drafter
 from tsspec.hub import model_path
@@ -48,8 +49,7 @@ def main() -> None:
                 ids = chat_prompt_ids(tok, [{"role": "user", "content": q}])
                 for seed in range(a.seeds):
                     spec = DraftHeadSpeculator(head, trunk.n_layers, max_draft_tokens=4)
-                    decode(trunk, Sampler(SamplingParams(temperature=temp, seed=seed)), ids, a.n, speculator=spec,
-                           window=4, accept_rule=rule, stats=st)
+                    decode(trunk, Sampler(SamplingParams(temperature=temp, seed=seed)), ids, a.n, SpecPlan(spec, window=4, accept_rule=rule), stats=st)
             print(f"temperature {temp} {rule:8s} drafted {st.drafted} accepted {st.accepted} "
                   f"rate {st.acceptance_rate:.3f} tokens/verify {st.tokens_per_verify:.2f}", flush=True)
 

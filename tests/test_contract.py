@@ -15,6 +15,7 @@ import pytest
 
 from scripted import ScriptedSpeculator
 from tiny import write_tiny_model
+from tsspec.spec.plan import SpecPlan
 from tsspec.models import load_model
 from tsspec.sampling import Sampler
 from tsspec.spec.loop import decode
@@ -67,10 +68,10 @@ def test_arming_after_prefix_reuse_defaults_to_false(llama):
     spec = Silent(ScriptedSpeculator(turn2 + want, lambda s, i: False, m.vocab_size))
     assert not hasattr(spec, "can_arm_after_prefix_reuse")
     stats = SpecStats()
-    assert decode(m, GREEDY, turn2, 24, cache=cache, speculator=spec, stats=stats) == want
+    assert decode(m, GREEDY, turn2, 24, SpecPlan(spec), cache=cache, stats=stats) == want
     assert stats.speculator is None and spec.drafts == []
     fresh = Silent(ScriptedSpeculator(turn2 + want, lambda s, i: False, m.vocab_size))
-    assert decode(m, GREEDY, turn2, 24, speculator=fresh) == want
+    assert decode(m, GREEDY, turn2, 24, SpecPlan(fresh)) == want
     assert fresh.drafts  # no reused prefix: it drafts
 
 
@@ -221,7 +222,7 @@ def test_a_draft_models_window_is_published(tmp_path):
     small = write_tiny_model(tmp_path / "d.gguf", "llama", seed=3, n_layers=1)
     s = Session.open(resolve_run(model=str(trunk), env={}))
     spec = s.speculation(SpecOptions(enabled=True, draft_model=str(small)))
-    assert spec.window == spec.options.draft == 4
+    assert spec.plan.window == spec.options.draft == 4
     env: dict[str, str] = {}
     publish_spec(spec.options, env)
     assert env["TS_SPEC_DRAFT"] == env["TS_MTP_DRAFT"] == "4" and env["TS_MTP_DRAFT_MODEL"] == str(small)
@@ -298,7 +299,7 @@ def test_ts_qwen35_dflash_attaches_a_block_drafter_to_a_qwen35_trunk(monkeypatch
     none = dict(enabled=None, type=None, draft=None, pmin=None, draft_model=None, accept=None, adaptive=None,
                 block_drafter=None)
     s = Session.open(resolve_run(model=str(hybrid_path), speculation=none, env={"TS_QWEN35_DFLASH": str(drafter)}))
-    assert s.speculation().speculator.name == "block"
+    assert s.speculation().plan.speculator.name == "block"
 
 
 def test_ts_qwen35_dflash_is_not_attached_to_another_trunk(llama_path, hybrid_path, tmp_path):

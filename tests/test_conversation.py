@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tiny import write_tiny_model
+from tsspec.spec.plan import SpecPlan
 from tsspec.conversation import Conversation
 from tsspec.models.cache import common_prefix
 from tsspec.errors import BadInput
@@ -34,7 +35,7 @@ def kept(conv):
 
 
 def _engine(model, tok, spec=None):
-    return Engine(model, tok, speculator=spec, window=4)
+    return Engine(model, tok, SpecPlan(spec, window=4))
 
 
 @pytest.mark.parametrize("sampler", [Sampler(), Sampler(SamplingParams(temperature=0.8, top_k=40, seed=5))],

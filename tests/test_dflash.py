@@ -27,6 +27,7 @@ import torch
 
 from tiny import write_tiny_model
 from tiny_dflash import write_tiny_dflash
+from tsspec.spec.plan import SpecPlan
 from tsspec.drafters import load_drafter
 from tsspec.drafters.dflash import greedy_walk, grouped_dynamic_conv, selector_lattice
 from tsspec.errors import BadInput, ModelFileError, TsspecError
@@ -176,12 +177,12 @@ def test_speculative_output_equals_plain(files, which, params):
     # the drafter's own drafts (random weights: the trunk rejects them)
     spec = BlockSpeculator(dr.draft_head, dr.taps, 8, min_draft_prob=0.0)
     stats = SpecStats()
-    assert decode(target, sampler, PROMPT, N_TOKENS, speculator=spec, window=8, stats=stats) == plain
+    assert decode(target, sampler, PROMPT, N_TOKENS, SpecPlan(spec, window=8), stats=stats) == plain
     assert stats.drafted > 0 and stats.verify_calls > 0
     # steered drafts: partial and full acceptance, multi-row commits, rewinds
     steer = BlockSpeculator(Steer(dr.draft_head, PROMPT + plain), dr.taps, 8, min_draft_prob=0.0)
     stats = SpecStats()
-    assert decode(target, sampler, PROMPT, N_TOKENS, speculator=steer, window=8, stats=stats) == plain
+    assert decode(target, sampler, PROMPT, N_TOKENS, SpecPlan(steer, window=8), stats=stats) == plain
     assert 0 < stats.accepted < stats.drafted
 
 
@@ -198,7 +199,7 @@ def test_residual_rule_gets_draft_distributions(files):
         return draft
 
     spec.propose = propose
-    out = decode(target, sampler, PROMPT, N_TOKENS, speculator=spec, window=8, accept_rule="residual")
+    out = decode(target, sampler, PROMPT, N_TOKENS, SpecPlan(spec, window=8, accept_rule="residual"))
     assert len(out) == N_TOKENS and all(0 <= t < target.vocab_size for t in out)
     drafts = [d for d in seen if d.tokens]
     assert drafts
@@ -209,7 +210,7 @@ def test_residual_rule_gets_draft_distributions(files):
     # a residual run under greedy is a match run: identical to plain
     greedy = Sampler()
     spec = BlockSpeculator(dr.draft_head, dr.taps, 8, min_draft_prob=0.0, sample_drafts=True)
-    assert decode(target, greedy, PROMPT, N_TOKENS, speculator=spec, accept_rule="residual") == _plain(target, greedy)
+    assert decode(target, greedy, PROMPT, N_TOKENS, SpecPlan(spec, accept_rule="residual")) == _plain(target, greedy)
 
 
 def test_cumulative_gate():
@@ -419,7 +420,7 @@ def test_ring_after_a_speculative_run_equals_one_shot_injection(files, which):
     sampler = Sampler()
     plain = _plain(target, sampler)
     spec = BlockSpeculator(Steer(dr.draft_head, PROMPT + plain), dr.taps, 8, min_draft_prob=0.0)
-    out = decode(target, sampler, PROMPT, N_TOKENS, speculator=spec, window=8)
+    out = decode(target, sampler, PROMPT, N_TOKENS, SpecPlan(spec, window=8))
     assert out == plain
     n = len(PROMPT) + len(out) - 1  # committed positions 0..n-1 (the last token is not forwarded)
     spec.sync()  # the last commits wait for the next proposal; write them as it would
@@ -605,7 +606,7 @@ def test_qwen35_hybrid_trunk(tmp_path):
     plain = _plain(target, sampler)
     spec = BlockSpeculator(Steer(dr.draft_head, PROMPT + plain), dr.taps, 8, min_draft_prob=0.0)
     stats = SpecStats()
-    assert decode(target, sampler, PROMPT, N_TOKENS, speculator=spec, window=8, stats=stats) == plain
+    assert decode(target, sampler, PROMPT, N_TOKENS, SpecPlan(spec, window=8), stats=stats) == plain
     assert 0 < stats.accepted < stats.drafted
     # the ring holds the committed tail, whichever way the trunk rolled back
     n = len(PROMPT) + len(plain) - 1
@@ -631,7 +632,7 @@ def test_reduced_draft_vocabulary(files, tmp_path):
     assert all(t in keep for t in tokens)
     sampler = Sampler()
     spec = BlockSpeculator(dr.draft_head, dr.taps, 8, min_draft_prob=0.0)
-    assert decode(target, sampler, PROMPT, N_TOKENS, speculator=spec) == _plain(target, sampler)
+    assert decode(target, sampler, PROMPT, N_TOKENS, SpecPlan(spec)) == _plain(target, sampler)
 
 
 def test_one_loaded_block_drafter_serves_interleaved_sequences(files):
@@ -647,13 +648,13 @@ def test_one_loaded_block_drafter_serves_interleaved_sequences(files):
     specs = [BlockSpeculator(Steer(dr.draft_head, p + a), dr.taps, 8, min_draft_prob=0.0)
              for p, a in zip(prompts, alone)]
     assert specs[0].state is not specs[1].state
-    seqs = [DecodeState(target, sampler, speculator=s, window=8) for s in specs]
+    seqs = [DecodeState(target, sampler, SpecPlan(s, window=8)) for s in specs]
     assert decode_interleaved(seqs, prompts, N_TOKENS) == alone
     assert all(0 < seq.stats.accepted < seq.stats.drafted for seq in seqs)
     # and stepped together, their rows (and the tap rows the drafter reads) from shared forwards
     specs = [BlockSpeculator(Steer(dr.draft_head, p + a), dr.taps, 8, min_draft_prob=0.0)
              for p, a in zip(prompts, alone)]
-    seqs = [DecodeState(target, sampler, speculator=s, window=8) for s in specs]
+    seqs = [DecodeState(target, sampler, SpecPlan(s, window=8)) for s in specs]
     assert decode_batched(seqs, prompts, N_TOKENS) == alone
     assert all(0 < seq.stats.accepted < seq.stats.drafted for seq in seqs)
 

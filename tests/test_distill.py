@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tests.tiny import write_tiny_model
+from tsspec.spec.plan import SpecPlan
 from tsspec.distill import corpus as C
 from tsspec.distill.head import HeadModule, export_gguf
 from tsspec.distill.train import DistillConfig, distill, lr_at, resolve_precision
@@ -166,7 +167,7 @@ def test_native_head_drafts_and_output_equals_plain(native_head):
     plain = decode(target, Sampler(SamplingParams()), prompt, 40)
     stats = SpecStats()
     spec = DraftHeadSpeculator(head, target.n_layers, max_draft_tokens=4, min_draft_prob=0.0)
-    assert decode(target, Sampler(SamplingParams()), prompt, 40, speculator=spec, window=4, stats=stats) == plain
+    assert decode(target, Sampler(SamplingParams()), prompt, 40, SpecPlan(spec, window=4), stats=stats) == plain
     assert stats.drafted > 0 and stats.accepted > 0
 
 
@@ -180,7 +181,7 @@ def test_speculative_output_equals_plain_with_the_trained_head(world, trained, p
     plain = decode(target, Sampler(params), prompt, 40)
     stats = SpecStats()
     spec = DraftHeadSpeculator(head, target.n_layers, max_draft_tokens=4, min_draft_prob=0.0)
-    assert decode(target, Sampler(params), prompt, 40, speculator=spec, window=4, stats=stats) == plain
+    assert decode(target, Sampler(params), prompt, 40, SpecPlan(spec, window=4), stats=stats) == plain
     assert stats.drafted > 0
     if params.temperature == 0:
         assert stats.accepted > 0  # a trained head: some drafts land
@@ -204,7 +205,7 @@ def test_output_equals_plain_with_the_trained_head_under_the_cost_gate(world, tr
     propose = spec.propose
     spec.propose = lambda ctx: (gates.append(ctx.min_prob), propose(ctx))[1]
     gov = SpeculationCostGovernor(GovernorConfig(margin=100.0))  # no park on a loss mid-hold
-    out = decode(target, Sampler(params), prompt, 60, speculator=spec, governor=gov, window=4)
+    out = decode(target, Sampler(params), prompt, 60, SpecPlan(spec, governor=gov, window=4))
     assert out == plain
     assert any(g is not None for g in gates)  # the measured gate reached the speculator
 
@@ -508,7 +509,7 @@ def test_residual_keeps_the_trunk_distribution_with_the_trained_heads_q(world, t
     spec = DraftHeadSpeculator(head, target.n_layers, max_draft_tokens=2, min_draft_prob=0.0)
     # q is the head's real distribution: spread over several tokens, none outside the draft vocabulary
     sampler = Sampler(SamplingParams(temperature=1.0, top_k=TOP_K, seed=1))
-    decode(target, sampler, PROMPT, 1, speculator=spec, window=2)  # gives the head its trunk rows
+    decode(target, sampler, PROMPT, 1, SpecPlan(spec, window=2))  # gives the head its trunk rows
     draft = spec.propose(DraftContext(PROMPT[-1], len(PROMPT) - 1, 2, PROMPT, sampler=sampler))
     assert draft.probs is not None and len(draft.tokens) == 2
     q = draft.probs[0]
@@ -525,8 +526,7 @@ def test_residual_keeps_the_trunk_distribution_with_the_trained_heads_q(world, t
         counts = collections.Counter()
         for seed in range(n):
             s = Sampler(SamplingParams(temperature=1.0, top_k=TOP_K, seed=seed))
-            counts[tuple(decode(target, s, PROMPT, 3, speculator=spec, window=2, accept_rule="residual",
-                                stats=stats))] += 1
+            counts[tuple(decode(target, s, PROMPT, 3, SpecPlan(spec, window=2, accept_rule="residual"), stats=stats))] += 1
         return counts
 
     stats = SpecStats()

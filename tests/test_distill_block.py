@@ -8,6 +8,7 @@ import torch
 
 from tests.distill_corpus import TEXT, own_cache, write_corpus  # noqa: F401 (own_cache: an autouse fixture)
 from tests.tiny import write_tiny_model
+from tsspec.spec.plan import SpecPlan
 from tsspec.distill.block import BlockModule, BlockShape, choose_taps, make_block_batch
 from tsspec.distill.features import Features
 from tsspec.distill.train import DistillConfig, distill
@@ -168,7 +169,7 @@ def test_speculative_output_equals_plain_with_the_trained_block_drafter(world, t
     stats = SpecStats()
     spec = BlockSpeculator(dr.draft_head, dr.taps, max_draft_tokens=4, min_draft_prob=0.0,
                            sample_drafts=params.temperature > 0)
-    assert decode(target, Sampler(params), prompt, 40, speculator=spec, window=4, stats=stats) == plain
+    assert decode(target, Sampler(params), prompt, 40, SpecPlan(spec, window=4), stats=stats) == plain
     assert stats.drafted > 0
     if params.temperature == 0:
         assert stats.accepted > 0  # trained: some drafts land

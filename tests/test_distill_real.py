@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tsspec.spec.plan import SpecPlan
 from tsspec.distill.train import DistillConfig, distill
 from tsspec.drafters import load_drafter
 from tsspec.models import load_model
@@ -52,5 +53,5 @@ def test_smollm2_head_loads_and_keeps_output_exact(trained, params):
     plain = decode(target, Sampler(params), prompt, 48)
     stats = SpecStats()
     spec = DraftHeadSpeculator(head, target.n_layers, max_draft_tokens=4, min_draft_prob=0.0)
-    assert decode(target, Sampler(params), prompt, 48, speculator=spec, window=4, stats=stats) == plain
+    assert decode(target, Sampler(params), prompt, 48, SpecPlan(spec, window=4), stats=stats) == plain
     assert stats.drafted > 0 and stats.accepted > 0

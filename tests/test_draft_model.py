@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tiny import rewrite_metadata, write_bad_files, write_tiny_model
+from tsspec.spec.plan import SpecPlan
 from tsspec.drafters import DrafterOptions, load_drafter
 from tsspec.drafters.draft_model import check_vocab, load as load_draft_model
 from tsspec.errors import BadInput, ModelFileError
@@ -75,7 +76,7 @@ def test_greedy_equals_plain_for_every_window(files, trunk, which):
         plain = decode(trunk, Sampler(), prompt, N_TOKENS)
         for window in range(1, 9):
             st = SpecStats()
-            out = decode(trunk, Sampler(), prompt, N_TOKENS, speculator=spec, window=window, stats=st)
+            out = decode(trunk, Sampler(), prompt, N_TOKENS, SpecPlan(spec, window=window), stats=st)
             assert out == plain, f"{which}: window {window}, prompt {prompt[:4]}..."
             accepted += st.accepted
             drafted += st.drafted
@@ -92,7 +93,7 @@ def test_seeded_sampling_with_match_equals_plain(files, trunk):
         params = SamplingParams(temperature=0.8, top_p=0.95, seed=seed)
         plain = decode(trunk, Sampler(params), PROMPTS[0], N_TOKENS)
         for window in (2, 5):
-            out = decode(trunk, Sampler(params), PROMPTS[0], N_TOKENS, speculator=spec, window=window)
+            out = decode(trunk, Sampler(params), PROMPTS[0], N_TOKENS, SpecPlan(spec, window=window))
             assert out == plain
 
 
@@ -100,7 +101,7 @@ def test_greedy_with_penalties_equals_plain(files, trunk):
     spec = _speculator(files["related"], trunk)
     params = SamplingParams(repeat_penalty=1.3, frequency_penalty=0.2)
     plain = decode(trunk, Sampler(params), PROMPTS[1], N_TOKENS)
-    assert decode(trunk, Sampler(params), PROMPTS[1], N_TOKENS, speculator=spec, window=4) == plain
+    assert decode(trunk, Sampler(params), PROMPTS[1], N_TOKENS, SpecPlan(spec, window=4)) == plain
 
 
 def test_pmin_stops_drafts_early_and_stays_exact(files, trunk):
@@ -109,8 +110,8 @@ def test_pmin_stops_drafts_early_and_stays_exact(files, trunk):
     assert loose.min_draft_prob == 0.0 and strict.min_draft_prob == 0.9
     plain = decode(trunk, Sampler(), PROMPTS[3], N_TOKENS)
     st_loose, st_strict = SpecStats(), SpecStats()
-    assert decode(trunk, Sampler(), PROMPTS[3], N_TOKENS, speculator=loose, window=6, stats=st_loose) == plain
-    assert decode(trunk, Sampler(), PROMPTS[3], N_TOKENS, speculator=strict, window=6, stats=st_strict) == plain
+    assert decode(trunk, Sampler(), PROMPTS[3], N_TOKENS, SpecPlan(loose, window=6), stats=st_loose) == plain
+    assert decode(trunk, Sampler(), PROMPTS[3], N_TOKENS, SpecPlan(strict, window=6), stats=st_strict) == plain
     assert st_strict.drafted / max(st_strict.verify_calls, 1) < st_loose.drafted / st_loose.verify_calls
     assert st_strict.plain_steps > 0  # a draft stopped before its first token: a plain step
 
@@ -166,8 +167,7 @@ def test_drafter_cache_follows_the_committed_sequence(files, trunk, governor):
 
     plain = decode(trunk, Sampler(), prompt, 60)
     cache = trunk.make_cache()
-    out = decode(trunk, Sampler(), prompt, 60, cache=cache, speculator=spec, window=5, on_token=on_token,
-                 on_step=on_step, governor=governor() if governor else None)
+    out = decode(trunk, Sampler(), prompt, 60, SpecPlan(spec, window=5, governor=governor() if governor else None), cache=cache, on_token=on_token, on_step=on_step)
     assert out == plain
     assert checks
     if governor is None:
@@ -292,7 +292,7 @@ def test_larger_embedding_than_token_list_is_allowed(files, trunk, tmp_path):
     assert any("304 rows for 300 tokens" in n for n in drafter.notes)
     spec = REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), drafter)
     plain = decode(trunk, Sampler(), PROMPTS[0], 24)
-    assert decode(trunk, Sampler(), PROMPTS[0], 24, speculator=spec, window=4) == plain
+    assert decode(trunk, Sampler(), PROMPTS[0], 24, SpecPlan(spec, window=4)) == plain
     s = Sampler(SamplingParams(temperature=1.0, seed=1))
     spec.begin(PROMPTS[0], None)
     d = spec.propose(DraftContext(5, len(PROMPTS[0]), 2, PROMPTS[0] + [5], sampler=s))
@@ -312,7 +312,7 @@ def test_warnings_for_a_heavy_or_short_drafter(files, trunk):
     prompt = list(range(40, 150))  # 110 tokens + 60 generated runs past 128
     plain = decode(trunk, Sampler(), prompt, 60)
     st = SpecStats()
-    assert decode(trunk, Sampler(), prompt, 60, speculator=spec, window=4, stats=st) == plain
+    assert decode(trunk, Sampler(), prompt, 60, SpecPlan(spec, window=4), stats=st) == plain
     assert st.plain_steps > 0 and st.verify_calls > 0
 
 
@@ -372,7 +372,7 @@ def test_real_pair_greedy_equals_plain(real_model_path):
         prompt = tok.encode(text)
         plain = decode(target, Sampler(), prompt, 48)
         st = SpecStats()
-        out = decode(target, Sampler(), prompt, 48, speculator=spec, window=4, stats=st)
+        out = decode(target, Sampler(), prompt, 48, SpecPlan(spec, window=4), stats=st)
         assert out == plain, name
         assert st.acceptance_rate > 0.4, (name, st.acceptance_rate)
 
@@ -411,7 +411,7 @@ def test_drafter_weights_default_to_auto_and_env_overrides(files, monkeypatch):
     assert drafter.model.blocks[0].qkv.fmt == "int4"
     spec = REGISTRY.create("draft-model", s.target, SpecOptions(draft=4), drafter)
     for prompt in PROMPTS[:2]:
-        assert decode(s.target, Sampler(), prompt, N_TOKENS, speculator=spec, window=4) == decode(trunk, Sampler(), prompt, N_TOKENS)
+        assert decode(s.target, Sampler(), prompt, N_TOKENS, SpecPlan(spec, window=4)) == decode(trunk, Sampler(), prompt, N_TOKENS)
     monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "bf16")
     assert session().load_drafter(files["related"]).model.blocks[0].qkv.fmt == "bf16"
     monkeypatch.setenv("TSSPEC_DRAFT_WEIGHTS", "int3")
@@ -428,11 +428,11 @@ def test_one_loaded_drafter_serves_interleaved_sequences(files, trunk):
     assert specs[0].model is specs[1].model and specs[0].cache is not specs[1].cache
     prompts, n = [PROMPTS[0], PROMPTS[4]], 40
     alone = [decode(trunk, Sampler(), p, n) for p in prompts]
-    seqs = [DecodeState(trunk, Sampler(), speculator=s, window=4) for s in specs]
+    seqs = [DecodeState(trunk, Sampler(), SpecPlan(s, window=4)) for s in specs]
     assert decode_interleaved(seqs, prompts, n) == alone
     assert all(seq.stats.verify_calls > 0 for seq in seqs)
     specs = [REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), drafter) for _ in range(2)]
-    seqs = [DecodeState(trunk, Sampler(), speculator=s, window=4) for s in specs]
+    seqs = [DecodeState(trunk, Sampler(), SpecPlan(s, window=4)) for s in specs]
     assert decode_batched(seqs, prompts, n) == alone  # stepped together: shared trunk forwards
     assert all(seq.stats.verify_calls > 0 for seq in seqs)
 
@@ -449,6 +449,6 @@ def test_a_restart_forwards_at_most_the_context_window(files, trunk):
     rows = []
     real = spec._forward
     spec._forward = lambda toks: (rows.append(len(toks)), real(toks))[1]
-    out = decode(trunk, Sampler(), prompt, 30, speculator=spec, window=4)
+    out = decode(trunk, Sampler(), prompt, 30, SpecPlan(spec, window=4))
     assert out == decode(trunk, Sampler(), prompt, 30)
     assert rows[0] == 8 and spec.restarts >= 1 and max(rows) <= 8

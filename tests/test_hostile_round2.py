@@ -195,12 +195,13 @@ def test_serve_answers_health_while_a_template_runs_out_its_budget(model, tmp_pa
     from starlette.testclient import TestClient
 
     from tsspec.generate import Engine
+    from tsspec.spec.plan import SpecPlan
     from tsspec.models import load_model
     from tsspec.server import Server, create_app
     from tsspec.tokenizer import Tokenizer
 
     path = with_template(model, tmp_path / "lipsum.gguf", LIPSUM)
-    engine = Engine(load_model(path), Tokenizer.from_gguf(path), speculator=None, window=4)
+    engine = Engine(load_model(path), Tokenizer.from_gguf(path), SpecPlan(window=4))
     client = TestClient(create_app(Server(engine, model_id="m", slots=2, default_max_tokens=4)))
     out = {}
 
@@ -309,6 +310,7 @@ def test_an_id_without_a_token_is_never_drawn(tmp_path, args):
 
 def test_a_draft_that_guesses_an_id_without_a_token_is_cut_there(tmp_path):
     from tsspec.generate import Engine
+    from tsspec.spec.plan import SpecPlan
     from tsspec.models import load_model
     from tsspec.sampling import Sampler
     from tsspec.spec.protocols import Draft
@@ -329,10 +331,10 @@ def test_a_draft_that_guesses_an_id_without_a_token_is_cut_there(tmp_path):
             return Draft([65, 302, 66])
 
     target = load_model(path)
-    engine = Engine(target, Tokenizer.from_gguf(path), speculator=Guesser(), window=4)
+    engine = Engine(target, Tokenizer.from_gguf(path), SpecPlan(Guesser(), window=4))
     seen = []
     gen = engine.begin(engine.tokenizer.encode("ab"), sampler=Sampler(), max_tokens=6, cache=target.make_cache(),
-                       speculator=Guesser(), ignore_eos=True)
+                       plan=SpecPlan(Guesser(), window=4), ignore_eos=True)
     orig = gen.run.seq._verify
     gen.run.seq._verify = lambda pos, draft, out: (seen.append(list(draft.tokens)), orig(pos, draft, out))[1]
     gen.run.drive()
@@ -481,11 +483,12 @@ def test_a_client_gone_mid_body_is_one_log_line(model, caplog):
     import logging
 
     from tsspec.generate import Engine
+    from tsspec.spec.plan import SpecPlan
     from tsspec.models import load_model
     from tsspec.server import Server, create_app
     from tsspec.tokenizer import Tokenizer
 
-    app = create_app(Server(Engine(load_model(model), Tokenizer.from_gguf(model), speculator=None, window=4),
+    app = create_app(Server(Engine(load_model(model), Tokenizer.from_gguf(model), SpecPlan(window=4)),
                             model_id="m", slots=1, default_max_tokens=2))
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
              "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",

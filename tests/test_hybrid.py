@@ -22,6 +22,7 @@ import torch
 
 from scripted import ScriptedSpeculator, keep_first
 from tiny_hybrid import VOCAB, write_hybrid
+from tsspec.spec.plan import SpecPlan
 from tsspec.errors import ModelFileError
 from tsspec.models import load_model
 from tsspec.models.gated_delta import delta_rule_chunked, delta_rule_rows, delta_rule_step, l2norm
@@ -138,7 +139,7 @@ SAMPLERS = {"greedy": SamplingParams(), "seeded": SamplingParams(temperature=0.9
 
 def _run(model, params, spec=None, n=40, window=4):
     stats = SpecStats()
-    out = decode(model, Sampler(params), _prompt(), n, speculator=spec, window=window, stats=stats)
+    out = decode(model, Sampler(params), _prompt(), n, SpecPlan(spec, window=window), stats=stats)
     return out, stats
 
 
@@ -273,13 +274,13 @@ def test_sequences_interleaved_on_one_hybrid_equal_each_alone(files, fast):
     for prompt, sampler, make, window in jobs:
         ref = decode(m, sampler, prompt, n)
         alone.append(ref)
-        assert decode(m, sampler, prompt, n, speculator=make(ref), window=window) == ref
-        seqs.append(DecodeState(m, sampler, speculator=make(ref), window=window))
+        assert decode(m, sampler, prompt, n, SpecPlan(make(ref), window=window)) == ref
+        seqs.append(DecodeState(m, sampler, SpecPlan(make(ref), window=window)))
     assert decode_interleaved(seqs, [prompt for prompt, *_ in jobs], n) == alone
     assert all(seq.stats.verify_calls > 0 for seq in seqs)
     # stepped together: the hybrid declines to share a forward (batches_sequences False), so the
     # rows go through one forward per sequence, and the tokens are the same
-    seqs = [DecodeState(m, sampler, speculator=make(ref), window=window) for (_, sampler, make, window), ref in zip(jobs, alone)]
+    seqs = [DecodeState(m, sampler, SpecPlan(make(ref), window=window)) for (_, sampler, make, window), ref in zip(jobs, alone)]
     assert decode_batched(seqs, [prompt for prompt, *_ in jobs], n) == alone
 
 
@@ -288,10 +289,10 @@ def test_extending_a_kept_hybrid_cache_equals_a_fresh_run(files):
     m = load_model(files["qwen35"][0])
     first = _prompt(16)
     cache = m.make_cache()
-    out1 = decode(m, Sampler(), first, 12, cache=cache, speculator=NGramSpeculator(max_draft_tokens=3), window=3)
+    out1 = decode(m, Sampler(), first, 12, SpecPlan(NGramSpeculator(max_draft_tokens=3), window=3), cache=cache)
     turn2 = first + out1 + _prompt(10, seed=5)
     assert len(turn2) <= 65
-    got = decode(m, Sampler(), turn2, 16, cache=cache, speculator=NGramSpeculator(max_draft_tokens=3), window=3)
+    got = decode(m, Sampler(), turn2, 16, SpecPlan(NGramSpeculator(max_draft_tokens=3), window=3), cache=cache)
     assert got == decode(m, Sampler(), turn2, 16)
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from scripted import ScriptedSpeculator, keep_first
 from tiny_hybrid import VOCAB, write_hybrid
+from tsspec.spec.plan import SpecPlan
 from tsspec.models import load_model
 from tsspec.sampling import Sampler, SamplingParams
 from tsspec.spec.loop import decode
@@ -54,7 +55,7 @@ def test_a_prompt_holds_no_per_row_states_and_what_is_held_is_reported(model, n,
     assert plain_cache.slots.rows == 0 and plain_cache.rollback_bytes() == 0  # plain decoding: none
     cache, stats = model.make_cache(), SpecStats()
     spec = ScriptedSpeculator(prompt + ref, keep_first(-1, WINDOW), VOCAB, max_draft_tokens=WINDOW)
-    got = decode(model, Sampler(params), prompt, 12, cache=cache, speculator=spec, window=WINDOW, stats=stats)
+    got = decode(model, Sampler(params), prompt, 12, SpecPlan(spec, window=WINDOW), cache=cache, stats=stats)
     assert got == ref
     assert stats.verify_calls > 0 and max(spec.drafts) == WINDOW
     assert 0 < cache.slots.rows <= WINDOW + 1
@@ -70,11 +71,11 @@ def test_a_kept_cache_shrinks_to_the_next_runs_window(model):
     cache = model.make_cache()
     ref = decode(model, Sampler(), prompt, 10)
     spec = ScriptedSpeculator(prompt + ref, keep_first(-1, 8), VOCAB, max_draft_tokens=8)
-    first = decode(model, Sampler(), prompt, 10, cache=cache, speculator=spec, window=8)
+    first = decode(model, Sampler(), prompt, 10, SpecPlan(spec, window=8), cache=cache)
     assert first == ref and 2 < cache.slots.rows <= 9
     held_before = cache.rollback_bytes()
     follow = prompt + first + prompt_of(12, seed=3)
-    got = decode(model, Sampler(), follow, 10, cache=cache, speculator=NGramSpeculator(max_draft_tokens=1), window=1)
+    got = decode(model, Sampler(), follow, 10, SpecPlan(NGramSpeculator(max_draft_tokens=1), window=1), cache=cache)
     assert got == decode(model, Sampler(), follow, 10)
     assert cache.slots.rows <= 2
     assert cache.rollback_bytes() < held_before or held_before == 0
@@ -94,7 +95,7 @@ def test_serve_metrics_report_what_the_caches_hold(model, tmp_path):
     def spec():
         return NGramSpeculator(max_draft_tokens=WINDOW)
 
-    engine = Engine(model, tok, speculator=spec(), window=WINDOW, new_speculation=lambda: (spec(), None))
+    engine = Engine(model, tok, SpecPlan(spec(), window=WINDOW), new_plan=lambda: SpecPlan(spec(), window=WINDOW))
     server = Server(engine, model_id="m", slots=2, default_max_tokens=6, parallel=2)
     client = TestClient(create_app(server))
     for text in ("abc", "xyz"):  # prompts of at most window + 1 tokens: their forwards hold per-row states

@@ -14,6 +14,7 @@ import pytest
 
 from scripted import ScriptedSpeculator
 from tiny import write_tiny_model
+from tsspec.spec.plan import SpecPlan
 from tsspec.models import load_model
 from tsspec.models.cache import KVCache
 from tsspec.sampling import Sampler, SamplingParams
@@ -110,7 +111,7 @@ def test_ngram_greedy_equals_plain(models, arch, window):
         want = plain(m, prompt)
         stats = SpecStats()
         spec = NGramSpeculator(max_draft_tokens=8)
-        got = decode(m, GREEDY, prompt, N_NEW, speculator=spec, window=window, stats=stats)
+        got = decode(m, GREEDY, prompt, N_NEW, SpecPlan(spec, window=window), stats=stats)
         assert got == want, f"prompt {name!r}"
         check_stats(stats, got)
         assert max(len(stats.accept_hist) - 1, 0) <= window
@@ -129,8 +130,7 @@ def test_ngram_stops_early_like_plain(models, arch):
     stop_tok = want[20]  # stop at the first occurrence of a token that appears in the output
     cut = want[: want.index(stop_tok) + 1]
     stats = SpecStats()
-    got = decode(m, GREEDY, prompt, N_NEW, speculator=NGramSpeculator(), window=8, stats=stats,
-                 on_token=lambda t: t == stop_tok)
+    got = decode(m, GREEDY, prompt, N_NEW, SpecPlan(NGramSpeculator(), window=8), stats=stats, on_token=lambda t: t == stop_tok)
     assert got == cut
     assert plain_stop(m, prompt, stop_tok) == cut
 
@@ -146,7 +146,7 @@ def test_token_budget_is_exact(models, max_tokens):
     want = plain(m, prompt, n=max_tokens)
     assert len(want) == max_tokens
     stats = SpecStats()
-    got = decode(m, GREEDY, prompt, max_tokens, speculator=NGramSpeculator(), window=8, stats=stats)
+    got = decode(m, GREEDY, prompt, max_tokens, SpecPlan(NGramSpeculator(), window=8), stats=stats)
     assert got == want
     check_stats(stats, got)
 
@@ -172,7 +172,7 @@ def test_scripted_rejections_equal_plain(models, arch, pattern, window):
         want = plain(m, prompt)
         spec = ScriptedSpeculator(prompt + want, PATTERNS[pattern], m.vocab_size)
         stats = SpecStats()
-        got = decode(m, GREEDY, prompt, N_NEW, speculator=spec, window=window, stats=stats)
+        got = decode(m, GREEDY, prompt, N_NEW, SpecPlan(spec, window=window), stats=stats)
         assert got == want
         check_stats(stats, got, spec.drafts)
         # each verify accepted exactly up to the first corrupted draft token
@@ -192,7 +192,7 @@ def test_random_drafts_equal_plain(models, arch):
         want = plain(m, prompt)
         spec = RandomSpeculator(m.vocab_size, seed)
         stats = SpecStats()
-        got = decode(m, GREEDY, prompt, N_NEW, speculator=spec, window=8, stats=stats)
+        got = decode(m, GREEDY, prompt, N_NEW, SpecPlan(spec, window=8), stats=stats)
         assert got == want
         check_stats(stats, got, spec.drafts)
         assert stats.plain_steps <= 1
@@ -210,12 +210,11 @@ def test_seeded_sampling_equals_plain(models, arch, window):
         if window == 1 and name == "random":
             assert want != plain(m, prompt, sampled(seed + 100))  # the seed matters
         stats = SpecStats()
-        got = decode(m, sampled(seed), prompt, N_NEW, speculator=NGramSpeculator(), window=window,
-                     stats=stats, accept_rule="match")
+        got = decode(m, sampled(seed), prompt, N_NEW, SpecPlan(NGramSpeculator(), window=window, accept_rule="match"), stats=stats)
         assert got == want, f"prompt {name!r}"
         check_stats(stats, got)
         spec = ScriptedSpeculator(prompt + want, PATTERNS["accept-some"], m.vocab_size)
-        got = decode(m, sampled(seed), prompt, N_NEW, speculator=spec, window=window, accept_rule="match")
+        got = decode(m, sampled(seed), prompt, N_NEW, SpecPlan(spec, window=window, accept_rule="match"))
         assert got == want
         assert spec.accepted == [k if w is None else w for k, w in zip(spec.drafts, spec.wrong_at)]
 
@@ -235,7 +234,7 @@ def test_governor_keeps_output_identical(models, arch):
         for spec in (NGramSpeculator(), RandomSpeculator(m.vocab_size, 1)):
             for gov in (SpeculationCostGovernor(), SpeculationCostGovernor(cfg)):
                 stats = SpecStats()
-                got = decode(m, GREEDY, prompt, N_NEW, speculator=spec, governor=gov, window=8, stats=stats)
+                got = decode(m, GREEDY, prompt, N_NEW, SpecPlan(spec, governor=gov, window=8), stats=stats)
                 assert got == want
                 check_stats(stats, got)
                 assert gov.steps == stats.verify_calls + stats.plain_steps
@@ -269,7 +268,7 @@ def test_loop_trims_exactly_the_rejected_rows(models, pattern):
     cache = PoisonedTrim(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, m.max_context)
     spec = ScriptedSpeculator(prompt + want, PATTERNS[pattern], m.vocab_size)
     stats = SpecStats()
-    got = decode(m, GREEDY, prompt, N_NEW, cache=cache, speculator=spec, window=8, stats=stats)
+    got = decode(m, GREEDY, prompt, N_NEW, SpecPlan(spec, window=8), cache=cache, stats=stats)
     assert got == want
     check_stats(stats, got, spec.drafts)
     # one trim per verify, of exactly its rejected drafts
@@ -290,19 +289,19 @@ def test_governed_draft_length_shrinks_on_rejection_and_grows_back(models):
     want = plain(m, prompt)
     never_park = GovernorConfig(margin=1e9, recent_margin=1e9)  # isolate the sizing from parking
     bad = ScriptedSpeculator(prompt + want, lambda s, i: i == 0, m.vocab_size)
-    got = decode(m, GREEDY, prompt, N_NEW, speculator=bad, governor=SpeculationCostGovernor(never_park), window=8)
+    got = decode(m, GREEDY, prompt, N_NEW, SpecPlan(bad, governor=SpeculationCostGovernor(never_park), window=8))
     assert got == want
     # held to 1-token drafts (sizing reads measured times: one noisy step on a shared machine may
     # let a 2 through, so the last five are read by their majority)
     assert bad.drafts[0] == FIRST_DRAFT and bad.drafts[-5:].count(1) >= 4 and max(bad.drafts[-5:]) <= 2
     good = ScriptedSpeculator(prompt + want, lambda s, i: False, m.vocab_size)
-    got = decode(m, GREEDY, prompt, N_NEW, speculator=good, governor=SpeculationCostGovernor(never_park), window=8)
+    got = decode(m, GREEDY, prompt, N_NEW, SpecPlan(good, governor=SpeculationCostGovernor(never_park), window=8))
     assert got == want
     assert good.drafts[0] == FIRST_DRAFT
     # the second draft has no plain time to weigh rows against yet; the last may be cut by the budget
     assert all(d == 8 for d in good.drafts[2:-1]) and len(good.drafts) > 4
     ungoverned = ScriptedSpeculator(prompt + want, lambda s, i: i == 0, m.vocab_size)
-    decode(m, GREEDY, prompt, N_NEW, speculator=ungoverned, window=8)
+    decode(m, GREEDY, prompt, N_NEW, SpecPlan(ungoverned, window=8))
     assert set(ungoverned.drafts[:-8]) == {8}  # without a governor the window is what it says (the
     # last drafts run into the end of the known continuation)
 
@@ -360,7 +359,7 @@ def test_a_proposal_that_drafts_nothing_is_reported_as_speculation(models):
     m = models["llama"]
     prompt = PROMPTS["periodic"]
     spec, gov = EmptyDrafts(), AlternatingGovernor()
-    assert decode(m, GREEDY, prompt, 10, speculator=spec, governor=gov) == plain(m, prompt, n=10)
+    assert decode(m, GREEDY, prompt, 10, SpecPlan(spec, governor=gov)) == plain(m, prompt, n=10)
     steps = gov.records  # 9 steps after the prefill's token
     assert len(steps) == 9 and spec.asked == 4
     assert steps[0:8:2] == [(True, 1, 0)] * 4  # asked: speculative, drafted 0
@@ -376,7 +375,7 @@ def test_a_proposal_that_drafts_nothing_is_reported_as_speculation(models):
 def run_interleaved(model, jobs, n=N_NEW) -> list[list[int]]:
     """Decode several sequences on one loaded model, one step of each in turn: ``jobs`` is a list
     of (prompt, sampler, speculator or None, window)."""
-    seqs = [DecodeState(model, sampler, speculator=spec, window=window) for _, sampler, spec, window in jobs]
+    seqs = [DecodeState(model, sampler, SpecPlan(spec, window=window)) for _, sampler, spec, window in jobs]
     return decode_interleaved(seqs, [prompt for prompt, *_ in jobs], n)
 
 
@@ -388,7 +387,7 @@ def interleaving_jobs(model):
         (PROMPTS["phrase"], sampled(5), NGramSpeculator(max_draft_tokens=3), 3),
         (PROMPTS["long-random"], GREEDY, NGramSpeculator(max_draft_tokens=4), 4),
     ]
-    alone = [decode(model, sampler, prompt, N_NEW, speculator=spec, window=window)
+    alone = [decode(model, sampler, prompt, N_NEW, SpecPlan(spec, window=window))
              for prompt, sampler, spec, window in jobs]
     return jobs, alone
 
@@ -410,11 +409,11 @@ def test_extending_a_kept_cache_equals_a_fresh_run(models, arch):
     m = models[arch]
     first = PROMPTS["random"]
     cache = m.make_cache()
-    out1 = decode(m, GREEDY, first, 20, cache=cache, speculator=NGramSpeculator())
+    out1 = decode(m, GREEDY, first, 20, SpecPlan(NGramSpeculator()), cache=cache)
     assert cache.length == len(first) + len(out1) - 1
     turn2 = first + out1 + PROMPTS["phrase"]
     stats = SpecStats()
-    got = decode(m, GREEDY, turn2, N_NEW, cache=cache, speculator=NGramSpeculator(), stats=stats)
+    got = decode(m, GREEDY, turn2, N_NEW, SpecPlan(NGramSpeculator()), cache=cache, stats=stats)
     assert got == plain(m, turn2)
     assert cache.length == len(turn2) + len(got) - 1
     # a speculator that cannot arm after a reused prefix is left out, never wrong
@@ -425,7 +424,7 @@ def test_extending_a_kept_cache_equals_a_fresh_run(models, arch):
     decode(m, GREEDY, first, 20, cache=cache)
     stats = SpecStats()
     spec = NoReuse(turn2 + got, lambda s, i: False, m.vocab_size)
-    assert decode(m, GREEDY, turn2, N_NEW, cache=cache, speculator=spec, stats=stats) == got
+    assert decode(m, GREEDY, turn2, N_NEW, SpecPlan(spec), cache=cache, stats=stats) == got
     assert stats.speculator is None and spec.drafts == []
     with pytest.raises(ValueError):  # a prompt that does not extend the cache
         decode(m, GREEDY, first[:3], 4, cache=cache)
@@ -472,10 +471,10 @@ def test_sequences_batched_in_one_forward_equal_each_alone(models, tmp_path, arc
     one shared forward, and every sequence emits exactly what it emits decoded alone."""
     m = models[arch] if fmt == "auto" else load_model(models[arch].path, fmt=fmt)
     jobs = batched_jobs(m)
-    alone = [decode(m, sampler, prompt, n, speculator=spec, window=window) for prompt, sampler, spec, window, n in jobs]
+    alone = [decode(m, sampler, prompt, n, SpecPlan(spec, window=window)) for prompt, sampler, spec, window, n in jobs]
     counting = CountingForwards(m)
     fresh = batched_jobs(m)  # new speculator instances: each sequence owns its own
-    seqs = [DecodeState(counting, sampler, speculator=spec, window=window) for _, sampler, spec, window, _ in fresh]
+    seqs = [DecodeState(counting, sampler, SpecPlan(spec, window=window)) for _, sampler, spec, window, _ in fresh]
     got = decode_batched(seqs, [job[0] for job in fresh], [job[4] for job in fresh])
     assert got == alone
     # the steps really were shared, mixing 1-row and multi-row items (lone forwards: the prefills,
@@ -505,9 +504,9 @@ def test_batched_on_a_target_without_shared_forwards(models):
             return self.inner.forward(*a, **kw)
 
     jobs = batched_jobs(m)
-    alone = [decode(m, sampler, prompt, n, speculator=spec, window=window) for prompt, sampler, spec, window, n in jobs]
+    alone = [decode(m, sampler, prompt, n, SpecPlan(spec, window=window)) for prompt, sampler, spec, window, n in jobs]
     fresh = batched_jobs(m)
-    seqs = [DecodeState(Plain(m), sampler, speculator=spec, window=window) for _, sampler, spec, window, _ in fresh]
+    seqs = [DecodeState(Plain(m), sampler, SpecPlan(spec, window=window)) for _, sampler, spec, window, _ in fresh]
     assert decode_batched(seqs, [job[0] for job in fresh], [job[4] for job in fresh]) == alone
 
 
@@ -522,10 +521,10 @@ def test_a_sequence_joining_mid_flight_prefills_beside_the_others_steps(models, 
     jobs = [(PROMPTS["periodic"], GREEDY, NGramSpeculator(max_draft_tokens=4), 30),
             (PROMPTS["random"], sampled(4), None, 30),
             (long_prompt, sampled(8), NGramSpeculator(max_draft_tokens=6), 30)]
-    alone = [decode(m, sampler, prompt, n, speculator=spec, window=6) for prompt, sampler, spec, n in jobs]
+    alone = [decode(m, sampler, prompt, n, SpecPlan(spec, window=6)) for prompt, sampler, spec, n in jobs]
     counting = CountingForwards(m)
-    runs = [Run(DecodeState(counting, sampler, speculator=type(spec)(max_draft_tokens=spec.max_draft_tokens)
-                    if spec else None, window=6), prompt, n) for prompt, sampler, spec, n in jobs]
+    runs = [Run(DecodeState(counting, sampler, SpecPlan(type(spec)(max_draft_tokens=spec.max_draft_tokens)
+                    if spec else None, window=6)), prompt, n) for prompt, sampler, spec, n in jobs]
     runs[0].begin()
     runs[1].begin()
     for _ in range(5):
@@ -548,6 +547,6 @@ def test_real_model_batched_equals_each_alone(real_model_path, real_model_thread
     prompts = [base, base[:5] * 3, list(range(200, 240)), base[::-1]]
     samplers = [GREEDY, sampled(1), GREEDY, sampled(2)]
     specs = lambda: [NGramSpeculator(max_draft_tokens=6), None, NGramSpeculator(max_draft_tokens=4), None]  # noqa: E731
-    alone = [decode(m, s, p, 40, speculator=sp, window=6) for p, s, sp in zip(prompts, samplers, specs())]
-    seqs = [DecodeState(m, s, speculator=sp, window=6) for s, sp in zip(samplers, specs())]
+    alone = [decode(m, s, p, 40, SpecPlan(sp, window=6)) for p, s, sp in zip(prompts, samplers, specs())]
+    seqs = [DecodeState(m, s, SpecPlan(sp, window=6)) for s, sp in zip(samplers, specs())]
     assert decode_batched(seqs, prompts, 40) == alone

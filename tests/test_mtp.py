@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tiny_hybrid import write_hybrid, write_nextn_only
+from tsspec.spec.plan import SpecPlan
 from tsspec.drafters import load_drafter
 from tsspec.drafters.nextn import NextNHead, builtin_head
 from tsspec.models import load_model
@@ -47,7 +48,7 @@ def _spec(model, pmin=0.0, draft=3):
 
 def _run(model, params, spec=None, n=32, window=3):
     stats = SpecStats()
-    out = decode(model, Sampler(params), PROMPT, n, speculator=spec, window=window, stats=stats)
+    out = decode(model, Sampler(params), PROMPT, n, SpecPlan(spec, window=window), stats=stats)
     return out, stats
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tsspec.spec.plan import SpecPlan
 from tsspec.models import load_model
 from tsspec.sampling import Sampler
 from tsspec.spec.loop import decode
@@ -112,7 +113,7 @@ def test_speculative_equals_plain(real):
     for prompt in (cases[0]["prompt_ids"], grounded):
         want = decode(model, Sampler(), prompt, 48)
         stats = SpecStats()
-        got = decode(model, Sampler(), prompt, 48, speculator=NGramSpeculator(), window=8, stats=stats)
+        got = decode(model, Sampler(), prompt, 48, SpecPlan(NGramSpeculator(), window=8), stats=stats)
         assert got == want, f"{name}: speculative output differs from plain"
         assert len(got) == stats.accepted + stats.verify_calls + stats.plain_steps + 1
         drafted += stats.drafted

@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 import torch
 
+from tsspec.spec.plan import SpecPlan
 import tsspec.spec.verify as verify_mod
 from tiny import write_tiny_model
 from tsspec.models import load_model
@@ -59,7 +60,7 @@ def empirical(trunk, spec, rule: str, temperature: float) -> Counter:
     counts: Counter = Counter()
     for seed in range(N_SEEDS):
         s = Sampler(SamplingParams(temperature=temperature, top_k=TOP_K, seed=seed))
-        counts[tuple(decode(trunk, s, PROMPT, 3, speculator=spec, window=2, accept_rule=rule))] += 1
+        counts[tuple(decode(trunk, s, PROMPT, 3, SpecPlan(spec, window=2, accept_rule=rule)))] += 1
     return counts
 
 
@@ -146,7 +147,7 @@ def test_residual_accepts_more_than_match(pair, temperature):
         st = SpecStats()
         for seed in range(30):
             s = Sampler(SamplingParams(temperature=temperature, seed=seed))
-            decode(trunk, s, PROMPT, 24, speculator=spec, window=4, accept_rule=rule, stats=st)
+            decode(trunk, s, PROMPT, 24, SpecPlan(spec, window=4, accept_rule=rule), stats=st)
         rates[rule] = st.acceptance_rate
     assert rates["residual"] > rates["match"], rates
 

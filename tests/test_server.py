@@ -10,6 +10,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from tiny import write_tiny_model
+from tsspec.spec.plan import SpecPlan
 from tsspec.chat import chat_prompt_ids
 from tsspec.generate import Engine
 from tsspec.models import load_model
@@ -32,8 +33,7 @@ def tiny(tmp_path_factory):
 def make(tiny, spec=None, slots=4, parallel=4, queue=64):
     """``spec``: a speculator factory (each sequence served gets its own instance), or None."""
     model, tok = tiny
-    engine = Engine(model, tok, speculator=spec() if spec else None, window=4,
-                    new_speculation=(lambda: (spec(), None)) if spec else None)
+    engine = Engine(model, tok, SpecPlan(spec() if spec else None, window=4), new_plan=(lambda: SpecPlan(spec(), window=4)) if spec else None)
     server = Server(engine, model_id="m", slots=slots, default_max_tokens=8, parallel=parallel, queue=queue)
     return server, TestClient(create_app(server))
 
@@ -443,5 +443,5 @@ def test_a_client_that_goes_away_frees_its_place(tiny):
 
 def test_speculation_needs_a_speculator_per_sequence(tiny):
     model, tok = tiny
-    with pytest.raises(ValueError, match="new_speculation"):
-        Server(Engine(model, tok, speculator=ngram()), model_id="m")
+    with pytest.raises(ValueError, match="new_plan"):
+        Server(Engine(model, tok, SpecPlan(ngram())), model_id="m")

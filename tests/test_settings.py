@@ -125,13 +125,13 @@ def test_session_composes_a_run(model_path):
     assert s.path == model_path and s.target.max_context == 128
     assert s.target.blocks[0].qkv.fmt == "f32"
     spec = s.speculation()
-    assert isinstance(spec.speculator, NGramSpeculator) and spec.window == 4 and spec.accept_rule is None
-    assert spec.governor is not None and spec.notes == ()
+    assert isinstance(spec.plan.speculator, NGramSpeculator) and spec.plan.window == 4 and spec.plan.accept_rule is None
+    assert spec.plan.governor is not None and spec.notes == ()
     assert s.speculation(SpecOptions(enabled=False)) == Speculation()
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
     plain = s.engine().generate(prompt, sampler=Sampler(), max_tokens=12, ignore_eos=True)
     fast = s.engine(spec)
-    assert isinstance(fast, Engine) and fast.speculator is spec.speculator
+    assert isinstance(fast, Engine) and fast.plan is spec.plan  # the session's plan, passed on unchanged
     assert fast.generate(prompt, sampler=Sampler(), max_tokens=12, ignore_eos=True).token_ids == plain.token_ids
     names = [name for name, _ok, _why in s.explain()]
     assert "ngram" in names and s.auto_order() == ["draft-head", "ngram"]
@@ -143,11 +143,11 @@ def test_session_attaches_a_draft_model(model_path, tmp_path):
     warned: list[str] = []
     s._warn = warned.append
     spec = s.speculation(SpecOptions(enabled=True, draft_model=str(drafter_path)))
-    assert spec.speculator.name == "draft-model"
-    assert spec.window == 4  # the draft model's measured preference, under the default 8
+    assert spec.plan.speculator.name == "draft-model"
+    assert spec.plan.window == 4  # the draft model's measured preference, under the default 8
     assert s.load_drafter(drafter_path).model.blocks[0].qkv.fmt == "bf16"
     assert s.speculation(SpecOptions(enabled=True, draft=6, draft_explicit=True,
-                                     draft_model=str(drafter_path))).window == 6
+                                     draft_model=str(drafter_path))).plan.window == 6
 
 
 def test_the_device_resolves(monkeypatch):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from test_loop import GREEDY, PROMPTS, models, plain, sampled  # noqa: F401 (fixtures)
+from tsspec.spec.plan import SpecPlan
 from tsspec.spec import tree
 from tsspec.spec.loop import decode
 from tsspec.spec.ngram import NGramIndex, NGramSpeculator
@@ -102,13 +103,12 @@ def test_ngram_trees_equal_plain(models, arch):
                 return d
 
             spec.propose = propose
-            got = decode(m, sampler, prompt, N_NEW, speculator=spec, window=8, stats=stats)
+            got = decode(m, sampler, prompt, N_NEW, SpecPlan(spec, window=8), stats=stats)
             assert got == want, (name, sampler.greedy)
             branched += sum(1 for d in seen if d.parents and len(set(d.parents)) < len(d.parents))
             tree_acc += stats.accepted
             cstats = SpecStats()
-            decode(m, sampler, prompt, N_NEW, speculator=NGramSpeculator(max_draft_tokens=8, min_order=1), window=8,
-                   stats=cstats)
+            decode(m, sampler, prompt, N_NEW, SpecPlan(NGramSpeculator(max_draft_tokens=8, min_order=1), window=8), stats=cstats)
             chain_acc += cstats.accepted
     assert branched > 0  # trees with more than one child somewhere were verified
     assert tree_acc >= chain_acc  # a tree holds its chain, so it accepts at least as much

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tiny import write_tiny_model
+from tsspec.spec.plan import SpecPlan
 from tsspec.gguf_file import GGUFFile
 from tsspec.models import load_model
 from tsspec.sampling import Sampler
@@ -230,7 +231,7 @@ def test_tiny_q4_speculative_equals_plain(tiny_q4, backend):
     prompt = [5, 6, 7, 8, 9, 10] * 6 + [11, 12, 13]
     plain = decode(m, GREEDY, prompt, 64)
     for window in (4, 8):
-        got = decode(m, GREEDY, prompt, 64, speculator=NGramSpeculator(max_draft_tokens=8), window=window)
+        got = decode(m, GREEDY, prompt, 64, SpecPlan(NGramSpeculator(max_draft_tokens=8), window=window))
         assert got == plain
 
 
@@ -279,5 +280,5 @@ def test_real_speculative_equals_plain(real_model_path, backend):
     prompt = tok.encode("def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n"
                         "def fib2(n):\n")
     plain = decode(m, GREEDY, prompt, 48)
-    spec = decode(m, GREEDY, prompt, 48, speculator=NGramSpeculator(max_draft_tokens=8), window=8)
+    spec = decode(m, GREEDY, prompt, 48, SpecPlan(NGramSpeculator(max_draft_tokens=8), window=8))
     assert spec == plain and len(plain) == 48

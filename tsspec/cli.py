@@ -352,7 +352,7 @@ def generate(
         session = open_session(config, progress=not (json_out or quiet))
         speculation = start_speculation(session)
         engine = session.engine(speculation)
-        speculator, governor = speculation.speculator, speculation.governor
+        speculator, governor = speculation.plan.speculator, speculation.plan.governor
 
         encode = prompt_encoder(session.gguf, session.tokenizer, chat=chat, system=system, kwargs=kwargs,
                                 fits=(max_tokens, session.target.max_context))
@@ -461,7 +461,7 @@ def serve(
         server = Server(session.engine(speculation), model_id=session.path.stem, slots=slots,
                         default_max_tokens=max_tokens, template_kwargs=kwargs, parallel=parallel, queue=queue)
         err.print(f"serving {session.path.name} on http://{host}:{port}/v1 "
-                  f"({speculation.speculator.name if speculation.speculator else 'plain'}; Ctrl-C stops)",
+                  f"({speculation.plan.speculator.name if speculation.plan.speculates else 'plain'}; Ctrl-C stops)",
                   markup=False, highlight=False, soft_wrap=True)
         if not _serve_until_stopped(server, create_app(server), host, port):
             raise BadInput(f"cannot listen on {host}:{port} (in use, or not an address of this machine)")
@@ -756,64 +756,16 @@ def bench(
     taken pair by pair with a bootstrap confidence interval, and the baseline run against itself
     gives the noise floor, so a verdict says "within noise" unless the interval clears it.
     """
-    from .bench import llama_server, report
-    from .bench.configs import load_config_file, parse_configs
-    from .bench.workloads import get_workload, load_workload, workload_names
-    from .chat import parse_template_kwargs
-    from .sampling import Sampler, SamplingParams
+    from .bench import report
+    from .bench.plan import plan_bench
     from .settings import resolve_run
 
     with user_errors():
-        if max_tokens < 2:
-            raise BadInput("--max-tokens must be >= 2 for a decode speed")
-        if reps < 1 or warmup < 0:  # here, not after the model has loaded
-            raise BadInput(f"--reps must be >= 1, got {reps}" if reps < 1 else f"--warmup must be >= 0, got {warmup}")
-        configs = parse_configs(config)
-        base = baseline
-        if config_file is not None:
-            cf = load_config_file(config_file)
-            configs = list(cf.configs) + configs
-            base = base or cf.baseline
-        if not configs:
-            configs = parse_configs(["ngram"])
-        from .hub import check_model_spec
-
-        for c in configs:  # a drafter file that is not there: said before the trunk loads
-            if c.draft_model is not None:
-                try:
-                    check_model_spec(c.draft_model)
-                except TsspecError as e:
-                    raise BadInput(f"config {c.name}: {e}") from None
-        if draft_model is not None:
-            try:
-                check_model_spec(draft_model)
-            except TsspecError as e:
-                raise BadInput(f"--draft-model: {e}") from None
-        from .paths import check_output_file
-
-        for flag, out in (("--json", json_out), ("--csv", csv_out), ("--plot", plot_out)):
-            if out is not None and str(out) != "-":  # refused now, not after a long run that is then lost
-                check_output_file(out, f"{flag} {out}")
-        if plot_out is not None:
-            report.check_plot()
-        wls = []
-        for w in workload or workload_names():
-            wls.append(get_workload(w) if w in workload_names() else load_workload(Path(w)))
-        sampler = Sampler(SamplingParams(temperature=temp, seed=seed))
-        kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
-        peer_cfgs, peer_exe = [], None
-        if peer is not None:
-            if peer.strip().lower() != llama_server.ENGINE:
-                raise BadInput(f"--peer {peer!r}: the peer engine is {llama_server.ENGINE}")
-            if not sampler.greedy:
-                raise BadInput("--peer compares greedy runs only (drop --temp)")
-            peer_cfgs = llama_server.peer_configs(peer_spec or llama_server.DEFAULT_PEER_MODES[1:], draft_model)
-            if base in {c.name for c in peer_cfgs}:  # its drift would be reported as our correctness bug
-                raise BadInput(f"--baseline {base}: the baseline is one of tsspec's configurations; "
-                               f"{llama_server.ENGINE}'s are judged against {llama_server.ENGINE}/plain")
-            peer_exe = llama_server.llama_tool("llama-server", llama_bin)
-        elif peer_spec or llama_bin:
-            raise BadInput("--peer-spec and --llama-bin go with --peer llama.cpp")
+        plan = plan_bench(config=config, config_file=config_file, baseline=baseline, draft_model=draft_model,
+                          workload=workload, max_tokens=max_tokens, reps=reps, warmup=warmup, temp=temp, seed=seed,
+                          chat_template_kwargs=chat_template_kwargs, plot=plot_out is not None,
+                          outputs={"--json": json_out, "--csv": csv_out, "--plot": plot_out},
+                          peer=peer, peer_spec=peer_spec, llama_bin=llama_bin)
         config = resolve_run(model=model, weights=weights, ctx_size=ctx_size, threads=threads, device=device,
                              draft_weights=draft_weights)
         from .settings import speculation_variables
@@ -824,24 +776,14 @@ def bench(
         session = open_session(config)
         g = session.gguf
 
-        encode = prompt_encoder(g, session.tokenizer, chat=chat, system=system, kwargs=kwargs)
+        encode = prompt_encoder(g, session.tokenizer, chat=chat, system=system, kwargs=plan.template_kwargs)
         _bench_modules()
         startup_done()  # from here a Ctrl-C stops the peer servers on its way out (user_errors)
         with contextlib.ExitStack() as stack:
-            peer_run = None
-            if peer_cfgs:
-                from .hub import resolve_model
-
-                need_draft = any(c.algo == "draft" for c in peer_cfgs)
-                draft_path = resolve_model(draft_model, console=err) if need_draft else None
-                with err.status(f"starting {len(peer_cfgs)} llama-server(s)", spinner="dots"):
-                    peer_run = stack.enter_context(llama_server.Peer(
-                        peer_cfgs, g.path, exe=peer_exe, threads=_threads(), ctx=ctx_size or 4096,
-                        draft_model=draft_path))
+            peer_run = _start_peer(stack, plan, g.path, draft_model, ctx_size) if plan.peer_configs else None
             result = _run_bench_rows(
-                session, configs + peer_cfgs, wls, sampler=sampler, max_tokens=max_tokens, encode=encode,
-                draft_model=draft_model, stop_at_eos=stop_at_eos, peer=peer_run,
-                reps=reps, warmup=warmup, base=base, chat=chat, kwargs=kwargs, temp=temp,
+                session, plan, max_tokens=max_tokens, encode=encode, draft_model=draft_model,
+                stop_at_eos=stop_at_eos, peer=peer_run, reps=reps, warmup=warmup, chat=chat, temp=temp,
             )
         report.render_table(result, Console())
         for name, why in (peer_run.fallback.items() if peer_run is not None else ()):
@@ -854,6 +796,18 @@ def bench(
             raise TsspecError("speculative output differed from the baseline: a correctness bug, see the table")
 
 
+def _start_peer(stack: contextlib.ExitStack, plan, model_path: Path, draft_model: str | None, ctx_size: int | None):
+    """The peer engine's servers for ``plan``, started; ``stack`` stops them."""
+    from .bench import llama_server
+    from .hub import resolve_model
+
+    need_draft = any(c.algo == "draft" for c in plan.peer_configs)
+    draft_path = resolve_model(draft_model, console=err) if need_draft else None
+    with err.status(f"starting {len(plan.peer_configs)} llama-server(s)", spinner="dots"):
+        return stack.enter_context(llama_server.Peer(plan.peer_configs, model_path, exe=plan.peer_exe,
+                                                     threads=_threads(), ctx=ctx_size or 4096, draft_model=draft_path))
+
+
 def _bench_modules() -> None:
     """Import what the bench's rotation needs while start-up still owns Ctrl-C (tsspec.interrupts)."""
     import rich.progress  # noqa: F401
@@ -861,15 +815,15 @@ def _bench_modules() -> None:
     from .bench import engine, provenance, runner  # noqa: F401
 
 
-def _run_bench_rows(session, configs, wls, *, sampler, max_tokens, encode, draft_model, stop_at_eos, peer,
-                    reps, warmup, base, chat, kwargs, temp):
-    """The bench's rotation over every configuration (a peer's included), with a progress bar."""
+def _run_bench_rows(session, plan, *, max_tokens, encode, draft_model, stop_at_eos, peer, reps, warmup, chat, temp):
+    """The bench's rotation over every configuration of ``plan`` (a peer's included), with a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .bench import provenance
     from .bench.engine import make_run_one
     from .bench.runner import file_sha256, run_bench
 
+    sampler = plan.sampler
     run_one = make_run_one(
         session, sampler=sampler, max_tokens=max_tokens, encode=encode,
         default_draft_model=draft_model, ignore_eos=not stop_at_eos, peer=peer,
@@ -879,7 +833,7 @@ def _run_bench_rows(session, configs, wls, *, sampler, max_tokens, encode, draft
     # trunk's products actually run on (``auto`` resolves per tensor)
     extra = {"max_tokens": max_tokens, "threads": _threads(), "weights_requested": cfg.weights,
              "weights": provenance.weight_formats(session.target), "draft_weights": cfg.draft_weights,
-             "settings": cfg.provenance(), "chat": chat, "template_kwargs": kwargs, "temperature": temp}
+             "settings": cfg.provenance(), "chat": chat, "template_kwargs": plan.template_kwargs, "temperature": temp}
     if peer is not None:
         extra["peer"] = peer.provenance()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -890,7 +844,8 @@ def _run_bench_rows(session, configs, wls, *, sampler, max_tokens, encode, draft
             prog.update(task, completed=done, total=total, description=desc)
 
         return run_bench(
-            configs, wls, run_one=run_one, reps=reps, warmup=warmup, progress=progress, baseline=base,
+            plan.configs + plan.peer_configs, plan.workloads, run_one=run_one, reps=reps, warmup=warmup,
+            progress=progress, baseline=plan.baseline,
             check_identical=sampler.greedy, model_path=g.path, model_sha256=_model_sha(g.path, file_sha256),
             extra_metadata=extra,
         )

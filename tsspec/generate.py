@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 from .errors import BadInput
 from .sampling import Sampler
 from .spec.loop import DecodeState, Run
+from .spec.plan import PLAIN, PlanFactory, SpecPlan
 from .spec.stats import SpecStats
 
 
@@ -129,21 +130,17 @@ class TextGeneration:
 
 
 class Engine:
-    """A loaded target + tokenizer, and optionally a speculator and governor, reused across prompts.
+    """A loaded target + tokenizer, and how it speculates (a ``SpecPlan``), reused across prompts.
 
-    ``speculator``/``governor`` serve one prompt at a time (``generate``). Prompts decoded at the
-    same time (a server's) each need their own: ``new_speculation() -> (speculator, governor)``
-    makes a fresh pair over the same loaded weights (``Session.engine`` passes the registry's)."""
+    ``plan`` serves one prompt at a time (``generate``). Prompts decoded at the same time (a
+    server's) each need their own speculator and governor: ``new_plan()`` makes a fresh plan over
+    the same loaded weights (``Session.engine`` passes the session's)."""
 
-    def __init__(self, target, tokenizer, *, speculator=None, governor=None, window: int = 8,
-                 accept_rule: str | None = None, new_speculation: Callable[[], tuple] | None = None):
+    def __init__(self, target, tokenizer, plan: SpecPlan = PLAIN, *, new_plan: PlanFactory | None = None):
         self.target = target
         self.tokenizer = tokenizer
-        self.speculator = speculator
-        self.governor = governor
-        self.window = window
-        self.accept_rule = accept_rule
-        self.new_speculation = new_speculation
+        self.plan = plan
+        self.new_plan = new_plan
         # one cache for every prompt, reset between them: a freshly allocated one decodes about 5%
         # slower on smollm2-135m (measured, fresh vs reused, same process), and prompts run one at a time
         self._cache = None
@@ -160,18 +157,15 @@ class Engine:
         on_text: Callable[[str], None] | None = None,
         on_step: Callable[[SpecStats], None] | None = None,
         interrupted: Callable[[], bool] | None = None,
-        speculator=None,
-        governor=None,
+        plan: SpecPlan = PLAIN,
     ) -> TextGeneration:
         """A generation on ``cache`` (holding a prefix of ``prompt_ids``, or empty), not started:
         ``gen.run.start()``, then step it alone or with others until ``gen.run.done``, then
-        ``gen.result()``. ``speculator``/``governor``: this sequence's own (None: plain)."""
+        ``gen.result()``. ``plan``: this sequence's own (default: plain)."""
         check_fits(len(prompt_ids), max_tokens, self.target.max_context)
         tok = self.tokenizer
         eos = frozenset() if ignore_eos else tok.eos_ids
-        seq = DecodeState(self.target, sampler, cache=cache, speculator=speculator, governor=governor,
-                           window=self.window, accept_rule=self.accept_rule, stats=SpecStats(),
-                           drawable=tok.vocab_size)
+        seq = DecodeState(self.target, sampler, plan, cache=cache, stats=SpecStats(), drawable=tok.vocab_size)
         return TextGeneration(seq, prompt_ids, max_tokens, eos, tok.stream(), stop, on_text, on_step, interrupted)
 
     def generate(
@@ -197,6 +191,6 @@ class Engine:
             cache.reset()
         gen = self.begin(prompt_ids, sampler=sampler, max_tokens=max_tokens, cache=cache, stop=stop,
                          ignore_eos=ignore_eos, on_text=on_text, on_step=on_step, interrupted=interrupted,
-                         speculator=self.speculator, governor=self.governor)
+                         plan=self.plan)
         gen.run.drive()
         return gen.result()

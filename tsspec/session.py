@@ -21,23 +21,22 @@ from typing import Any, Callable, ContextManager
 
 from .options import ATTACH_ARCHS, ATTACH_DFLASH, SpecOptions, with_window, without_attach
 from .settings import ENV_DFLASH_CONV, ENV_DFLASH_SELECTOR, RunConfig
+from .spec.plan import PLAIN, PlanFactory, SpecPlan
 
 
 @dataclass(frozen=True)
 class Speculation:
-    """What the loop needs to speculate (all empty but ``options`` when speculation is off)."""
+    """A run's speculation: the plan the loop runs (``PLAIN`` when speculation is off), how to make
+    another for each further sequence, and what the operator is shown about it."""
 
-    speculator: Any = None
-    governor: Any = None
-    window: int = 0
+    plan: SpecPlan = PLAIN
     # the settings as they run: the window after the model's preference and the speculator's cap
     # (what ``tsspec.settings.publish_spec`` publishes as TS_SPEC_DRAFT / TS_MTP_DRAFT)
     options: SpecOptions = field(default_factory=SpecOptions)
-    accept_rule: str | None = None  # None: the speculator's own default
     notes: tuple[str, ...] = ()  # what the drafter's checks allowed or found, for the operator
-    # a fresh (speculator, governor) pair over the same loaded weights, for each sequence decoded at
-    # the same time as others (a speculator's state belongs to one sequence); None when off
-    new_speculation: Callable[[], tuple] | None = None
+    # a fresh plan (own speculator and governor) over the same loaded weights, for each sequence
+    # decoded at the same time as others (a speculator's state belongs to one sequence); None when off
+    new_plan: PlanFactory | None = None
 
 
 class Session:
@@ -134,22 +133,16 @@ class Session:
             for w in drafter.warnings:
                 if self._warn is not None:
                     self._warn(w)
-        def new_speculation(o: SpecOptions = opts) -> tuple:
-            return REGISTRY.create(o.type, self.target, o, drafter), SpeculationCostGovernor(enabled=o.adaptive)
-
-        speculator, governor = new_speculation()  # this sequence's; a server makes one pair per request
-
         opts = self.with_preferred_window(opts, drafter)
-        window = min(opts.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else opts.draft
-        return Speculation(
-            speculator=speculator,
-            governor=governor,
-            window=window,
-            accept_rule=None if opts.accept == "auto" else opts.accept,
-            notes=tuple(notes),
-            new_speculation=new_speculation,
-            options=replace(opts, draft=window),
-        )
+        accept_rule = None if opts.accept == "auto" else opts.accept
+
+        def new_plan(o: SpecOptions = opts) -> SpecPlan:
+            speculator = REGISTRY.create(o.type, self.target, o, drafter)
+            window = min(o.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else o.draft
+            return SpecPlan(speculator, SpeculationCostGovernor(enabled=o.adaptive), window, accept_rule)
+
+        plan = new_plan()  # this sequence's; a server makes one per request
+        return Speculation(plan=plan, options=replace(opts, draft=plan.window), notes=tuple(notes), new_plan=new_plan)
 
     def for_this_trunk(self, options: SpecOptions) -> SpecOptions:
         """``options``, less a drafter ``TS_QWEN35_DFLASH`` named for a trunk it is not for (said
@@ -180,8 +173,7 @@ class Session:
         from .generate import Engine
 
         s = speculation or Speculation()
-        return Engine(self.target, self.tokenizer, speculator=s.speculator, governor=s.governor,
-                      window=s.window, accept_rule=s.accept_rule, new_speculation=s.new_speculation)
+        return Engine(self.target, self.tokenizer, s.plan, new_plan=s.new_plan)
 
     def explain(self, drafter=None) -> list[tuple[str, bool, str]]:
         """For ``tsspec info``: (speculator, would serve, why) for this trunk and ``drafter``."""

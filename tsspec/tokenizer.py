@@ -329,6 +329,56 @@ class StreamDecoder:
         return self._utf8.decode(b"", final=True)
 
 
+def _token_types(meta: Mapping[str, Any], n: int) -> list[int]:
+    """Each token's llama.cpp type (all NORMAL when the file gives none), checked."""
+    if "tokenizer.ggml.token_type" not in meta:
+        return [NORMAL] * n
+    types = _checked_list(meta, "tokenizer.ggml.token_type", n)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in types):
+        raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.token_type is not a list of integers")
+    # llama.cpp's enum: UNDEFINED (0) .. BYTE (6); anything else is damage, not a normal token
+    bad = next((i for i, t in enumerate(types) if not 0 <= t <= BYTE), None)
+    if bad is not None:
+        raise ModelFileError(f"GGUF tokenizer metadata tokenizer.ggml.token_type[{bad}] is {types[bad]}, "
+                             f"not a token type (0-{BYTE}): the file is damaged")
+    return types
+
+
+def _build_hf(kind: str, meta: Mapping[str, Any], tokens: list[str], types: list[int]):
+    """The ``tokenizers`` tokenizer for a byte-level BPE ("gpt2") or SentencePiece ("llama")
+    vocabulary, with its control and user-defined tokens matched whole; -> (it, add_space_prefix)."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as HFTokenizer
+
+    add_space_prefix = False
+    if kind == "gpt2":
+        model, pre_tokenizer = _byte_level_model(meta, tokens)
+    else:
+        model, pre_tokenizer, add_space_prefix = _spm_model(meta, tokens, types)
+    hf = HFTokenizer(model)
+    hf.pre_tokenizer = pre_tokenizer
+    # normalized=False: matched against the raw text, before "▁" escaping or byte mapping.
+    n = len(tokens)
+    hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in range(n) if types[i] == CONTROL])
+    hf.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in range(n) if types[i] == USER_DEFINED])
+    return hf, add_space_prefix
+
+
+def _end_ids(meta: Mapping[str, Any], hf, types: list[int], eos_id: int | None) -> frozenset[int]:
+    """The ids that end generation: the file's eos and end-of-generation ids, and the known end
+    markers where the vocabulary holds them as control tokens."""
+    n = len(types)
+    eos = {eos_id} if eos_id is not None else set()
+    eos.update(i for k in _EOG_ID_KEYS if (i := _optional_id(meta, k, n)) is not None)
+    vocab = hf.get_vocab(with_added_tokens=True)
+    for text in _EOG_TEXTS:
+        i = vocab.get(text)
+        # A normal token spelled like an end marker is ordinary text, not a stop signal.
+        if i is not None and types[i] != NORMAL:
+            eos.add(i)
+    return frozenset(eos)
+
+
 class Tokenizer:
     """A GGUF model's tokenizer; see the module docstring for the contract."""
 
@@ -376,55 +426,18 @@ class Tokenizer:
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
-        from tokenizers import AddedToken
-        from tokenizers import Tokenizer as HFTokenizer
-
         tokens = _require(meta, "tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
             raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.tokens is not a list of strings")
         n = len(tokens)
-        if "tokenizer.ggml.token_type" in meta:
-            types = _checked_list(meta, "tokenizer.ggml.token_type", n)
-            if not all(isinstance(t, int) and not isinstance(t, bool) for t in types):
-                raise ModelFileError("GGUF tokenizer metadata tokenizer.ggml.token_type is not a list of integers")
-            # llama.cpp's enum: UNDEFINED (0) .. BYTE (6); anything else is damage, not a normal token
-            bad = next((i for i, t in enumerate(types) if not 0 <= t <= BYTE), None)
-            if bad is not None:
-                raise ModelFileError(f"GGUF tokenizer metadata tokenizer.ggml.token_type[{bad}] is {types[bad]}, "
-                                     f"not a token type (0-{BYTE}): the file is damaged")
-        else:
-            types = [NORMAL] * n
-
+        types = _token_types(meta, n)
         kind = _require(meta, "tokenizer.ggml.model")
-        add_space_prefix = False
         if kind not in ("gpt2", "llama"):
             raise ModelFileError(
                 f"unsupported tokenizer.ggml.model {kind!r} (supported: 'gpt2', 'llama')"
             )
         default_add_bos = kind == "llama"  # llama.cpp's default for SentencePiece vocabularies
-
-        def build() -> HFTokenizer:
-            nonlocal add_space_prefix
-            if kind == "gpt2":
-                model, pre_tokenizer = _byte_level_model(meta, tokens)
-            else:
-                model, pre_tokenizer, add_space_prefix = _spm_model(meta, tokens, types)
-            hf = HFTokenizer(model)
-            hf.pre_tokenizer = pre_tokenizer
-            # normalized=False: matched against the raw text, before "▁" escaping or byte mapping.
-            hf.add_special_tokens(
-                [AddedToken(tokens[i], special=True, normalized=False) for i in range(n) if types[i] == CONTROL]
-            )
-            hf.add_tokens(
-                [
-                    AddedToken(tokens[i], special=False, normalized=False)
-                    for i in range(n)
-                    if types[i] == USER_DEFINED
-                ]
-            )
-            return hf
-
-        hf = _tokenizers_call(build)
+        hf, add_space_prefix = _tokenizers_call(lambda: _build_hf(kind, meta, tokens, types))
 
         bos_id = _optional_id(meta, "tokenizer.ggml.bos_token_id", n)
         eos_id = _optional_id(meta, "tokenizer.ggml.eos_token_id", n)
@@ -436,16 +449,6 @@ class Tokenizer:
                     f"GGUF tokenizer sets tokenizer.ggml.add_{key}_token "
                     f"but has no tokenizer.ggml.{key}_token_id"
                 )
-
-        eos = {eos_id} if eos_id is not None else set()
-        eos.update(i for k in _EOG_ID_KEYS if (i := _optional_id(meta, k, n)) is not None)
-        vocab = hf.get_vocab(with_added_tokens=True)
-        for text in _EOG_TEXTS:
-            i = vocab.get(text)
-            # A normal token spelled like an end marker is ordinary text, not a stop signal.
-            if i is not None and types[i] != NORMAL:
-                eos.add(i)
-
         template = meta.get("tokenizer.chat_template")
         return cls(
             hf,
@@ -454,7 +457,7 @@ class Tokenizer:
             byte_level=kind == "gpt2",
             bos_id=bos_id,
             eos_id=eos_id,
-            eos_ids=frozenset(eos),
+            eos_ids=_end_ids(meta, hf, types, eos_id),
             add_bos=add_bos,
             add_eos=add_eos,
             add_space_prefix=add_space_prefix,

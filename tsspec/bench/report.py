@@ -106,30 +106,53 @@ def _noise_caption(w: WorkloadResult, reps: int) -> str:
             f"noise floor (baseline vs itself) {floor}")
 
 
+def _mismatch_panel(mismatches) -> Panel:
+    """The runs whose tokens differ from the baseline's, in red: they void the speed numbers."""
+    lines = [
+        "Token ids differ from the baseline's under the same settings. This is a correctness "
+        "bug in speculation, not a speed result: the affected rows' numbers mean nothing.",
+        "",
+    ]
+    for m in mismatches[:12]:
+        lines.append(
+            f"  {m.workload}/{m.prompt_id} config {m.config} rep {m.rep + 1}: first difference "
+            f"at token {m.first_diff} (baseline {m.baseline_excerpt} vs {m.config_excerpt}; "
+            f"lengths {m.baseline_len}/{m.config_len})"
+        )
+    if len(mismatches) > 12:
+        lines.append(f"  ... and {len(mismatches) - 12} more (see --json)")
+    return Panel(escape("\n".join(lines)), title=f"OUTPUT MISMATCH: {len(mismatches)} run(s)",
+                 border_style="bold red", style="red")
+
+
+def _row_cells(cr, timed_prefill: bool) -> list[str]:
+    """One configuration's cells, in the order of ``render_table``'s headers."""
+    verdict, vstyle = _verdict_text(cr)
+    ident, istyle = _identical_text(cr)
+    acc = acceptance(cr)
+    head = cr.headline.ratio
+    ratio = f"(self {_fmt_ratio(head)})" if cr.is_baseline else _fmt_ratio(head)
+    if timed_prefill:
+        ratios = [ratio, _prompt_range(cr.per_prompt_e2e or cr.per_prompt),
+                  _fmt_ratio(cr.comparison.ratio),
+                  "-" if cr.first_token is None else f"{cr.first_token.ratio.estimate:.3f}"]
+    else:
+        ratios = [ratio, _prompt_range(cr.per_prompt)]
+    return [
+        f"{cr.spread.median:.2f} [{cr.spread.iqr:.2f}]",
+        *ratios,
+        f"[{vstyle}]{verdict}[/]" if vstyle else verdict,
+        "-" if acc is None else f"{acc * 100:.1f}%",
+        _opt(tokens_per_verify(cr), ".2f"),
+        _opt(parks(cr), "d"),
+        f"[{istyle}]{ident}[/]",
+    ]
+
+
 def render_table(result: BenchResult, console: Console) -> None:
     """Print the result; mismatches first, in red, because they void the speed numbers."""
     if result.mismatches:
-        lines = [
-            "Token ids differ from the baseline's under the same settings. This is a correctness "
-            "bug in speculation, not a speed result: the affected rows' numbers mean nothing.",
-            "",
-        ]
-        for m in result.mismatches[:12]:
-            lines.append(
-                f"  {m.workload}/{m.prompt_id} config {m.config} rep {m.rep + 1}: first difference "
-                f"at token {m.first_diff} (baseline {m.baseline_excerpt} vs {m.config_excerpt}; "
-                f"lengths {m.baseline_len}/{m.config_len})"
-            )
-        if len(result.mismatches) > 12:
-            lines.append(f"  ... and {len(result.mismatches) - 12} more (see --json)")
-        console.print(
-            Panel(
-                escape("\n".join(lines)),
-                title=f"OUTPUT MISMATCH: {len(result.mismatches)} run(s)",
-                border_style="bold red",
-                style="red",
-            )
-        )
+        console.print(_mismatch_panel(result.mismatches))
     for w in result.workloads:
         title = escape(f"workload: {w.name}  (baseline: {result.baseline})")
         timed_prefill = any(cr.end_to_end is not None for cr in w.configs)
@@ -139,28 +162,7 @@ def render_table(result: BenchResult, console: Console) -> None:
         else:
             headers += [f"ratio vs baseline [{_conf(result)}% CI]", "per prompt min-max"]
         headers += ["verdict", "accept", "tok/verify", "parks", "identical"]
-        rows = []
-        for cr in w.configs:
-            verdict, vstyle = _verdict_text(cr)
-            ident, istyle = _identical_text(cr)
-            acc = acceptance(cr)
-            head = cr.headline.ratio
-            ratio = f"(self {_fmt_ratio(head)})" if cr.is_baseline else _fmt_ratio(head)
-            if timed_prefill:
-                ratios = [ratio, _prompt_range(cr.per_prompt_e2e or cr.per_prompt),
-                          _fmt_ratio(cr.comparison.ratio),
-                          "-" if cr.first_token is None else f"{cr.first_token.ratio.estimate:.3f}"]
-            else:
-                ratios = [ratio, _prompt_range(cr.per_prompt)]
-            rows.append((escape(cr.config.name), [
-                f"{cr.spread.median:.2f} [{cr.spread.iqr:.2f}]",
-                *ratios,
-                f"[{vstyle}]{verdict}[/]" if vstyle else verdict,
-                "-" if acc is None else f"{acc * 100:.1f}%",
-                _opt(tokens_per_verify(cr), ".2f"),
-                _opt(parks(cr), "d"),
-                f"[{istyle}]{ident}[/]",
-            ]))
+        rows = [(escape(cr.config.name), _row_cells(cr, timed_prefill)) for cr in w.configs]
         # the width the rows need unwrapped (headers may wrap; the config name does not)
         need = 1 + 3 * (len(headers) + 1) + max(Text.from_markup(n).cell_len for n, _ in rows) + sum(
             max(Text.from_markup(cells[i]).cell_len for _, cells in rows) for i in range(len(headers)))

@@ -279,29 +279,9 @@ def run_bench(
     sampled decoding, where outputs legitimately differ). ``model_path``: recorded with its
     sha256 (computed unless ``model_sha256`` is given). ``argv`` defaults to ``sys.argv``.
     """
-    if reps < 1:
-        raise BadInput(f"--reps must be >= 1, got {reps}")
-    if warmup < 0:
-        raise BadInput(f"--warmup must be >= 0, got {warmup}")
-    if not workloads:
-        raise BadInput("bench: no workloads")
-    names = [w.name for w in workloads]
-    if len(set(names)) != len(names):
-        raise BadInput("bench: a workload is given twice")
-    ordered = resolve_configs(configs, baseline)
-    base = ordered[0]
-    by_name = {c.name: c for c in ordered}
-    self_slot = base.name + SELF_PAIR_SUFFIX
-    if self_slot in by_name:
-        raise BadInput(f"config name {self_slot!r} is reserved for the baseline's second run")
-    slots = [c.name for c in ordered] + [self_slot]
-
-    def config_of(slot: str) -> BenchConfig:
-        return base if slot == self_slot else by_name[slot]
-
-    started = _now()
-    t0 = time.perf_counter()
-    total = warmup * len(ordered) + sum(reps * len(w.prompts) * len(slots) for w in workloads)
+    ordered, self_slot = _check_inputs(configs, workloads, reps, warmup, baseline)
+    started, t0 = _now(), time.perf_counter()
+    total = warmup * len(ordered) + sum(reps * len(w.prompts) * (len(ordered) + 1) for w in workloads)
     done = 0
     schedule: list[ScheduleEntry] = []
     measurements: list[Measurement] = []
@@ -312,63 +292,19 @@ def run_bench(
         if progress is not None:
             progress(done, total, desc)
 
-    # 1. warm-up: not recorded, not checked
-    first = workloads[0]
+    first = workloads[0]  # the warm-up: not recorded, not checked
     for i in range(warmup):
         prompt = first.prompts[i % len(first.prompts)]
         for c in ordered:
             run_one(c, prompt)
             schedule.append(ScheduleEntry(first.name, prompt.id, c.name, -1, True))
             tick(f"warm-up {c.name}")
-
     workload_results: list[WorkloadResult] = []
     for w in workloads:
-        # reference token ids per prompt, and every recorded run's ids to check against them
-        tokens: dict[tuple[str, str, int], list[int]] = {}  # (prompt_id, slot, rep) -> ids
-        counters: dict[str, list[Mapping[str, Any]]] = {c.name: [] for c in ordered}
-        for rep in range(reps):
-            order = rotation(slots, rep)
-            for prompt in w.prompts:
-                for pos, slot in enumerate(order):
-                    c = config_of(slot)
-                    rec = run_one(c, prompt)
-                    _check_record(rec, c, prompt, w)
-                    schedule.append(ScheduleEntry(w.name, prompt.id, slot, rep, False))
-                    measurements.append(
-                        Measurement(
-                            workload=w.name,
-                            prompt_id=prompt.id,
-                            config=c.name,
-                            slot=slot,
-                            rep=rep,
-                            position=pos,
-                            n_tokens=int(rec.n_tokens),
-                            decode_s=float(rec.decode_s),
-                            tok_s=float(rec.tok_s),
-                            prefill_s=None if rec.prefill_s is None else float(rec.prefill_s),
-                        )
-                    )
-                    tokens[(prompt.id, slot, rep)] = list(rec.token_ids)
-                    if slot != self_slot:
-                        # the self-pair is a timing device only; its counters would double-count
-                        counters[c.name].append(rec.counters or {})
-                    tick(f"{w.name} rep {rep + 1}/{reps} {prompt.id} {slot}")
-        workload_results.append(
-            _summarise_workload(
-                w,
-                ordered,
-                self_slot,
-                reps,
-                measurements,
-                tokens,
-                counters,
-                check_identical=check_identical,
-                n_resamples=n_resamples,
-                confidence=confidence,
-                seed=seed,
-            )
-        )
-
+        tokens, counters = _run_workload(w, ordered, self_slot, reps, run_one, schedule, measurements, tick)
+        workload_results.append(_summarise_workload(
+            w, ordered, self_slot, reps, measurements, tokens, counters, check_identical=check_identical,
+            n_resamples=n_resamples, confidence=confidence, seed=seed))
     metadata: dict[str, Any] = {
         "machine": provenance.machine_info(),
         "git": provenance.git_state(),
@@ -378,29 +314,68 @@ def run_bench(
         "started_at": started,
         "finished_at": _now(),
         "wall_s": round(time.perf_counter() - t0, 3),
-        "model": None,
+        "model": None if model_path is None else _model_record(Path(model_path), model_sha256),
         "check_identical": check_identical,
         "n_resamples": n_resamples,
         "confidence": confidence,
         "seed": seed,
     }
-    if model_path is not None:
-        mp = Path(model_path)
-        sha = model_sha256
-        if sha is None and mp.is_file():
-            sha = file_sha256(mp)
-        metadata["model"] = {"path": str(mp), "sha256": sha}
     if extra_metadata:
         metadata.update(dict(extra_metadata))
-    return BenchResult(
-        baseline=base.name,
-        reps=reps,
-        warmup=warmup,
-        workloads=workload_results,
-        measurements=measurements,
-        schedule=schedule,
-        metadata=metadata,
-    )
+    return BenchResult(baseline=ordered[0].name, reps=reps, warmup=warmup, workloads=workload_results,
+                       measurements=measurements, schedule=schedule, metadata=metadata)
+
+
+def _check_inputs(configs, workloads, reps: int, warmup: int, baseline) -> tuple[list[BenchConfig], str]:
+    """-> (the configurations, baseline first; the baseline's second slot), or ``BadInput``."""
+    if reps < 1:
+        raise BadInput(f"--reps must be >= 1, got {reps}")
+    if warmup < 0:
+        raise BadInput(f"--warmup must be >= 0, got {warmup}")
+    if not workloads:
+        raise BadInput("bench: no workloads")
+    names = [w.name for w in workloads]
+    if len(set(names)) != len(names):
+        raise BadInput("bench: a workload is given twice")
+    ordered = resolve_configs(configs, baseline)
+    self_slot = ordered[0].name + SELF_PAIR_SUFFIX
+    if self_slot in {c.name for c in ordered}:
+        raise BadInput(f"config name {self_slot!r} is reserved for the baseline's second run")
+    return ordered, self_slot
+
+
+def _run_workload(w: Workload, ordered: Sequence[BenchConfig], self_slot: str, reps: int, run_one: RunOne,
+                  schedule: list[ScheduleEntry], measurements: list[Measurement], tick: Callable[[str], None]
+                  ) -> tuple[dict[tuple[str, str, int], list[int]], dict[str, list[Mapping[str, Any]]]]:
+    """Every repetition of one workload, the slots' order rotating; each run's timing appended to
+    ``measurements``. -> (token ids by (prompt id, slot, rep), each configuration's counters)."""
+    base = ordered[0]
+    by_name = {c.name: c for c in ordered}
+    slots = [c.name for c in ordered] + [self_slot]
+    tokens: dict[tuple[str, str, int], list[int]] = {}
+    counters: dict[str, list[Mapping[str, Any]]] = {c.name: [] for c in ordered}
+    for rep in range(reps):
+        for prompt in w.prompts:
+            for pos, slot in enumerate(rotation(slots, rep)):
+                c = base if slot == self_slot else by_name[slot]
+                rec = run_one(c, prompt)
+                _check_record(rec, c, prompt, w)
+                schedule.append(ScheduleEntry(w.name, prompt.id, slot, rep, False))
+                measurements.append(Measurement(
+                    workload=w.name, prompt_id=prompt.id, config=c.name, slot=slot, rep=rep, position=pos,
+                    n_tokens=int(rec.n_tokens), decode_s=float(rec.decode_s), tok_s=float(rec.tok_s),
+                    prefill_s=None if rec.prefill_s is None else float(rec.prefill_s)))
+                tokens[(prompt.id, slot, rep)] = list(rec.token_ids)
+                if slot != self_slot:  # the self-pair is a timing device only; its counters would double-count
+                    counters[c.name].append(rec.counters or {})
+                tick(f"{w.name} rep {rep + 1}/{reps} {prompt.id} {slot}")
+    return tokens, counters
+
+
+def _model_record(mp: Path, sha: str | None) -> dict[str, Any]:
+    if sha is None and mp.is_file():
+        sha = file_sha256(mp)
+    return {"path": str(mp), "sha256": sha}
 
 
 def _check_record(rec: RunRecord, c: BenchConfig, prompt: Prompt, w: Workload) -> None:
@@ -412,6 +387,53 @@ def _check_record(rec: RunRecord, c: BenchConfig, prompt: Prompt, w: Workload) -
             f"bench: {c.name} on {w.name}/{prompt.id} measured {rec.tok_s} tok/s "
             f"({rec.n_tokens} tokens); nothing to compare (did it stop at once?)"
         )
+
+
+def _mismatches(w: Workload, name: str, base: str, again: str | None, keys: Sequence[tuple[int, str]],
+                tokens: Mapping[tuple[str, str, int], list[int]]) -> list[Mismatch]:
+    """Where configuration ``name``'s runs part from the baseline's first (``again``: the
+    baseline's second slot, when ``name`` is the baseline)."""
+    out: list[Mismatch] = []
+    slots = [name] if again is None else [name, again]
+    for rep, pid in keys:
+        want = tokens[(pid, base, 0)]
+        for slot in slots:
+            if slot == base and rep == 0:
+                continue  # the reference itself
+            got = tokens[(pid, slot, rep)]
+            d = first_difference(want, got)
+            if d is not None:
+                out.append(Mismatch(workload=w.name, prompt_id=pid, config=slot, rep=rep, first_diff=d,
+                                    baseline_len=len(want), config_len=len(got),
+                                    baseline_excerpt=list(want[d : d + 8]), config_excerpt=list(got[d : d + 8])))
+    return out
+
+
+class _Pairs:
+    """One workload's measurements, lined up pair by pair: a slot's series over (rep, prompt), in
+    the same order for every slot whatever order the runs happened in, and the comparisons between
+    them, whose intervals resample prompts, not near-identical repetitions."""
+
+    def __init__(self, w: Workload, reps: int, measurements: Sequence[Measurement], **kw):
+        self.w = w
+        self.keys = [(rep, p.id) for rep in range(reps) for p in w.prompts]
+        self.runs = {(m.slot, m.rep, m.prompt_id): m for m in measurements if m.workload == w.name}
+        self.kw = dict(groups=[pid for _, pid in self.keys], **kw)
+
+    def series(self, slot: str, attr: str = "tok_s") -> np.ndarray | None:
+        """The slot's ``attr`` over the keys (None where a run lacks it: a peer's end-to-end time)."""
+        vals = [getattr(self.runs[(slot, rep, pid)], attr) for rep, pid in self.keys]
+        return None if any(v is None for v in vals) else np.array(vals, dtype=np.float64)
+
+    def noise(self, base: np.ndarray | None, again: np.ndarray | None) -> stats.Comparison | None:
+        return None if base is None or again is None else stats.noise_floor(base, again, **self.kw)
+
+    def compare(self, x: np.ndarray, ref: np.ndarray, noise) -> stats.Comparison:
+        return stats.compare(x, ref, noise=noise, **self.kw)
+
+    def per_prompt(self, x: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+        return {p.id: stats.geometric_mean([x[i] / ref[i] for i, (_, pid) in enumerate(self.keys) if pid == p.id])
+                for p in self.w.prompts}
 
 
 def _summarise_workload(
@@ -429,114 +451,68 @@ def _summarise_workload(
     seed: int,
 ) -> WorkloadResult:
     base = ordered[0]
-    # tok/s keyed by (slot, rep, prompt) so pairs line up whatever order runs happened in
-    tps = {(m.slot, m.rep, m.prompt_id): m.tok_s for m in measurements if m.workload == w.name}
-    keys = [(rep, p.id) for rep in range(reps) for p in w.prompts]
-
-    runs = {(m.slot, m.rep, m.prompt_id): m for m in measurements if m.workload == w.name}
-
-    def series(slot: str) -> np.ndarray:
-        return np.array([tps[(slot, rep, pid)] for rep, pid in keys])
-
-    def metric(slot: str, attr: str) -> np.ndarray | None:
-        vals = [getattr(runs[(slot, rep, pid)], attr) for rep, pid in keys]
-        return None if any(v is None for v in vals) else np.array(vals, dtype=np.float64)
-
-    def per_prompt_of(x: np.ndarray, base_x: np.ndarray) -> dict[str, float]:
-        return {p.id: stats.geometric_mean([x[i] / base_x[i] for i, (_, pid) in enumerate(keys) if pid == p.id])
-                for p in w.prompts}
-
-    base_tps = series(base.name)
-    again_tps = series(self_slot)
-    # pairs grouped by prompt: the intervals resample prompts, not near-identical repetitions
-    kw = dict(groups=[pid for _, pid in keys], n_resamples=n_resamples, confidence=confidence, seed=seed)
-    noise = stats.noise_floor(base_tps, again_tps, **kw)
-    extra_noise = {}
-    for attr in ("e2e_tok_s", "first_token_per_s"):
-        b, a = metric(base.name, attr), metric(self_slot, attr)
-        extra_noise[attr] = None if b is None or a is None else (b, a, stats.noise_floor(b, a, **kw))
-
-    e2e_floor = extra_noise["e2e_tok_s"]
-    extra_noise_floor = noise if e2e_floor is None else e2e_floor[2]
+    pairs = _Pairs(w, reps, measurements, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    base_tps, again_tps = pairs.series(base.name), pairs.series(self_slot)
+    noise = pairs.noise(base_tps, again_tps)
+    # the end-to-end and first-token figures, each with its own noise floor (None where a run lacks it)
+    floors = {attr: pairs.noise(pairs.series(base.name, attr), pairs.series(self_slot, attr))
+              for attr in ("e2e_tok_s", "first_token_per_s")}
+    e2e_noise = noise if floors["e2e_tok_s"] is None else floors["e2e_tok_s"]
     # each engine's own plain configuration: a peer's speculative text and speed are judged by it
     own_plain = {base.engine: base}
     for c in ordered:
         if c.engine != base.engine and c.algo == "plain":
             own_plain.setdefault(c.engine, c)
-
-    def against_reference(c: BenchConfig, ref: BenchConfig | None, comp: stats.Comparison,
-                           e2e: stats.Comparison | None) -> dict[str, Any]:
-        if ref is None or ref.name == c.name:
-            return {}  # a reference is not judged against itself
-        if c.engine == base.engine:  # ref is the baseline: the ratios are the ones above
-            dec, head = comp, e2e or comp
-        else:  # a peer against its own plain runs, pair by pair in the same rounds
-            dec = stats.compare(series(c.name), series(ref.name), noise=noise, **kw)
-            xe, be = metric(c.name, "e2e_tok_s"), metric(ref.name, "e2e_tok_s")
-            head = dec if xe is None or be is None else stats.compare(xe, be, noise=extra_noise_floor, **kw)
-        same = None
-        if check_identical:
-            same = (sum(all(tokens[(p.id, c.name, rep)] == tokens[(p.id, ref.name, 0)] for rep in range(reps))
-                        for p in w.prompts), len(w.prompts))
-        return {"reference": ref.name, "vs_reference": head, "vs_reference_decode": dec, "same_text": same}
-
     results: list[ConfigResult] = []
     for c in ordered:
         is_base = c.name == base.name
-        x = again_tps if is_base else series(c.name)
-        comp = stats.compare(x, base_tps, noise=noise, **kw)
-        per_prompt = per_prompt_of(x, base_tps)
+        x = again_tps if is_base else pairs.series(c.name)
+        comp = pairs.compare(x, base_tps, noise)
         extra: dict[str, stats.Comparison | None] = {}
         per_prompt_e2e: dict[str, float] = {}
-        for attr, got in extra_noise.items():
-            xs = metric(self_slot if is_base else c.name, attr)
-            if got is None or xs is None:
-                extra[attr] = None
-                continue
-            b, _, fl = got
-            extra[attr] = stats.compare(xs, b, noise=fl, **kw)
-            if attr == "e2e_tok_s":
-                per_prompt_e2e = per_prompt_of(xs, b)
-        mismatches: list[Mismatch] = []
-        if check_identical and c.engine == base.engine:  # a peer promises no exactness: counted below
-            slots = [c.name, self_slot] if is_base else [c.name]
-            for rep, pid in keys:
-                want = tokens[(pid, base.name, 0)]
-                for slot in slots:
-                    if is_base and slot == base.name and rep == 0:
-                        continue  # the reference itself
-                    got = tokens[(pid, slot, rep)]
-                    d = first_difference(want, got)
-                    if d is not None:
-                        mismatches.append(
-                            Mismatch(
-                                workload=w.name,
-                                prompt_id=pid,
-                                config=slot,
-                                rep=rep,
-                                first_diff=d,
-                                baseline_len=len(want),
-                                config_len=len(got),
-                                baseline_excerpt=list(want[d : d + 8]),
-                                config_excerpt=list(got[d : d + 8]),
-                            )
-                        )
-        results.append(
-            ConfigResult(
-                config=c,
-                is_baseline=is_base,
-                spread=stats.summarize(series(c.name)),
-                comparison=comp,
-                counters=aggregate_counters(counters[c.name]),
-                checked=check_identical and c.engine == base.engine,
-                mismatches=mismatches,
-                per_prompt=per_prompt,
-                end_to_end=extra["e2e_tok_s"],
-                first_token=extra["first_token_per_s"],
-                per_prompt_e2e=per_prompt_e2e,
-                **against_reference(c, own_plain.get(c.engine), comp, extra["e2e_tok_s"]),
-            )
-        )
-    e2e = extra_noise["e2e_tok_s"]
+        for attr, floor in floors.items():
+            xs, b = pairs.series(self_slot if is_base else c.name, attr), pairs.series(base.name, attr)
+            extra[attr] = None if floor is None or xs is None else pairs.compare(xs, b, floor)
+            if attr == "e2e_tok_s" and extra[attr] is not None:
+                per_prompt_e2e = pairs.per_prompt(xs, b)
+        checked = check_identical and c.engine == base.engine  # a peer promises no exactness: counted below
+        results.append(ConfigResult(
+            config=c,
+            is_baseline=is_base,
+            spread=stats.summarize(pairs.series(c.name)),
+            comparison=comp,
+            counters=aggregate_counters(counters[c.name]),
+            checked=checked,
+            mismatches=_mismatches(w, c.name, base.name, self_slot if is_base else None, pairs.keys, tokens)
+            if checked else [],
+            per_prompt=pairs.per_prompt(x, base_tps),
+            end_to_end=extra["e2e_tok_s"],
+            first_token=extra["first_token_per_s"],
+            per_prompt_e2e=per_prompt_e2e,
+            **_against_reference(pairs, c, own_plain.get(c.engine), base, comp, extra["e2e_tok_s"], noise,
+                                 e2e_noise, tokens if check_identical else None, reps),
+        ))
     return WorkloadResult(name=w.name, prompt_ids=[p.id for p in w.prompts], noise=noise, configs=results,
-                          noise_e2e=None if e2e is None else e2e[2])
+                          noise_e2e=floors["e2e_tok_s"])
+
+
+def _against_reference(pairs: _Pairs, c: BenchConfig, ref: BenchConfig | None, base: BenchConfig,
+                       comp: stats.Comparison, e2e: stats.Comparison | None, noise, e2e_noise,
+                       tokens: Mapping[tuple[str, str, int], list[int]] | None, reps: int) -> dict[str, Any]:
+    """A configuration judged against its own engine's plain runs: tsspec's against the baseline
+    (the ratios already taken), a peer's pair by pair against its own plain in the same rounds;
+    ``tokens`` (None: not checked) counts the prompts whose text equals the reference's."""
+    if ref is None or ref.name == c.name:
+        return {}  # a reference is not judged against itself
+    if c.engine == base.engine:
+        dec, head = comp, e2e or comp
+    else:
+        dec = pairs.compare(pairs.series(c.name), pairs.series(ref.name), noise)
+        xe, be = pairs.series(c.name, "e2e_tok_s"), pairs.series(ref.name, "e2e_tok_s")
+        head = dec if xe is None or be is None else pairs.compare(xe, be, e2e_noise)
+    same = None
+    if tokens is not None:
+        w = pairs.w
+        same = (sum(all(tokens[(p.id, c.name, rep)] == tokens[(p.id, ref.name, 0)] for rep in range(reps))
+                    for p in w.prompts), len(w.prompts))
+    return {"reference": ref.name, "vs_reference": head, "vs_reference_decode": dec, "same_text": same}

@@ -96,45 +96,11 @@ def check_out_dir(out: Path) -> None:
 OUT_FILES = ("config.json", "model.safetensors")
 
 
-def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
-    """Write ``out_dir/config.json`` and ``out_dir/model.safetensors`` for the dflash GGUF at
-    ``gguf_path``; returns ``out_dir``. Weights are dequantized to ``dtype`` (float32: exactly
-    what the GGUF's dequantized matrices are; bfloat16: the reference's published checkpoints)."""
+def _hf_state(g: GGUFFile, cfg, tensors: list[str], dtype: str) -> dict:
+    """The reference layout's tensors, dequantized to ``dtype``, each one the layout needs present."""
     import torch
 
-    if dtype not in DTYPES:
-        raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    check_out_dir(Path(out_dir))
-    path = check_input_file(gguf_path, "drafter")  # one line for a missing name, a FIFO, a device
-    g = GGUFFile(path)
-    name = path.name
-    arch = g.get("general.architecture")
-    if arch != ARCH:
-        raise _refuse(name, f"it is a {arch!r} file, not a dflash block drafter (general.architecture = dflash)")
-    tensors = g.tensor_names()
-    dflash2 = [t for t in tensors if any(m in t for m in _DFLASH2_MARKERS)]
-    if dflash2:
-        raise _refuse(name, f"it is a DFlash2 drafter ({dflash2[0]}, ...): its convolutions and candidate "
-                            "selector have no place in the plain DFlash layout")
-    try:
-        cfg = read_config(g)
-    except TsspecError as e:
-        raise _refuse(name, str(e)) from None
-    if g.has_tensor("token_embd.weight"):
-        raise _refuse(name, "it carries its own token embedding; the reference always uses the target's")
-    ours = g.get(f"{ARCH}.trunk.vocab_sha256") is not None  # written by `tsspec distill --kind block`
-    if g.has_tensor("output.weight") and not (ours and g.has_tensor("d2t")):
-        raise _refuse(name, "it carries its own LM head; the reference always uses the target's")
-    if cfg.rope_dim != cfg.head_dim:
-        raise _refuse(name, f"rope covers {cfg.rope_dim} of {cfg.head_dim} head dims; the reference ropes all")
-    trunk_layers = g.get(f"{ARCH}.trunk.block_count")
-    if trunk_layers is not None and max(cfg.target_layers) >= int(trunk_layers):
-        raise _refuse(name, f"dflash.target_layers {list(cfg.target_layers)} reads the residual after the "
-                            f"trunk's last layer ({trunk_layers}); the reference's last hidden state is final-normed")
-    unknown = [t for t in tensors if hf_tensor_name(t) is None and t not in ("output.weight", "d2t")]
-    if unknown:
-        raise _refuse(name, f"tensor {unknown[0]!r} has no counterpart in the reference layout")
-
+    name = g.path.name
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     state: dict[str, torch.Tensor] = {}
     for t in tensors:
@@ -149,11 +115,16 @@ def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
     extra = sorted({k.split(".")[1] for k in state if k.startswith("layers.")} - {str(i) for i in range(cfg.n_layers)})
     if extra:
         raise _refuse(name, f"tensors for layer {extra[0]} but dflash.block_count is {cfg.n_layers}")
-    ffn = state["layers.0.mlp.gate_proj.weight"].shape[0]
     if state["fc.weight"].shape[1] % cfg.d_model or state["fc.weight"].shape[1] // cfg.d_model != len(cfg.target_layers):
         raise _refuse(name, f"fc.weight is {tuple(state['fc.weight'].shape)}: the reference needs "
                             f"(hidden, {len(cfg.target_layers)} x hidden), its hidden size being the target's")
 
+    return state
+
+
+def _hf_config(g: GGUFFile, cfg, dtype: str, *, ffn: int, trunk_layers) -> dict:
+    """The reference's ``config.json`` for this drafter."""
+    name = g.path.name
     vocab = g.get(f"{ARCH}.vocab_size", g.get(f"{ARCH}.trunk.vocab_size"))
     if vocab is None:
         raise _refuse(name, "the target's vocabulary size is not recorded (dflash.vocab_size)")
@@ -201,6 +172,49 @@ def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
         "use_cache": True,
         "vocab_size": int(vocab),
     }
+    return config
+
+
+def export_block_hf(gguf_path, out_dir, dtype: str = "float32") -> Path:
+    """Write ``out_dir/config.json`` and ``out_dir/model.safetensors`` for the dflash GGUF at
+    ``gguf_path``; returns ``out_dir``. Weights are dequantized to ``dtype`` (float32: exactly
+    what the GGUF's dequantized matrices are; bfloat16: the reference's published checkpoints)."""
+    if dtype not in DTYPES:
+        raise BadInput(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    check_out_dir(Path(out_dir))
+    path = check_input_file(gguf_path, "drafter")  # one line for a missing name, a FIFO, a device
+    g = GGUFFile(path)
+    name = path.name
+    arch = g.get("general.architecture")
+    if arch != ARCH:
+        raise _refuse(name, f"it is a {arch!r} file, not a dflash block drafter (general.architecture = dflash)")
+    tensors = g.tensor_names()
+    dflash2 = [t for t in tensors if any(m in t for m in _DFLASH2_MARKERS)]
+    if dflash2:
+        raise _refuse(name, f"it is a DFlash2 drafter ({dflash2[0]}, ...): its convolutions and candidate "
+                            "selector have no place in the plain DFlash layout")
+    try:
+        cfg = read_config(g)
+    except TsspecError as e:
+        raise _refuse(name, str(e)) from None
+    if g.has_tensor("token_embd.weight"):
+        raise _refuse(name, "it carries its own token embedding; the reference always uses the target's")
+    ours = g.get(f"{ARCH}.trunk.vocab_sha256") is not None  # written by `tsspec distill --kind block`
+    if g.has_tensor("output.weight") and not (ours and g.has_tensor("d2t")):
+        raise _refuse(name, "it carries its own LM head; the reference always uses the target's")
+    if cfg.rope_dim != cfg.head_dim:
+        raise _refuse(name, f"rope covers {cfg.rope_dim} of {cfg.head_dim} head dims; the reference ropes all")
+    trunk_layers = g.get(f"{ARCH}.trunk.block_count")
+    if trunk_layers is not None and max(cfg.target_layers) >= int(trunk_layers):
+        raise _refuse(name, f"dflash.target_layers {list(cfg.target_layers)} reads the residual after the "
+                            f"trunk's last layer ({trunk_layers}); the reference's last hidden state is final-normed")
+    unknown = [t for t in tensors if hf_tensor_name(t) is None and t not in ("output.weight", "d2t")]
+    if unknown:
+        raise _refuse(name, f"tensor {unknown[0]!r} has no counterpart in the reference layout")
+
+    state = _hf_state(g, cfg, tensors, dtype)
+    config = _hf_config(g, cfg, dtype, ffn=int(state["layers.0.mlp.gate_proj.weight"].shape[0]),
+                        trunk_layers=trunk_layers)
     try:
         from safetensors.torch import save_file
     except ImportError:

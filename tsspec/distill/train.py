@@ -298,7 +298,7 @@ class _BlockTask:
 
 def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
     """Train a drafter for ``cfg.model`` and write it to ``cfg.out``."""
-    from ..drafters.eagle import dense_head_rows, trunk_identity
+    from ..drafters.eagle import trunk_identity
     from ..gguf_file import GGUFFile
     from ..models import load_model
     from ..tokenizer import Tokenizer
@@ -319,30 +319,14 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
     train, held = prepare_features(cfg, model, tok, model_id, events, taps)
 
     d2t = choose_draft_vocab(train, cfg.draft_vocab, model.vocab_size)
-    t2d = torch.full((model.vocab_size,), -1, dtype=torch.long)
-    t2d[torch.as_tensor(d2t)] = torch.arange(len(d2t))
     dev = torch.device(cfg.device)
-    shared = {
-        "dev": dev, "d2t_np": d2t, "d2t": torch.as_tensor(d2t).to(dev), "t2d": t2d.to(dev),
-        "lm_rows": dense_head_rows(g, d2t).to(dev),
-        "embed": torch.cat([model.embed[list(range(i, min(i + 8192, model.vocab_size)))].float()
-                            for i in range(0, model.vocab_size, 8192)]).to(dev),
-    }
+    shared = _shared(g, model, d2t, dev)
     train_dev, held_dev = _to(train, dev), _to(held, dev)  # moved once, not per measurement
     task = (_BlockTask(cfg, model, train_dev, held_dev, shared, taps) if cfg.kind == "block"
             else _HeadTask(cfg, model, train_dev, held_dev, shared))
     module = task.module
     opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    step, curve = 0, []
-    if state is not None:
-        try:
-            module.load_state_dict(state["head"])
-            opt.load_state_dict(state["opt"])
-        except (RuntimeError, ValueError, KeyError, TypeError) as e:
-            raise BadInput(f"{ckpt}: its weights do not fit this run ({str(e).splitlines()[0][:200]}); "
-                           "delete it to start over") from None
-        step, curve = state["step"], state["curve"]
-        events("resumed", step=step)
+    step, curve = _resume(module, opt, state, ckpt, events)
 
     def save_checkpoint() -> None:
         tmp = ckpt.with_name(ckpt.name + ".part")
@@ -388,6 +372,35 @@ def distill(cfg: DistillConfig, events: Events = _noop) -> DistillResult:
     })
     return DistillResult(Path(cfg.out), step, train.n_tokens, held.n_tokens, len(d2t), cov, final, curve,
                          time.perf_counter() - t_start, precision)
+
+
+def _shared(g, model, d2t, dev: torch.device) -> dict:
+    """What every drafter kind trains against, on ``dev``: the draft vocabulary both ways, the
+    trunk's output rows for it and its token embedding (dense, read 8192 rows at a time)."""
+    from ..drafters.eagle import dense_head_rows
+
+    t2d = torch.full((model.vocab_size,), -1, dtype=torch.long)
+    t2d[torch.as_tensor(d2t)] = torch.arange(len(d2t))
+    return {
+        "dev": dev, "d2t_np": d2t, "d2t": torch.as_tensor(d2t).to(dev), "t2d": t2d.to(dev),
+        "lm_rows": dense_head_rows(g, d2t).to(dev),
+        "embed": torch.cat([model.embed[list(range(i, min(i + 8192, model.vocab_size)))].float()
+                            for i in range(0, model.vocab_size, 8192)]).to(dev),
+    }
+
+
+def _resume(module, opt, state: dict | None, ckpt: Path, events: Events) -> tuple[int, list]:
+    """(step, curve) to continue from: the checkpoint's, loaded into ``module`` and ``opt``, or a start."""
+    if state is None:
+        return 0, []
+    try:
+        module.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"{ckpt}: its weights do not fit this run ({str(e).splitlines()[0][:200]}); "
+                       "delete it to start over") from None
+    events("resumed", step=state["step"])
+    return state["step"], state["curve"]
 
 
 def read_checkpoint(ckpt: Path, cfg: DistillConfig) -> dict | None:

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..sampling import Sampler
+from .plan import PLAIN, SpecPlan
 from .protocols import Cache, Draft, DraftContext, ForwardItem, ForwardOutput, Governor, SpecTarget, Speculator, arms_after_prefix_reuse
 from .stats import SpecStats
 from . import tree
@@ -81,24 +82,25 @@ def rollback_memory_bytes(target, window: int) -> int:
 class DecodeState:
     """One sequence decoding on a shared target: ``start`` it, then ``step`` until ``done``.
 
+    ``plan`` is how it speculates (``SpecPlan``; ``PLAIN``: it does not), held as given.
     ``cache`` may already hold a prefix of the prompt (a kept cache: a conversation's earlier turns);
     only the rest is forwarded. A speculator that cannot arm after such a reused prefix
-    (``can_arm_after_prefix_reuse``) is not used for this sequence.
+    (``can_arm_after_prefix_reuse``) is not used for this sequence (``speculator`` is then None).
     """
 
-    def __init__(self, target: SpecTarget, sampler: Sampler, *, cache: Cache | None = None,
-                 speculator: Speculator | None = None, governor: Governor | None = None, window: int = 8,
-                 accept_rule: str | None = None, stats: SpecStats | None = None, drawable: int | None = None):
+    def __init__(self, target: SpecTarget, sampler: Sampler, plan: SpecPlan = PLAIN, *, cache: Cache | None = None,
+                 stats: SpecStats | None = None, drawable: int | None = None):
         self.target = target
         # ids at or past ``drawable`` have no token (a file's vocab_size padded past its token
         # list): never drawn, never drafted
         self.drawable = drawable
         self.sampler = sampler
         self.cache = cache if cache is not None else target.make_cache()
-        self.speculator = speculator
-        self.governor = governor
-        self.window = window
-        self.accept_rule = accept_rule
+        self.plan = plan
+        self.speculator: Speculator | None = plan.speculator  # this sequence's: None once it declines
+        self.governor: Governor | None = plan.governor
+        self.window = plan.window
+        self.accept_rule = plan.rule()
         self.stats = stats if stats is not None else SpecStats()
         self.history: list[int] = []  # prompt + emitted tokens; the last is not in the cache yet
         self.prompt_len = 0
@@ -129,8 +131,6 @@ class DecodeState:
         if spec is not None and reused and not arms_after_prefix_reuse(spec):
             spec = self.speculator = None
         self.taps = tuple(spec.taps) if spec is not None and spec.needs_hidden_state else ()
-        if self.accept_rule is None:
-            self.accept_rule = spec.default_accept_rule if spec is not None else "match"
         st = self.stats
         st.speculator = spec.name if spec is not None else None
         st.window = self.window if spec is not None else 0
@@ -412,26 +412,22 @@ def decode(
     sampler: Sampler,
     prompt: Sequence[int],
     max_tokens: int,
+    plan: SpecPlan = PLAIN,
     *,
     cache: Cache | None = None,
-    speculator: Speculator | None = None,
-    governor: Governor | None = None,
-    window: int = 8,
-    accept_rule: str | None = None,
     on_token: Callable[[int], bool] | None = None,
     on_step: Callable[[SpecStats], None] | None = None,
     stats: SpecStats | None = None,
     drawable: int | None = None,
 ) -> list[int]:
-    """Generate up to ``max_tokens`` tokens after ``prompt``; returns them.
+    """Generate up to ``max_tokens`` tokens after ``prompt`` as ``plan`` says; returns them.
 
     ``cache``: a kept cache holding a prefix of ``prompt`` (default: a new one). ``on_token(tok) ->
     stop`` is called for every emitted token in order; returning True ends the run after that token.
     ``on_step(stats)`` is called after every step (for a live display). ``drawable``: the ids that
     have a token (``DecodeState``).
     """
-    seq = DecodeState(target, sampler, cache=cache, speculator=speculator, governor=governor, window=window,
-                   accept_rule=accept_rule, stats=stats, drawable=drawable)
+    seq = DecodeState(target, sampler, plan, cache=cache, stats=stats, drawable=drawable)
     run = Run(seq, prompt, max_tokens, on_token=on_token, on_step=on_step)  # checks the prompt
     run.drive()  # nothing when max_tokens <= 0
     return run.finish()

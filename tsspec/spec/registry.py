@@ -25,6 +25,7 @@ class Entry:
     name: str
     factory: Factory
     description: str
+    auto: bool = False  # ``auto`` tries it (in registration order) after an attached drafter's own
 
 
 class SpeculatorDeclined(BadInput):
@@ -35,8 +36,11 @@ class SpeculatorRegistry:
     def __init__(self) -> None:
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, factory: Factory, description: str) -> None:
-        self._entries[name] = Entry(name, factory, description)
+    def register(self, name: str, factory: Factory, description: str, *, auto: bool = False) -> None:
+        """Everything a speculator needs to be chosen by name: its factory (the speculator, or a
+        sentence saying why it declines), what ``tsspec info`` says of it, and whether ``auto``
+        tries it when no drafter names its own algorithm."""
+        self._entries[name] = Entry(name, factory, description, auto)
 
     def names(self) -> list[str]:
         return list(self._entries)
@@ -69,13 +73,12 @@ class SpeculatorRegistry:
         return spec
 
     def auto_order(self, drafter) -> list[str]:
-        """What ``auto`` tries, in order: the attached drafter's algorithm, a built-in head, n-gram."""
+        """What ``auto`` tries, in order: the attached drafter's algorithm, then the entries
+        registered with ``auto`` (a built-in head, n-gram)."""
         order = []
         if drafter is not None:
             order.append(drafter.speculator_name)
-        for name in ("draft-head", "ngram"):
-            if name in self._entries and name not in order:
-                order.append(name)
+        order += [e.name for e in self._entries.values() if e.auto and e.name not in order]
         return order
 
     def explain(self, target, options, drafter=None) -> list[tuple[str, bool, str]]:
@@ -172,7 +175,8 @@ def _draft_model(target, options, drafter):
     )
 
 
-REGISTRY.register("ngram", _ngram, "prompt lookup over the sequence's own tokens; no weights")
+# registration order is ``auto``'s order among the entries it tries: a model's own head before n-gram
+REGISTRY.register("draft-head", _draft_head, "per-token NextN/MTP draft head", auto=True)
+REGISTRY.register("ngram", _ngram, "prompt lookup over the sequence's own tokens; no weights", auto=True)
 REGISTRY.register("draft-model", _draft_model, "a separate small language model with the same vocabulary")
-REGISTRY.register("draft-head", _draft_head, "per-token NextN/MTP draft head")
 REGISTRY.register("block", _block, "DFlash/DFlash2 block drafter")

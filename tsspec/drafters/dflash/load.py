@@ -112,6 +112,46 @@ def _int_tensor(g: GGUFFile, name: str) -> torch.Tensor:
     raise ModelFileError(f"{g.path.name}: missing tensor {name!r}")
 
 
+class _Reader:
+    """One dflash file's tensors, each checked for presence, shape and type as it is read; a
+    matrix a Linear multiplies comes in ``fmt`` (its stored blocks under "auto")."""
+
+    def __init__(self, g: GGUFFile, fmt: str):
+        self.g, self.name, self.fmt = g, g.path.name, fmt
+        self.readable = weight_types()
+
+    def shape_of(self, n: str) -> tuple[int, ...]:
+        if not self.g.has_tensor(n):
+            raise ModelFileError(f"{self.name}: missing tensor {n!r}")
+        return tuple(int(x) for x in self.g.tensor_info(n).shape)
+
+    def vec(self, n: str, size: int) -> torch.Tensor:
+        a = to_tensor(self.g.tensor(n), torch.float32)
+        if a.shape != (size,):
+            raise ModelFileError(f"{self.name}: {n} is {tuple(a.shape)}, expected ({size},)")
+        return a
+
+    def mat(self, n: str, shape: tuple[int, ...]):
+        got = self.shape_of(n)
+        if got != shape:
+            raise ModelFileError(f"{self.name}: {n} is {got}, expected {shape}")
+        kind = self.g.tensor_info(n).type_name
+        if kind not in self.readable:
+            raise ModelFileError(f"{self.name}: tensor {n} has type {kind}, which is not a weight type "
+                                 "(expected a float or quantized type)")
+        return load_weight(self.g, [n], self.fmt)[0]
+
+    def linear(self, n: str, shape: tuple[int, ...]) -> Linear:
+        return Linear(self.mat(n, shape), None, self.fmt)
+
+    def dense(self, n: str, shape: tuple[int, int]) -> torch.Tensor:
+        """A matrix read as float values (an embedding, the selector's books)."""
+        a = self.g.tensor(n)
+        if a.shape != shape:
+            raise ModelFileError(f"{self.name}: {n} is {a.shape}, expected {shape}")
+        return to_tensor(a, torch.float32)
+
+
 def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str | None = None) -> DFlashDrafter:
     """Read a dflash GGUF and bind it to ``target`` (a trunk exposing ``embed`` and ``lm_head``);
     ``fmt`` (default: ``options.weights``, else the trunk's) is the format of the drafter's own weights."""
@@ -129,139 +169,20 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
         _check_distilled_trunk(g, target)
     # the drafter format, else the trunk's load format as resolved ("auto": every matrix stays in
     # its GGUF blocks on the native kernels; a Linear's backend name "gguf" means the same)
-    fmt = load_format(fmt or options.weights or getattr(target, "weight_format", None)
-                      or getattr(getattr(target, "lm_head", None), "fmt", None))
-
-    def t(n: str) -> np.ndarray:
-        return g.tensor(n)
-
-    def vec(n: str, size: int) -> torch.Tensor:
-        a = to_tensor(t(n), torch.float32)
-        if a.shape != (size,):
-            raise ModelFileError(f"{name}: {n} is {tuple(a.shape)}, expected ({size},)")
-        return a
-
-    def shape_of(n: str) -> tuple[int, ...]:
-        if not g.has_tensor(n):
-            raise ModelFileError(f"{name}: missing tensor {n!r}")
-        return tuple(int(x) for x in g.tensor_info(n).shape)
-
-    readable = weight_types()
-
-    def mat(n: str, shape: tuple[int, int]):
-        """A matrix a Linear multiplies, in ``fmt`` (its stored blocks under "auto")."""
-        got = shape_of(n)
-        if got != shape:
-            raise ModelFileError(f"{name}: {n} is {got}, expected {shape}")
-        kind = g.tensor_info(n).type_name
-        if kind not in readable:
-            raise ModelFileError(f"{name}: tensor {n} has type {kind}, which is not a weight type "
-                                 "(expected a float or quantized type)")
-        return load_weight(g, [n], fmt)[0]
-
-    def dense(n: str, shape: tuple[int, int]) -> np.ndarray:
-        """A matrix read as float values (an embedding, the selector's books)."""
-        a = t(n)
-        if a.shape != shape:
-            raise ModelFileError(f"{name}: {n} is {a.shape}, expected {shape}")
-        return a
-
-    d, hd = cfg.d_model, cfg.head_dim
-    q_dim, kv_dim = cfg.n_heads * hd, cfg.n_kv_heads * hd
-    fc_shape = shape_of("fc.weight")
+    r = _Reader(g, load_format(fmt or options.weights or getattr(target, "weight_format", None)
+                               or getattr(getattr(target, "lm_head", None), "fmt", None)))
+    d = cfg.d_model
+    fc_shape = r.shape_of("fc.weight")
     if len(fc_shape) != 2 or fc_shape[0] != d:
         raise ModelFileError(f"{name}: fc.weight is {fc_shape}, expected ({d}, len(target_layers) x trunk hidden)")
     own_embed, own_head = g.has_tensor("token_embd.weight"), g.has_tensor("output.weight")
     _check_trunk(g, cfg, target, fc_shape[1], own_embed, own_head)
-
-    if not g.has_tensor("blk.0.ffn_gate.weight"):
-        raise ModelFileError(f"{name}: missing tensor 'blk.0.ffn_gate.weight'")
-    cfg.ffn_dim = g.tensor_info("blk.0.ffn_gate.weight").shape[0]
-    stated = _meta_int(g, "dflash.feed_forward_length")
-    if stated is not None and stated != cfg.ffn_dim:
-        raise ModelFileError(f"{name}: dflash.feed_forward_length {stated} disagrees with "
-                             f"blk.0.ffn_gate.weight ({cfg.ffn_dim} rows)")
-    f = cfg.ffn_dim
-
-    conv_on = g.has_tensor("blk.0.attn_conv_base")
-    stray = [n for n in g.tensor_names() if n.endswith("_conv_base")]
-    if stray and not conv_on:
-        raise ModelFileError(f"{name}: conv tensors present ({stray[0]}, ...) but blk.0.attn_conv_base is missing")
-    if conv_on:
-        if cfg.conv_kernel <= 0 or cfg.conv_group <= 0:
-            raise ModelFileError(f"{name}: conv tensors present but dflash.conv_kernel_size / "
-                                 "dflash.conv_group_size are missing or zero")
-        if d % cfg.conv_group:
-            raise ModelFileError(f"{name}: dflash.conv_group_size {cfg.conv_group} does not divide "
-                                 f"dflash.embedding_length {d}")
-    n_groups = d // cfg.conv_group if conv_on else 0
-
-    def conv(prefix: str) -> GroupedConv | None:
-        if not conv_on:
-            return None
-        base = t(prefix + "_base")
-        if base.shape != (2, cfg.conv_kernel, d):
-            raise ModelFileError(f"{name}: {prefix}_base is {base.shape}, expected (2, {cfg.conv_kernel}, {d})")
-        proj = mat(prefix + "_proj.weight", (2 * cfg.conv_kernel * n_groups, d))
-        return GroupedConv(to_tensor(base, torch.float32), Linear(proj, None, fmt), cfg.conv_group)
-
-    layers = []
-    for i in range(cfg.n_layers):
-        p = f"blk.{i}."
-        layers.append(DraftLayer(
-            attn_norm=vec(p + "attn_norm.weight", d),
-            q=Linear(mat(p + "attn_q.weight", (q_dim, d)), None, fmt),
-            kv=Linear.concat([(mat(p + "attn_k.weight", (kv_dim, d)), None),
-                              (mat(p + "attn_v.weight", (kv_dim, d)), None)], fmt),
-            o=Linear(mat(p + "attn_output.weight", (d, q_dim)), None, fmt),
-            q_norm=vec(p + "attn_q_norm.weight", hd),
-            k_norm=vec(p + "attn_k_norm.weight", hd),
-            ffn_norm=vec(p + "ffn_norm.weight", d),
-            gate_up=Linear.concat([(mat(p + "ffn_gate.weight", (f, d)), None),
-                                   (mat(p + "ffn_up.weight", (f, d)), None)], fmt),
-            down=Linear(mat(p + "ffn_down.weight", (d, f)), None, fmt),
-            attn_conv=conv(p + "attn_conv"),
-            ffn_conv=conv(p + "ffn_conv"),
-        ))
-
+    cfg.ffn_dim = _ffn_dim(g, cfg)
+    layers = _layers(r, cfg)
     vocab = target.vocab_size
-    embed = to_tensor(dense("token_embd.weight", (vocab, d)), torch.float32) if own_embed else target.embed
-    d2t = None
-    if own_head:
-        head_shape = shape_of("output.weight")
-        if len(head_shape) != 2 or head_shape[1] != d:
-            raise ModelFileError(f"{name}: output.weight is {head_shape}, expected (vocab, {d})")
-        if g.has_tensor("d2t"):
-            d2t = _int_tensor(g, "d2t")
-            if d2t.numel() != head_shape[0] or int(d2t.min()) < 0 or int(d2t.max()) >= vocab:
-                raise ModelFileError(f"{name}: d2t must map the {head_shape[0]} draft rows into the "
-                                     f"trunk's vocabulary of {vocab}")
-        elif head_shape[0] != vocab:
-            raise BadInput(f"{name}: output.weight has {head_shape[0]} rows and no d2t map, but the "
-                           f"trunk's vocabulary is {vocab}")
-        lm_head = Linear(mat("output.weight", head_shape), None, fmt)
-    else:
-        lm_head = target.lm_head
-
-    selector = None
-    parts = [n for n in ("selector_hidden.weight", "selector_predecessor.weight", "selector_successor.weight")
-             if g.has_tensor(n)]
-    if parts and not g.has_tensor("selector_hidden.weight"):
-        raise ModelFileError(f"{name}: selector tensors present ({parts[0]}) but selector_hidden.weight is missing")
-    if g.has_tensor("selector_hidden.weight"):
-        r, k = cfg.selector_rank, cfg.selector_top_k
-        if r <= 0 or k <= 0:
-            raise ModelFileError(f"{name}: selector tensors present but dflash.selector_rank / "
-                                 "dflash.selector_top_k are missing or zero")
-        if k > vocab:
-            raise ModelFileError(f"{name}: dflash.selector_top_k {k} exceeds the vocabulary {vocab}")
-        selector = Selector(
-            pred_book=to_tensor(dense("selector_predecessor.weight", (vocab, r)), torch.float32),
-            succ_book=to_tensor(dense("selector_successor.weight", (vocab, r)), torch.float32),
-            hidden=Linear(mat("selector_hidden.weight", (r, d)), None, fmt),
-            top_k=k,
-        )
-
+    embed = r.dense("token_embd.weight", (vocab, d)) if own_embed else target.embed
+    lm_head, d2t = _head(r, d, vocab) if own_head else (target.lm_head, None)
+    selector = _selector(r, cfg, vocab)
     # every layer sliding: the ring needs one window of rows; any full-attention layer: everything
     if cfg.sliding_window is not None and all(cfg.swa_layers):
         ring_rows = cfg.sliding_window
@@ -269,12 +190,118 @@ def load(g: GGUFFile, target, options: DrafterOptions | None = None, *, fmt: str
         ring_rows = int(getattr(target, "max_context", 4096))
     model = DFlashModel(
         cfg, layers,
-        fc=Linear(mat("fc.weight", fc_shape), None, fmt),
-        enc_norm=vec("enc.output_norm.weight", d),
-        out_norm=vec("output_norm.weight", d),
+        fc=r.linear("fc.weight", fc_shape),
+        enc_norm=r.vec("enc.output_norm.weight", d),
+        out_norm=r.vec("output_norm.weight", d),
         embed=embed, lm_head=lm_head, vocab_size=vocab, ring_rows=ring_rows, d2t=d2t,
         selector=selector, path=g.path,
     )
     model.conv_enabled = options.dflash_conv
     model.selector_enabled = options.dflash_selector
     return DFlashDrafter(model, target, path=g.path)
+
+
+def _ffn_dim(g: GGUFFile, cfg) -> int:
+    """The feed-forward width, from the first gate's rows (and the metadata's, which must agree)."""
+    if not g.has_tensor("blk.0.ffn_gate.weight"):
+        raise ModelFileError(f"{g.path.name}: missing tensor 'blk.0.ffn_gate.weight'")
+    f = g.tensor_info("blk.0.ffn_gate.weight").shape[0]
+    stated = _meta_int(g, "dflash.feed_forward_length")
+    if stated is not None and stated != f:
+        raise ModelFileError(f"{g.path.name}: dflash.feed_forward_length {stated} disagrees with "
+                             f"blk.0.ffn_gate.weight ({f} rows)")
+    return f
+
+
+def _conv_groups(g: GGUFFile, cfg) -> int:
+    """The grouped convolutions' group count: 0 when the file has none, checked when it has."""
+    name, d = g.path.name, cfg.d_model
+    conv_on = g.has_tensor("blk.0.attn_conv_base")
+    stray = [n for n in g.tensor_names() if n.endswith("_conv_base")]
+    if stray and not conv_on:
+        raise ModelFileError(f"{name}: conv tensors present ({stray[0]}, ...) but blk.0.attn_conv_base is missing")
+    if not conv_on:
+        return 0
+    if cfg.conv_kernel <= 0 or cfg.conv_group <= 0:
+        raise ModelFileError(f"{name}: conv tensors present but dflash.conv_kernel_size / "
+                             "dflash.conv_group_size are missing or zero")
+    if d % cfg.conv_group:
+        raise ModelFileError(f"{name}: dflash.conv_group_size {cfg.conv_group} does not divide "
+                             f"dflash.embedding_length {d}")
+    return d // cfg.conv_group
+
+
+def _layers(r: _Reader, cfg) -> list[DraftLayer]:
+    d, hd, f = cfg.d_model, cfg.head_dim, cfg.ffn_dim
+    q_dim, kv_dim = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    n_groups = _conv_groups(r.g, cfg)
+
+    def conv(prefix: str) -> GroupedConv | None:
+        if not n_groups:
+            return None
+        base = r.g.tensor(prefix + "_base")
+        if base.shape != (2, cfg.conv_kernel, d):
+            raise ModelFileError(f"{r.name}: {prefix}_base is {base.shape}, expected (2, {cfg.conv_kernel}, {d})")
+        proj = r.linear(prefix + "_proj.weight", (2 * cfg.conv_kernel * n_groups, d))
+        return GroupedConv(to_tensor(base, torch.float32), proj, cfg.conv_group)
+
+    layers = []
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        layers.append(DraftLayer(
+            attn_norm=r.vec(p + "attn_norm.weight", d),
+            q=r.linear(p + "attn_q.weight", (q_dim, d)),
+            kv=Linear.concat([(r.mat(p + "attn_k.weight", (kv_dim, d)), None),
+                              (r.mat(p + "attn_v.weight", (kv_dim, d)), None)], r.fmt),
+            o=r.linear(p + "attn_output.weight", (d, q_dim)),
+            q_norm=r.vec(p + "attn_q_norm.weight", hd),
+            k_norm=r.vec(p + "attn_k_norm.weight", hd),
+            ffn_norm=r.vec(p + "ffn_norm.weight", d),
+            gate_up=Linear.concat([(r.mat(p + "ffn_gate.weight", (f, d)), None),
+                                   (r.mat(p + "ffn_up.weight", (f, d)), None)], r.fmt),
+            down=r.linear(p + "ffn_down.weight", (d, f)),
+            attn_conv=conv(p + "attn_conv"),
+            ffn_conv=conv(p + "ffn_conv"),
+        ))
+    return layers
+
+
+def _head(r: _Reader, d: int, vocab: int) -> tuple[Linear, torch.Tensor | None]:
+    """The drafter's own output head, and its ``d2t`` map into the trunk's vocabulary when it
+    drafts over fewer rows."""
+    head_shape = r.shape_of("output.weight")
+    if len(head_shape) != 2 or head_shape[1] != d:
+        raise ModelFileError(f"{r.name}: output.weight is {head_shape}, expected (vocab, {d})")
+    d2t = None
+    if r.g.has_tensor("d2t"):
+        d2t = _int_tensor(r.g, "d2t")
+        if d2t.numel() != head_shape[0] or int(d2t.min()) < 0 or int(d2t.max()) >= vocab:
+            raise ModelFileError(f"{r.name}: d2t must map the {head_shape[0]} draft rows into the "
+                                 f"trunk's vocabulary of {vocab}")
+    elif head_shape[0] != vocab:
+        raise BadInput(f"{r.name}: output.weight has {head_shape[0]} rows and no d2t map, but the "
+                       f"trunk's vocabulary is {vocab}")
+    return r.linear("output.weight", head_shape), d2t
+
+
+def _selector(r: _Reader, cfg, vocab: int) -> Selector | None:
+    """DFlash2's candidate selector, when the file carries one."""
+    g, name = r.g, r.name
+    parts = [n for n in ("selector_hidden.weight", "selector_predecessor.weight", "selector_successor.weight")
+             if g.has_tensor(n)]
+    if parts and not g.has_tensor("selector_hidden.weight"):
+        raise ModelFileError(f"{name}: selector tensors present ({parts[0]}) but selector_hidden.weight is missing")
+    if not g.has_tensor("selector_hidden.weight"):
+        return None
+    rank, k = cfg.selector_rank, cfg.selector_top_k
+    if rank <= 0 or k <= 0:
+        raise ModelFileError(f"{name}: selector tensors present but dflash.selector_rank / "
+                             "dflash.selector_top_k are missing or zero")
+    if k > vocab:
+        raise ModelFileError(f"{name}: dflash.selector_top_k {k} exceeds the vocabulary {vocab}")
+    return Selector(
+        pred_book=r.dense("selector_predecessor.weight", (vocab, rank)),
+        succ_book=r.dense("selector_successor.weight", (vocab, rank)),
+        hidden=r.linear("selector_hidden.weight", (rank, cfg.d_model)),
+        top_k=k,
+    )
