@@ -53,7 +53,6 @@ def run_one(model: str, tokens: int, rows: list[int] | None = None) -> dict:
     from tsspec.models import load_model
     from tsspec.sampling import Sampler
     from tsspec.spec.loop import decode
-    from tsspec.spec.plan import SpecPlan
     from tsspec.spec.ngram import NGramSpeculator
     from tsspec.spec.stats import SpecStats
     from tsspec.tokenizer import Tokenizer
@@ -72,7 +71,12 @@ def run_one(model: str, tokens: int, rows: list[int] | None = None) -> dict:
             if cache is not None:
                 cache.reset()
                 kw["cache"] = cache
-            got = decode(m, Sampler(), ids, tokens, SpecPlan(spec, window=8), stats=st, **kw)
+            try:  # revisions since the speculation plan (issue 39) take one value; older ones keywords
+                from tsspec.spec.plan import SpecPlan
+            except ImportError:
+                got = decode(m, Sampler(), ids, tokens, speculator=spec, window=8, stats=st, **kw)
+            else:
+                got = decode(m, Sampler(), ids, tokens, SpecPlan(spec, window=8), stats=st, **kw)
             out[f"{i}/{mode}"] = {"decode_ms": st.decode_ms, "tokens": got}
     if rows:
         out["curve"] = verify_curve(m, tok, rows)

@@ -47,6 +47,8 @@ def test_json_result_and_summary_fields(model):
     assert out["generated_tokens"] == 16 == len(out["token_ids"])
     assert out["prompt_tokens"] > 0 and out["decode_tok_s"] > 0
     assert out["stop_reason"] == "length"
+    # start-up: the load, and the process's age at the first token (here pytest's: it began first)
+    assert 0 < out["load_ms"] < out["first_token_ms"]
 
 
 def test_spec_output_equals_plain(model):
@@ -270,8 +272,25 @@ def test_bench_json_records_what_ran(model, tmp_path):
     assert meta["draft_weights"] == "bf16" and meta["env"]["TSSPEC_DRAFT_WEIGHTS"] == "bf16"
     assert set(meta["git"]) == {"commit", "dirty", "dirty_files"}
     assert "model" in meta["machine"]["cpu"] and "native" in meta["kernels"]
+    assert meta["load_ms"] > 0
     ng = [c for c in d["workloads"][0]["configs"] if c["config"]["name"] == "ngram"][0]
     assert len(ng["per_prompt_ratio"]) == 3 and ng["ratio"]["n_groups"] == 3
+
+
+def test_a_scripted_run_reports_its_time_to_first_token(model):
+    """A process of its own: the first token's time counts from that process's start, so it lies
+    between the load (inside it) and the wall time seen from outside."""
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "tsspec", "generate", "-m", model, "-p", PROMPT, "-n", "2", "--json",
+                        "--no-spec"], capture_output=True, text=True, timeout=300)
+    wall_ms = (time.perf_counter() - t0) * 1000.0
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 0 < out["load_ms"] < out["first_token_ms"] < wall_ms
 
 
 def test_python_dash_m_runs_the_cli():

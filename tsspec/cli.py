@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .display import error_line
+from .env import process_age_s
 from .errors import BadInput, TsspecError
 from .paths import read_user_file
 from .interrupts import StopRequest, exit_for, startup_done
@@ -155,6 +157,14 @@ def prompt_encoder(g, tok, *, chat: bool, system: str | None, kwargs: dict, fits
         return encode_chat(tok, text) if chat else tok.encode(text)
 
     return encode
+
+
+def startup_figures(load_ms: float, age_s: float | None, result) -> dict:
+    """What a scripted run pays before its first token: the model's load, and the time from the
+    process's start to this prompt's first token (its age when the prompt went in, plus the
+    prefill; None where the process's start cannot be read)."""
+    first = None if age_s is None or not result.token_ids else age_s * 1000.0 + result.stats.prefill_ms
+    return {"load_ms": round(load_ms, 1), "first_token_ms": None if first is None else round(first, 1)}
 
 
 def check_texts(system: str | None, stop: list[str]) -> None:
@@ -349,7 +359,9 @@ def generate(
             raise BadInput(f"give the prompts with --prompts or {'-p' if prompt is not None else '-f'}, not both")
         items = read_prompt_set(prompts) if prompts is not None else [(None, read_prompt(prompt, file))]
         check_texts(system, stop)
+        t_load = time.perf_counter()
         session = open_session(config, progress=not (json_out or quiet))
+        load_ms = (time.perf_counter() - t_load) * 1000.0
         speculation = start_speculation(session)
         engine = session.engine(speculation)
         speculator, governor = speculation.plan.speculator, speculation.plan.governor
@@ -361,11 +373,12 @@ def generate(
         startup_done()  # from here a Ctrl-C stops the run and keeps what it printed (user_errors)
         for pid, text in items:
             ids = encode(text)
+            age = process_age_s()  # when this prompt went in: its first token comes one prefill later
             if json_out:  # a first SIGINT/SIGTERM ends the run at the next token: its object is still printed
                 with StopRequest() as halt:
                     result = engine.generate(ids, sampler=sampler, max_tokens=max_tokens, stop=stop,
                                              ignore_eos=ignore_eos, interrupted=halt.is_set)
-                obj = result.to_dict()
+                obj = {**result.to_dict(), **startup_figures(load_ms, age, result)}
                 if pid is not None:
                     obj = {"id": pid, **obj}
                 print(json.dumps(obj), flush=True)
@@ -379,7 +392,7 @@ def generate(
                                          ignore_eos=ignore_eos, on_text=sink.text, on_step=sink.step)
                 sink.finish()
             if not quiet:
-                err.print(summary_line(result), highlight=False)
+                err.print(summary_line(result, **startup_figures(load_ms, age, result)), highlight=False)
 
 
 @app.command()
@@ -773,7 +786,9 @@ def bench(
         ignored = speculation_variables()
         if ignored:
             warn(f"bench reads no speculation variable (each --config says what it runs): {', '.join(ignored)} ignored")
+        t_load = time.perf_counter()
         session = open_session(config)
+        load_ms = (time.perf_counter() - t_load) * 1000.0
         g = session.gguf
 
         encode = prompt_encoder(g, session.tokenizer, chat=chat, system=system, kwargs=plan.template_kwargs)
@@ -784,6 +799,7 @@ def bench(
             result = _run_bench_rows(
                 session, plan, max_tokens=max_tokens, encode=encode, draft_model=draft_model,
                 stop_at_eos=stop_at_eos, peer=peer_run, reps=reps, warmup=warmup, chat=chat, temp=temp,
+                load_ms=load_ms,
             )
         report.render_table(result, Console())
         for name, why in (peer_run.fallback.items() if peer_run is not None else ()):
@@ -815,7 +831,8 @@ def _bench_modules() -> None:
     from .bench import engine, provenance, runner  # noqa: F401
 
 
-def _run_bench_rows(session, plan, *, max_tokens, encode, draft_model, stop_at_eos, peer, reps, warmup, chat, temp):
+def _run_bench_rows(session, plan, *, max_tokens, encode, draft_model, stop_at_eos, peer, reps, warmup, chat, temp,
+                    load_ms):
     """The bench's rotation over every configuration of ``plan`` (a peer's included), with a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -833,7 +850,8 @@ def _run_bench_rows(session, plan, *, max_tokens, encode, draft_model, stop_at_e
     # trunk's products actually run on (``auto`` resolves per tensor)
     extra = {"max_tokens": max_tokens, "threads": _threads(), "weights_requested": cfg.weights,
              "weights": provenance.weight_formats(session.target), "draft_weights": cfg.draft_weights,
-             "settings": cfg.provenance(), "chat": chat, "template_kwargs": plan.template_kwargs, "temperature": temp}
+             "settings": cfg.provenance(), "chat": chat, "template_kwargs": plan.template_kwargs, "temperature": temp,
+             "load_ms": round(load_ms, 1)}  # the trunk's load and tokenizer, once for every configuration
     if peer is not None:
         extra["peer"] = peer.provenance()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

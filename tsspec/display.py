@@ -90,7 +90,8 @@ def guard_stdout() -> None:
         sys.stdout = GuardedStdout(sys.stdout)
 
 
-def summary_line(result) -> str:
+def summary_line(result, load_ms: float | None = None, first_token_ms: float | None = None) -> str:
+    """One line after a run; ``load_ms``/``first_token_ms``: the start-up figures (``generate``)."""
     s: SpecStats = result.stats
     parts = [
         f"prompt {result.prompt_tokens} tok",
@@ -98,6 +99,9 @@ def summary_line(result) -> str:
         f"prefill {s.prefill_tok_s:.1f} tok/s",
         f"decode {s.decode_tok_s:.1f} tok/s",
     ]
+    if load_ms is not None:
+        parts.append(f"load {load_ms / 1000:.2f} s" + (f", first token {first_token_ms / 1000:.2f} s after start"
+                                                      if first_token_ms is not None else ""))
     if s.speculator:
         acc = s.acceptance_rate
         tpv = s.tokens_per_verify

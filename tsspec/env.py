@@ -140,3 +140,32 @@ def llama_cpp_dir(env: Mapping[str, str] | None = None) -> Path:
     """The llama.cpp peer checkout: ``$LLAMA_CPP_DIR``, else where the peer build puts it."""
     root = environ(env).get(ENV_LLAMA_CPP_DIR) or str(Path.home() / ".cache" / "tsspec-peer" / "llama.cpp")
     return Path(root).expanduser()
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (the interpreter's own start-up included), from
+    ``/proc``; None where there is no such clock. Resolution: one clock tick (10 ms)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def return_freed_memory() -> None:
+    """Hand the heap's freed pages back to the system (glibc's ``malloc_trim``): building a large
+    tokenizer leaves hundreds of MB freed but held (gemma3-270m's 262k vocabulary: 377 MB resident
+    after the build, 103 MB after a trim). Nothing where the C library has no such call."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes = [ctypes.c_size_t]
+    trim(0)

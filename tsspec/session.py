@@ -67,7 +67,7 @@ class Session:
         file (``config.model`` is then not looked up); ``loading(path)``: a context around the load."""
         from .gguf_file import GGUFFile
         from .hub import resolve_model
-        from .models import load_model
+        from .models import arch_module, load_model, validate_model
         from .tokenizer import Tokenizer
 
         if config.threads is not None:
@@ -80,9 +80,14 @@ class Session:
             path = gguf.path
         with loading(path) if loading is not None else contextlib.nullcontext():
             g = GGUFFile(path) if gguf is None else gguf
+            # the file's architecture and tensors checked first (a file that is no model says so,
+            # not that its tokenizer is missing), then the tokenizer: what its build frees goes back
+            # before the weights come in, so the peak is the weights plus the built tokenizer
+            arch_module(g.arch, g.path.name)
+            validate_model(g)
+            tokenizer = Tokenizer.from_metadata(g.metadata)
             target = load_model(g, fmt=config.weights, n_ctx=config.ctx_size,
                                 verify_snapshots=config.verify_snapshots, device=config.device)
-            tokenizer = Tokenizer.from_metadata(g.metadata)
         if config.ctx_size and config.ctx_size > target.max_context and warn is not None:
             warn(f"--ctx-size {config.ctx_size} is above {path.name}'s trained context "
                  f"({target.max_context} tokens); using {target.max_context}")

@@ -112,7 +112,7 @@ class Int4Weight:
 
 class GGUFWeight:
     """A weight in its GGUF block layout, exactly as the file stores it: ``raw`` uint8
-    [N, row_bytes] (a private contiguous copy), logical shape [N, K]. Multiplied by the native
+    [N, row_bytes] (a view of the file's map when read by ``from_file``), logical shape [N, K]. Multiplied by the native
     kernels (``tsspec.kernels``) without dequantizing; ``dense()`` is the exact float32 value."""
 
     __slots__ = ("type_name", "raw", "shape", "packed")
@@ -127,8 +127,18 @@ class GGUFWeight:
         from . import kernels
 
         if self.packed or self.type_name in kernels.FLOAT_TYPES:
-            return self
-        return GGUFWeight(self.type_name, kernels.repack(self.type_name, self.raw, self.shape[1]), self.shape, True)
+            return self if self.raw.flags.writeable else self.private()
+        from .gguf_file import release_view
+
+        # a view of the file's map: its pages are let go as the repack passes them, so the file's
+        # copy and ours are not both held (a 178 MB embedding held twice for a moment)
+        done = None if self.raw.flags.writeable else release_view
+        return GGUFWeight(self.type_name, kernels.repack(self.type_name, self.raw, self.shape[1], done=done),
+                          self.shape, True)
+
+    def private(self) -> "GGUFWeight":
+        """This weight with ``raw`` a contiguous copy of its own (not a view of the file's map)."""
+        return GGUFWeight(self.type_name, np.array(self.raw, copy=True, order="C"), self.shape, self.packed)
 
     def stored(self) -> np.ndarray:
         """raw in the file's own layout"""
@@ -146,8 +156,11 @@ class GGUFWeight:
 
     @classmethod
     def from_file(cls, type_name: str, flat: np.ndarray, shape: tuple[int, int]) -> "GGUFWeight":
+        """The weight as the file's map holds it: ``raw`` a read-only view, no copy. What a
+        ``Linear`` keeps is its own (``for_products``: repacked, stacked or copied), so the file's
+        bytes pass through memory once and its pages can be let go after the load."""
         n = int(shape[0])
-        return cls(type_name, np.array(flat, dtype=np.uint8, copy=True).reshape(n, -1), shape)
+        return cls(type_name, np.asarray(flat, dtype=np.uint8).reshape(n, -1), shape)
 
     def dense(self) -> np.ndarray:
         from . import kernels
@@ -349,8 +362,9 @@ class Linear:
                                "(use --device cpu)")
         self.fmt = "triton"
         self.device = device
-        self.dev_parts = [(p.type_name, torch.from_numpy(np.ascontiguousarray(p.stored())).to(device), p.shape[0])
-                          for p in parts]
+        # a private copy first: a view of the file's map is read-only, and .to() of a CPU tensor shares it
+        self.dev_parts = [(p.type_name, torch.from_numpy(np.require(p.stored(), requirements=["C", "W"])).to(device),
+                           p.shape[0]) for p in parts]
         self.quantized = any(p.type_name not in triton_gguf.FLOAT_TYPES for p in parts)
         self.out_features = sum(p.shape[0] for p in parts)
         self.in_features = parts[0].shape[1]

@@ -52,7 +52,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -588,12 +588,15 @@ class _HugeArena:
 _arena = _HugeArena()
 
 
-def repack(type_name: str, w: np.ndarray, k: int, *, threads: int | None = None) -> np.ndarray:
+def repack(type_name: str, w: np.ndarray, k: int, *, threads: int | None = None,
+           done: Callable[[np.ndarray], object] | None = None) -> np.ndarray:
     """A copy of the GGUF rows ``w`` (uint8 [n, row_bytes]) stored for the products (``tsq_repack``):
     each whole group of 128 elements with its code bits transposed, and for Q4_0, Q4_1 and Q8_0 its
     four blocks' scales gathered ahead of the codes; values unchanged. ``matmul`` takes it with
-    ``packed=True``; ``unpack`` gives the stored layout back. ``threads``: see ``repack_threads``."""
-    return _repack(type_name, w, k, inverse=False, threads=threads)
+    ``packed=True``; ``unpack`` gives the stored layout back. ``threads``: see ``repack_threads``.
+    ``done(rows)``: called with each stretch of ``w`` (about ``REPACK_CHUNK_BYTES``) once it is
+    copied, rows being independent (a loader lets go of the file's pages behind it)."""
+    return _repack(type_name, w, k, inverse=False, threads=threads, done=done)
 
 
 def unpack(type_name: str, w: np.ndarray, k: int, *, threads: int | None = None) -> np.ndarray:
@@ -609,7 +612,11 @@ def repack_threads() -> int:
     return torch.get_num_threads() if threading.current_thread() is threading.main_thread() else 1
 
 
-def _repack(type_name: str, w: np.ndarray, k: int, *, inverse: bool, threads: int | None = None) -> np.ndarray:
+REPACK_CHUNK_BYTES = 16 << 20  # a repack that reports its progress does it this many source bytes at a time
+
+
+def _repack(type_name: str, w: np.ndarray, k: int, *, inverse: bool, threads: int | None = None,
+            done: Callable[[np.ndarray], object] | None = None) -> np.ndarray:
     if type_name in FLOAT_TYPES:
         raise ValueError(f"{type_name}: float weights are not repacked")
     nt = repack_threads() if threads is None else threads
@@ -617,8 +624,15 @@ def _repack(type_name: str, w: np.ndarray, k: int, *, inverse: bool, threads: in
         raise ValueError(f"threads must be >= 1, got {nt}")
     out = _arena.empty(w.shape) if not inverse and w.dtype == np.uint8 else np.empty_like(w)
     fn = lib().tsq_unpack if inverse else lib().tsq_repack
-    if fn(TYPE_IDS[type_name], _ptr(np.ascontiguousarray(w)), w.shape[1], w.shape[0], k, _ptr(out), nt):
-        raise ValueError(f"{type_name}: cannot repack rows of {k} elements")
+    src = np.ascontiguousarray(w)
+    n = w.shape[0]
+    step = n if done is None else max(1, REPACK_CHUNK_BYTES // max(1, w.shape[1]))
+    for a in range(0, n, max(step, 1)):
+        b = min(n, a + step)
+        if fn(TYPE_IDS[type_name], _ptr(src[a:b]), w.shape[1], b - a, k, _ptr(out[a:b]), nt):
+            raise ValueError(f"{type_name}: cannot repack rows of {k} elements")
+        if done is not None:
+            done(src[a:b])
     return out
 
 

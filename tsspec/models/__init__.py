@@ -89,4 +89,5 @@ def load_model(path: str | Path | GGUFFile, *, fmt: str | None = None, n_ctx: in
         raise ModelFileError(f"{g.path.name}: inconsistent {g.arch} model: {e}") from None
     if verify_snapshots is not None and hasattr(model, "verify_snapshots"):
         model.verify_snapshots = verify_snapshots
+    g.release_pages()  # the model holds its own copies now: the map's pages need not count as ours
     return model

@@ -379,6 +379,11 @@ def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = F
 
     def block(i: int) -> Block:
         p = f"blk.{i}."
+        b = read_block(i, p)
+        g.release_pages([n for n in g.tensor_names() if n.startswith(p)])  # copied: one copy held at a time
+        return b
+
+    def read_block(i: int, p: str) -> Block:
         qkv = fused([p + f"attn_{x}.weight" for x in "qkv"],
                     [opt(p + f"attn_{x}.bias") if bias else None for x in "qkv"])
         return Block(
@@ -449,6 +454,7 @@ def build_model(g: GGUFFile, cfg: ArchConfig, fmt: str | None, n_ctx: int | None
     fmt = load_format(fmt)
     blocks = load_blocks(g, cfg, fmt, bias=bias, device=device)
     embed, lm_head = load_embedding(g, cfg, fmt, device)
+    g.release_pages([n for n in ("token_embd.weight", "output.weight") if g.has_tensor(n)])
     out_norm = to_tensor(g.tensor("output_norm.weight"), torch.float32)
     model = TransformerModel(cfg, blocks, embed, out_norm, lm_head, n_ctx=n_ctx, path=g.path, device=device)
     model.weight_format = fmt  # the load format as resolved ("auto", "bf16", ...): drafters bound to it follow
