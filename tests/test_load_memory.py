@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tsspec import kernels
-from tsspec.gguf_file import GGUFFile, release_view
+from tsspec.gguf_file import GGUFFile, map_span, release_view
 from tsspec.models import load_model
 from tsspec.weights import GGUFWeight
 
@@ -34,6 +34,18 @@ def test_a_weight_read_from_the_file_is_a_view_until_it_is_kept(untied):
     mine = norm.for_products()
     assert not np.shares_memory(mine.raw, g.reader.data) and mine.raw.flags.writeable
     np.testing.assert_array_equal(mine.raw, norm.raw)
+
+
+def test_the_pages_let_go_are_the_tensors_own(untied):
+    """A tensor's view is found at its own bytes of the map (a slice of the map is a memmap too: the
+    first one met on the way down is not the map's start)."""
+    g = GGUFFile(untied)
+    for name in ("blk.1.attn_q.weight", "token_embd.weight", "output_norm.weight"):
+        t = g._t(name)
+        m, start, end = map_span(g.tensor_raw(name)[1])
+        assert (start, end) == (int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) and m is g.reader.data.base
+    assert map_span(g.reader.data)[1:] == (0, len(g.reader.data.base))
+    assert map_span(np.array(g.tensor_raw("blk.1.attn_q.weight")[1])) is None
 
 
 def test_letting_the_pages_go_changes_no_value(untied):

@@ -82,6 +82,13 @@ def cache_root(env: Mapping[str, str] | None = None) -> Path | None:
     return Path(raw).expanduser()
 
 
+def cache_home(env: Mapping[str, str] | None = None) -> Path:
+    """The folder the built kernels and the tokenizers' merges are cached under (each in a folder
+    of its own): ``$TSSPEC_CACHE``, else ~/.cache/tsspec."""
+    root = cache_root(env)
+    return root if root is not None else Path.home() / ".cache" / "tsspec"
+
+
 def kernels_enabled(env: Mapping[str, str] | None = None) -> bool:
     """``TSSPEC_KERNELS`` (default on); a value that is not a boolean is a BadInput, not a silent on."""
     raw = value(environ(env), ENV_KERNELS)

@@ -184,25 +184,33 @@ class TensorInfo:
     n_bytes: int
 
 
-def release_view(arr: np.ndarray) -> bool:
-    """Let go of the pages under ``arr`` if it is a view of a file's read-only map (as
-    ``GGUFFile.tensor_raw`` gives): ``MADV_DONTNEED`` on them, so once their bytes have been copied
-    they stop counting in this process's memory; reading them again faults them back in from the
-    file. False (and nothing done) for any other array: an anonymous page released would read as
-    zeros, so only a map of a file opened read-only qualifies."""
+def map_span(arr: np.ndarray):
+    """(the mmap, first byte, end byte) of ``arr`` within a file's read-only map from offset 0 (as
+    the reader's), or None for any other array (memory of our own, a writable or offset map)."""
     import mmap
 
-    base = arr
-    while base is not None and not isinstance(base, np.memmap):
+    base = arr  # the map's own array: the memmap whose base is the mmap (a slice of it is a memmap too)
+    while base is not None and not (isinstance(base, np.memmap) and isinstance(base.base, mmap.mmap)):
         base = getattr(base, "base", None)
-    m = getattr(base, "_mmap", None)
-    if (m is None or base.flags.writeable or getattr(base, "mode", None) != "r" or not hasattr(m, "madvise")
-            or getattr(base, "offset", 0)):  # a map from offset 0 (as the reader's): its data is the map's start
-        return False
+    if base is None or base.flags.writeable or getattr(base, "mode", None) != "r" or base.offset:
+        return None
+    m = base.base
     start = arr.ctypes.data - base.ctypes.data
     end = start + arr.nbytes
-    if start < 0 or end > len(m) or end <= start:
+    return (m, start, end) if 0 <= start < end <= len(m) else None
+
+
+def release_view(arr: np.ndarray) -> bool:
+    """Let go of the pages under ``arr`` if it is a view of a file's read-only map (``map_span``):
+    ``MADV_DONTNEED`` on them, so once their bytes have been copied they stop counting in this
+    process's memory; reading them again faults them back in from the file. False (and nothing
+    done) for any other array: an anonymous page released would read as zeros."""
+    import mmap
+
+    span = map_span(arr)
+    if span is None or not hasattr(span[0], "madvise"):
         return False
+    m, start, end = span
     page = mmap.PAGESIZE
     lo, hi = start // page * page, min(len(m), -(-end // page) * page)
     try:
@@ -280,31 +288,12 @@ class GGUFFile:
         return t.tensor_type.name, np.asarray(t.data).view(np.uint8).reshape(-1)
 
     def release_pages(self, names: Sequence[str] | None = None) -> bool:
-        """Tell the kernel that the file's mapped pages (of the tensors ``names``; all: the whole
-        map) may leave this process (``MADV_DONTNEED``). Once a model has copied what it keeps, the
-        pages it read stay in the page cache but no longer count in this process's resident
-        memory, so a load holds one copy of the weights at a time, not the file's and its own.
-        Anything that reads the map again (a later ``tensor`` call, a weight kept as a view of it)
-        faults its pages back in, with the same bytes. False where the platform cannot be asked."""
-        import mmap
-
-        m = getattr(self.reader.data, "_mmap", None)
-        if m is None or not hasattr(m, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
-            return False
-        try:
-            if names is None:
-                m.madvise(mmap.MADV_DONTNEED)
-                return True
-            page, size = mmap.PAGESIZE, len(m)
-            for n in names:
-                t = self._t(n)
-                start = int(t.data_offset) // page * page
-                end = min(size, int(t.data_offset) + int(t.n_bytes))
-                if end > start:
-                    m.madvise(mmap.MADV_DONTNEED, start, end - start)
-        except (OSError, ValueError):
-            return False
-        return True
+        """Let go of the file's mapped pages (of the tensors ``names``; None: the whole map) once a
+        model has copied what it keeps (``release_view``): the file's pages and the model's copy are
+        then not both counted. False where the platform cannot be asked."""
+        if names is None:
+            return release_view(self.reader.data)
+        return all([release_view(self.tensor_raw(n)[1]) for n in names])
 
     def quant_types(self) -> dict[str, int]:
         """Tensor type name -> count of tensors of that type."""

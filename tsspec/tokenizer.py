@@ -377,10 +377,9 @@ CACHE_ENTRIES = 32  # entries kept (a real vocabulary's merges are 1-4 MB)
 
 def tokenizer_cache_dir() -> Path:
     """Where tokenizers' merges are kept: ``$TSSPEC_CACHE/tokenizers``, else ~/.cache/tsspec/tokenizers."""
-    from .env import cache_root
+    from .env import cache_home
 
-    root = cache_root()
-    return (root if root is not None else Path.home() / ".cache" / "tsspec") / "tokenizers"
+    return cache_home() / "tokenizers"
 
 
 def metadata_key(meta: Mapping[str, Any]) -> str:

@@ -157,10 +157,9 @@ _openmp = True  # the loaded library was built with OpenMP
 
 
 def cache_dir() -> Path:
-    from ..env import cache_root
+    from ..env import cache_home
 
-    root = cache_root()
-    return (root if root is not None else Path.home() / ".cache" / "tsspec") / "kernels"
+    return cache_home() / "kernels"
 
 
 def _compiler() -> str | None:

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .protocols import Governor, Speculator
-
-ACCEPT_RULES = ("match", "residual")
+from .verify import RULES
 
 
 @dataclass(frozen=True)
@@ -30,8 +29,8 @@ class SpecPlan:
     def __post_init__(self):
         if self.window < 0:
             raise ValueError(f"a speculation window is at least 0, not {self.window}")
-        if self.accept_rule is not None and self.accept_rule not in ACCEPT_RULES:
-            raise ValueError(f"unknown acceptance rule {self.accept_rule!r} (one of {', '.join(ACCEPT_RULES)})")
+        if self.accept_rule is not None and self.accept_rule not in RULES:
+            raise ValueError(f"unknown acceptance rule {self.accept_rule!r} (one of {', '.join(RULES)})")
 
     @property
     def speculates(self) -> bool:
