@@ -680,6 +680,93 @@ def test_commits_wait_for_the_next_proposal(files):
     assert torch.allclose(lazy.state.k, eager.state.k, atol=1e-5)
 
 
+class _ParkedFor:
+    """A governor parked for the first ``steps`` decode steps, drafting every step after;
+    ``tells``: whether it answers ``drafts_within`` (a governor that does not is asked for taps
+    every step)."""
+
+    parks = 0
+    state = "parked"
+
+    def __init__(self, steps: int, tells: bool):
+        self.left = steps
+        if tells:
+            self.drafts_within = lambda n: self.left <= n
+
+    def begin_sequence(self):
+        pass
+
+    def should_draft(self):
+        return self.left <= 0
+
+    def draft_length(self, window):
+        return window
+
+    def min_draft_prob(self):
+        return None
+
+    def record(self, speculative, ms, tokens, drafted=None, setup_ms=0.0):
+        self.left -= 1
+
+
+class _TapCounter:
+    """The trunk, counting the forwards that carried taps and those that did not."""
+
+    def __init__(self, target):
+        self._t = target
+        self.tapped = self.untapped = 0
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    def forward(self, tokens, cache, **kw):
+        if kw.get("taps"):
+            self.tapped += 1
+        else:
+            self.untapped += 1
+        return self._t.forward(tokens, cache, **kw)
+
+
+class _Recording(BlockSpeculator):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen = []  # (position, ring positions held, drafted tokens) of every proposal
+
+    def propose(self, ctx):
+        d = super().propose(ctx)
+        held = sorted(int(p) for p in self.state.pos_of if p >= 0)
+        self.seen.append((ctx.position, held, list(d.tokens)))
+        return d
+
+
+@pytest.mark.parametrize("park", [0, 5, 20])
+def test_a_parked_block_drafter_taps_only_its_horizon(files, park):
+    """Parked for longer than its ring, a block drafter is forwarded no taps (the prompt's forward
+    included) until its ring's worth of steps before the park ends; its first proposal then holds
+    exactly the newest rows, drafts what it drafts when every row is tapped, and the output is plain's."""
+    target, dr = _load(files, "dflash")
+    sampler = Sampler(SamplingParams())
+    plain = decode(target, sampler, PROMPT, N_TOKENS)
+    runs = {}
+    for tells in (False, True):
+        spec = _Recording(dr.draft_head, dr.taps, 8, min_draft_prob=0.0)
+        counted = _TapCounter(target)
+        stats = SpecStats()
+        assert decode(counted, sampler, PROMPT, N_TOKENS, SpecPlan(spec, _ParkedFor(park, tells), window=8),
+                      stats=stats) == plain
+        assert stats.drafted > 0
+        runs[tells] = (spec, counted)
+    horizon = runs[True][0].tap_horizon
+    assert horizon == runs[True][0].state.rows == WINDOW  # the tiny drafter slides over 12 rows
+    always, skipping = runs[False], runs[True]
+    assert always[1].untapped == 0
+    # untapped: the prompt's forward while parked beyond the horizon, and the steps before it
+    assert skipping[1].untapped == (1 + park - horizon if park > horizon else 0)
+    assert skipping[0].seen == always[0].seen  # a sliding ring loses nothing to the skipped rows
+    first_pos, held, _ = skipping[0].seen[0]
+    assert held == list(range(first_pos - horizon, first_pos))
+
+
 def test_greedy_walk_over_a_draft_vocabulary_equals_the_full_row_walk(files, tmp_path):
     """The greedy walk's fast path (argmax and softmax over the draft vocabulary's rows) against its
     reference (the same over the target-sized row, -inf outside d2t): same tokens, same confidences."""

@@ -697,3 +697,46 @@ def test_a_plain_window_that_took_no_time_is_not_a_traceback():
         speculative = gov.should_draft()
         gov.record(speculative, 5.0 if speculative else 0.0, 2 if speculative else 1, 1 if speculative else None)
     assert gov.ratio is None and gov.state != HOLDING
+
+
+@pytest.mark.parametrize("horizon", [1, 8, 40])
+def test_drafts_within_says_exactly_when_the_next_draft_can_come(horizon):
+    """``drafts_within(h)`` is False exactly on the steps of a park that are followed by more than
+    h plain steps before a draft is asked for (a drafter that reads its newest h rows needs those
+    steps' rows and no earlier ones), and True outside parks (a probe may draft on any step)."""
+    gov = SpeculationCostGovernor()
+    answers, drafted_at, parked = [], [], []
+    for step in range(300):
+        answers.append(gov.drafts_within(horizon))
+        parked.append(gov.state == PARKED)
+        d = gov.should_draft()
+        if d:
+            drafted_at.append(step)
+        gov.record(d, *(LOSER(step) if d else (PLAIN_MS, 1)))
+    assert len(drafted_at) > 3 and not all(answers)
+    for step, ok in enumerate(answers):
+        later = [s for s in drafted_at if s >= step]
+        if not parked[step]:
+            assert ok
+        elif later:
+            # plain steps from this one up to the next draft, this one included
+            assert ok == (later[0] - step <= horizon), (step, later[0])
+    assert SpeculationCostGovernor(enabled=False).drafts_within(1)
+
+
+@pytest.mark.parametrize("decline_ms,parks_after", [(PLAIN_MS * 1.04, 6), (PLAIN_MS * 1.5, 3), (PLAIN_MS * 2.2, 1)])
+def test_declines_alone_park_once_they_have_cost_a_step(decline_ms, parks_after):
+    """A drafter that only declines: cheap declines (a head at 4% of a step) get the ``probe_empty``
+    allowance and then ``probe_spec`` more (a probe of declines alone never holds); declines at half
+    a step or more park it as soon as they have cost one plain step over plain (a sharp loss, above
+    ``recent_margin``, at once). Each decline is followed by a plain step that measures it."""
+    c = GovernorConfig()
+    assert c.probe_empty + c.probe_spec == 6
+    gov = SpeculationCostGovernor(c)
+    kinds = []
+    while gov.state == PROBING and len(kinds) < 40:
+        kinds.append(gov.should_draft())
+        gov.record(kinds[-1], *((decline_ms, 1, 0) if kinds[-1] else (PLAIN_MS, 1)))
+    assert gov.state == PARKED and kinds.count(True) == parks_after
+    # the plain steps the probe needs come right after the first declines, not after all of them
+    assert "".join("T" if k else "P" for k in kinds).startswith("TPPT" if parks_after > 1 else "TP")

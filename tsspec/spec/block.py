@@ -24,6 +24,12 @@ Contract:
   costs no drafter work per token; the refill after it is one-off work reported as
   ``Draft.setup_ms``, which the governor budgets apart from the drafting verdict. At most a ring's
   worth of rows is kept: older ones would be overwritten anyway.
+* While the governor keeps it parked for longer than ``tap_horizon`` steps (its ring's size, at most
+  ``RECENT_ROWS``), the trunk taps nothing for it: its first proposal after the park drafts from
+  the rows it held before and the newest ``tap_horizon`` rows, with a gap between, as after a
+  reused prefix. A drafter whose layers all slide over a window no longer than that loses nothing;
+  one with full attention drafts from less of the past, the price of a park that costs no tap
+  copies and no refill of a stretch nobody drafted in.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from .protocols import Draft, DraftContext, MinDraftProb
 __all__ = ["BlockSpeculator", "gate_cumulative"]
 
 DEFAULT_MIN_DRAFT_PROB = 0.35
+# the newest committed rows a drafter is given after a park (its ring's size when smaller)
+RECENT_ROWS = 64
 # keyed draws of draft tokens: a salt and stream of their own, independent of the verify's draws
 DRAFT_STREAM = Stream.BLOCK_DRAFT  # keyed draws of sampled drafts, apart from the trunk's own stream
 
@@ -83,6 +91,12 @@ class BlockSpeculator:
     @property
     def taps(self) -> tuple[int, ...]:
         return self._taps
+
+    @property
+    def tap_horizon(self) -> int:
+        """The newest committed rows it needs tapped before a proposal (the loop's ``tap_horizon``)."""
+        ring = getattr(self.state, "rows", None)
+        return RECENT_ROWS if ring is None else max(1, min(RECENT_ROWS, int(ring)))
 
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
         self.reset()

@@ -59,7 +59,8 @@ States:
   the proposal (a drafter's weights evict the trunk's from cache), so its time and token go to the
   speculative side, and a clean plain step follows it. A proposal that drafted nothing (a gate cut
   it) is on the speculative side too, but only counts towards ``probe_spec`` after ``probe_empty``
-  proposals: a probe judges what drafting costs, and two declined drafts do not show it.
+  proposals: a probe judges what drafting costs, and two declined drafts do not show it; but
+  declines that have already cost more than a plain step over plain steps' time park it.
   A probe's two or so measured steps are mostly luck for a drafter that lands a third of its
   drafts, so its verdict leans on the cost model behind the draft length (``predicted_rate()``:
   acceptance pooled over the recent verifies with a prior, and the measured cost of a drafted
@@ -367,6 +368,7 @@ class SpeculationCostGovernor:
         self._seen_spec = 0  # steps of each kind reported, for the warmup skip
         self._seen_plain = 0
         self._after_spec = False  # the last step was speculative (the next plain one is not clean)
+        self._declined = False  # the last step was a proposal that drafted nothing
         self._streak = 0  # parks since the last win: the backoff exponent
         self.parks = 0  # parks this sequence, for the display
         self._accepted: deque[int] = deque(maxlen=RECENT_ACCEPTED)  # drafts taken by recent verifies
@@ -411,8 +413,18 @@ class SpeculationCostGovernor:
             return True
         if self._state == PARKED:
             return False
-        # probing: interleave, speculative first on ties, until both needs are met
+        # probing: interleave, speculative first on ties, until both needs are met; a declined
+        # proposal (which does not count towards probe_spec yet) is followed by the plain steps
+        # still needed, so that the declines are measured against a baseline as they come
+        if self._declined and self._need_plain > 0:
+            return False
         return self._need_spec > 0 and self._need_spec >= self._need_plain
+
+    def drafts_within(self, steps: int) -> bool:
+        """Whether a draft may be asked for within the next ``steps`` steps: always, unless parked
+        with more than ``steps`` plain steps left (the loop then taps no rows for a drafter that only
+        reads the newest ones)."""
+        return not (self.enabled and self._state == PARKED and self._steps_left > steps)
 
     def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None,
                setup_ms: float = 0.0) -> None:
@@ -431,6 +443,8 @@ class SpeculationCostGovernor:
             # a run of plain steps), so it is speculation's cost, not a plain sample
             speculative, drafted = True, 0
         self._after_spec = proposed
+        if proposed or not speculative:  # a proposal, or a clean plain step (not a proposal's aftermath)
+            self._declined = proposed and drafted == 0
         setup_ms = min(float(setup_ms), float(ms))
         self.setup_ms += setup_ms
         ms = float(ms) - setup_ms
@@ -540,9 +554,19 @@ class SpeculationCostGovernor:
         if is_losing(r, c.recent_margin):
             return True
         if not any(self._spec_drafted):  # declines alone: nothing yet to model
-            return self._probe_asked > c.probe_empty
+            return self._probe_asked > c.probe_empty or self._declines_cost_a_step()
         rate = self.predicted_rate()
         return rate is None or rate < 1.0
+
+    def _declines_cost_a_step(self) -> bool:
+        """The probe's declined drafts have together cost more than a plain step's time over what
+        plain steps would have (``probe_empty`` is an allowance for cheap declines: a head whose
+        declined step costs 4% of a trunk step; smollm2's weak block drafter declined at half a
+        step each, its aftermath included, so five of them cost two and a half steps a probe)."""
+        plain = ms_per_token(self._plain)
+        if plain is None or plain == float("inf"):
+            return False
+        return sum(ms - plain * tokens for ms, tokens in self._spec) > plain
 
     def _conclude_probe(self) -> None:
         if not self._spec or not self._plain:

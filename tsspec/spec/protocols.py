@@ -95,6 +95,8 @@ class Speculator(Protocol):
     min_draft_prob: float
     default_min_draft_prob: float
     needs_hidden_state: bool  # wants trunk hidden rows (taps) with every verify
+    # optional, read through ``tap_horizon()`` (absent: every row is tapped): ``tap_horizon``, how
+    # many of the newest committed rows it needs tapped before a proposal
     can_arm_after_prefix_reuse: bool  # optional: absent means False (see ``arms_after_prefix_reuse``)
     default_accept_rule: str  # "match" or "residual"
 
@@ -137,6 +139,23 @@ class Governor(Protocol):
 
     def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None,
                setup_ms: float = 0.0) -> None: ...
+
+
+def tap_horizon(speculator) -> int | None:
+    """How many of the newest committed rows ``speculator`` needs tapped before it proposes, or
+    None: every row. A speculator that tolerates gaps in its tap rows (a block drafter's ring records
+    which position each row holds) says how many it wants; then a step that cannot be followed by a
+    proposal within that many steps (the governor has it parked for longer) forwards no taps, and a
+    parked stretch costs neither the tap copies nor the refill of rows the drafter would not read."""
+    h = getattr(speculator, "tap_horizon", None)
+    return None if h is None else max(1, int(h))
+
+
+def drafts_within(governor, steps: int) -> bool:
+    """Whether ``governor`` may ask for a draft within the next ``steps`` steps (a governor that does
+    not say: yes)."""
+    ask = getattr(governor, "drafts_within", None)
+    return True if ask is None else bool(ask(steps))
 
 
 def arms_after_prefix_reuse(speculator) -> bool:
