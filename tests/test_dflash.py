@@ -19,6 +19,7 @@ What is shown here:
 from __future__ import annotations
 
 import itertools
+import random
 import math
 
 import numpy as np
@@ -765,6 +766,56 @@ def test_a_parked_block_drafter_taps_only_its_horizon(files, park):
     assert skipping[0].seen == always[0].seen  # a sliding ring loses nothing to the skipped rows
     first_pos, held, _ = skipping[0].seen[0]
     assert held == list(range(first_pos - horizon, first_pos))
+
+
+class _SecondGuessBlock(Steer):
+    """Drafts the plain continuation, but with its top two swapped at scattered positions: the
+    chain is wrong there and its second guess (``others``) is right."""
+
+    def walk_block(self, anchor, position, state, pick=None, others=None):
+        assert pick is None
+        n = self.block_size - 1
+        tokens, chances = [], []
+        for e in range(n):
+            at = position + 1 + e
+            right = self.full[at] if at < len(self.full) else 0
+            if random.Random(at).random() < 0.3:  # scattered: at a fixed period both emit as much per verify
+                tokens.append((right + 1) % 250)
+                chances.append((0.6, 0.35, right))
+            else:
+                tokens.append(right)
+                chances.append((0.9, 0.05, (right + 2) % 250))
+        if others is not None:
+            others.extend(chances)
+        return tokens, [c[0] for c in chances]
+
+
+def test_block_trees_take_the_second_guess_and_equal_plain(files):
+    """With a node budget the block drafter hangs its rows' second guesses beside its chain as
+    leaves: output equal to plain, trees verified, and more accepted per verify than the chain."""
+    target, dr = _load(files, "dflash")
+    sampler = Sampler(SamplingParams())
+    plain = decode(target, sampler, PROMPT, N_TOKENS)
+    per_verify = {}
+    for tree_nodes in (0, 12):
+        spec = BlockSpeculator(_SecondGuessBlock(dr.draft_head, PROMPT + plain), dr.taps, 8, min_draft_prob=0.0,
+                               tree=tree_nodes, sibling_min=0.0)
+        stats = SpecStats()
+        assert decode(target, sampler, PROMPT, N_TOKENS, SpecPlan(spec, window=8), stats=stats) == plain
+        assert (stats.tree_verifies > 0) == (tree_nodes > 0)
+        per_verify[tree_nodes] = stats.accepted / stats.verify_calls
+    assert per_verify[12] > per_verify[0] + 0.3, per_verify
+    # the real drafter's walk reports a second guess for every position it drafts
+    others = []
+    tokens, conf = dr.draft_head.walk_block(PROMPT[-1], len(PROMPT) - 1, _primed(dr, target), None, others)
+    assert len(others) == len(tokens) and all(o[2] != t and o[1] <= c + 1e-6 for o, t, c in zip(others, tokens, conf))
+
+
+def _primed(dr, target):
+    ring = dr.draft_head.new_state()
+    feats = target.forward(PROMPT[:-1], target.make_cache(), taps=dr.taps).hidden
+    dr.draft_head.catch_up(PROMPT[:-1], feats, 0, ring)
+    return ring
 
 
 def test_greedy_walk_over_a_draft_vocabulary_equals_the_full_row_walk(files, tmp_path):

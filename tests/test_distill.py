@@ -548,3 +548,29 @@ def test_compressed_docs_are_read_and_binary_files_are_not(tmp_path):
     assert C.read_text(tmp_path / "README.gz").startswith("Introduction\n====")
     assert C.read_text(tmp_path / "README") == ""
     assert C.read_text(tmp_path / "broken.gz") == ""
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=7)],
+                         ids=["greedy", "seeded"])
+def test_trained_head_trees_equal_plain(world, trained, params):
+    """With a node budget the head adds its second guesses as sibling leaves: the output stays
+    plain's, trees are verified, and they accept at least what the chains accept where both verify
+    the same chains (greedy: a tree holds its chain)."""
+    result, _ = trained
+    target = load_model(world["trunk"], fmt="f32")
+    head = load_drafter(result.out, target).draft_head
+    prompts = [[ord(c) % 256 for c in TEXT[i : i + 40]] for i in (0, 30, 60)]
+    got = {}
+    for tree in (0, 10):
+        accepted = verifies = trees = 0
+        for prompt in prompts:
+            plain = decode(target, Sampler(params), prompt, 40)
+            stats = SpecStats()
+            spec = DraftHeadSpeculator(head, target.n_layers, max_draft_tokens=4, min_draft_prob=0.0, tree=tree,
+                                       sibling_min=0.0)
+            assert decode(target, Sampler(params), prompt, 40, SpecPlan(spec, window=4), stats=stats) == plain
+            accepted, verifies, trees = accepted + stats.accepted, verifies + stats.verify_calls, trees + stats.tree_verifies
+        got[tree] = (accepted / verifies, trees)
+    assert got[0][1] == 0 and got[10][1] > 0
+    if params.temperature == 0:
+        assert got[10][0] > got[0][0], got

@@ -6,6 +6,7 @@ Tiny random-weight files stand in for real models (``tests/tiny.py``); the real 
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -452,3 +453,78 @@ def test_a_restart_forwards_at_most_the_context_window(files, trunk):
     out = decode(trunk, Sampler(), prompt, 30, SpecPlan(spec, window=4))
     assert out == decode(trunk, Sampler(), prompt, 30)
     assert rows[0] == 8 and spec.restarts >= 1 and max(rows) <= 8
+
+
+# ----------------------------------------------------------------------------- token trees
+
+
+def test_sibling_leaves_rank_by_the_chance_of_reaching_them():
+    from tsspec.spec import tree
+    from tsspec.spec.tree import sibling_leaves
+
+    chain = [5, 6, 7]
+    chances = [(0.5, 0.4, 9), (0.9, 0.05, 8), (0.6, 0.3, 4)]  # scores 0.4, 0.025, 0.135
+    toks, pars = sibling_leaves(chain, chances, nodes=5, floor=0.05)
+    tree.check(toks, pars)
+    assert toks == [5, 6, 7, 9, 4] and pars == [-1, 0, 1, -1, 1]
+    assert sibling_leaves(chain, chances, nodes=4, floor=0.05) == ([5, 6, 7, 9], [-1, 0, 1, -1])
+    assert sibling_leaves(chain, chances, nodes=5, floor=0.2) == ([5, 6, 7, 9], [-1, 0, 1, -1])
+    assert sibling_leaves(chain, chances, nodes=2, floor=0.0) == ([5, 6], [-1, 0])  # the chain cut to the budget
+    assert sibling_leaves(chain, chances, nodes=3, floor=0.0) == (chain, [-1, 0, 1])
+
+
+class _SecondGuess:
+    """A draft model (the trunk's own weights) whose top two logits are swapped at three positions
+    in ten (scattered: at a fixed period a chain and a tree would emit as many tokens per verify):
+    its chain is wrong there, and its best other token is the trunk's."""
+
+    def __init__(self, model):
+        self._m = model
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+    def forward(self, tokens, cache, **kw):
+        out = self._m.forward(tokens, cache, **kw)
+        if random.Random(cache.length).random() < 0.3:
+            logits = out.logits.clone()
+            row = logits[-1]
+            top = row.topk(2).indices
+            a, b = float(row[top[0]]), float(row[top[1]])
+            row[top[0]], row[top[1]] = b, a
+            out = type(out)(logits=logits, hidden=out.hidden)
+        return out
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=3)],
+                         ids=["greedy", "seeded"])
+def test_sibling_trees_equal_plain_and_take_the_second_guess(files, trunk, params):
+    """With a tree budget the draft model adds its second guesses as leaves; the output stays
+    plain's, and where the chain's guess was the wrong one of its top two the sibling is taken."""
+    drafter = load_drafter(files["trunk"], trunk)
+    accepted = {}
+    for tree_nodes in (0, 12):
+        # a tiny random model's distributions are flat: every sibling is let in, ranked
+        spec = DraftModelSpeculator(_SecondGuess(drafter.model), vocab_size=trunk.vocab_size, max_draft_tokens=5,
+                                    tree=tree_nodes, sibling_min=0.0)
+        total = verifies = 0
+        for prompt in PROMPTS:
+            sampler = Sampler(params)
+            plain = decode(trunk, sampler, prompt, N_TOKENS)
+            st = SpecStats()
+            assert decode(trunk, sampler, prompt, N_TOKENS, SpecPlan(spec, window=5), stats=st) == plain
+            total += st.accepted
+            verifies += st.verify_calls
+            if tree_nodes:
+                assert st.tree_verifies > 0
+        accepted[tree_nodes] = total / verifies
+    if params.greedy:
+        assert accepted[12] > accepted[0] + 0.5, accepted  # the swapped positions no longer end a verify
+    else:
+        assert accepted[12] >= accepted[0], accepted
+
+
+def test_a_tree_budget_reaches_the_draft_model_but_not_under_residual(files, trunk):
+    drafter = load_drafter(files["related"], trunk)
+    assert REGISTRY.create("draft-model", trunk, SpecOptions(tree=10), drafter).tree == 10
+    assert REGISTRY.create("draft-model", trunk, SpecOptions(tree=10, accept="residual"), drafter).tree == 0

@@ -177,3 +177,11 @@ class Sampler:
         if self.params.greedy:
             return argmax(self.penalize(logits, history))
         return self.draw(self.probs(logits, history), position)
+
+
+def best_other(q: torch.Tensor, tok: int) -> tuple[float, float, int]:
+    """``(q[tok], the best other token's probability, that token)`` of a distribution [vocab]: a
+    drafter's second guess beside the token it drafted (``spec.tree.sibling_leaves``)."""
+    top = torch.topk(q, 2)
+    i = 1 if int(top.indices[0]) == tok else 0
+    return float(q[tok]), float(top.values[i]), int(top.indices[i])

@@ -24,6 +24,11 @@ Contract:
   costs no drafter work per token; the refill after it is one-off work reported as
   ``Draft.setup_ms``, which the governor budgets apart from the drafting verdict. At most a ring's
   worth of rows is kept: older ones would be overwritten anyway.
+* Token trees (``tree`` nodes, ``--spec-tree``; greedy drafts only): the block's rows give each
+  position's second guess too, and the likeliest of those join the drafted chain as sibling leaves
+  (``tree.sibling_leaves``), at no drafter cost. (A position's guess does not depend on the one
+  before it in a plain DFlash block, so a lattice could hang the chain's tail under a sibling too;
+  the leaves are what is built.)
 * While the governor keeps it parked for longer than ``tap_horizon`` steps (its ring's size, at most
   ``RECENT_ROWS``), the trunk taps nothing for it: its first proposal after the park drafts from
   the rows it held before and the newest ``tap_horizon`` rows, with a gap between, as after a
@@ -41,6 +46,7 @@ import torch
 
 from ..sampling import Stream
 from .protocols import Draft, DraftContext, MinDraftProb
+from .tree import SIBLING_MIN, sibling_leaves
 
 __all__ = ["BlockSpeculator", "gate_cumulative"]
 
@@ -70,9 +76,14 @@ class BlockSpeculator:
     default_accept_rule = "match"
 
     def __init__(self, head, taps: Sequence[int], max_draft_tokens: int = 8,
-                 min_draft_prob: float | None = None, *, sample_drafts: bool = False) -> None:
+                 min_draft_prob: float | None = None, *, sample_drafts: bool = False, tree: int = 0,
+                 sibling_min: float = SIBLING_MIN) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        if tree < 0:
+            raise ValueError(f"tree must be >= 0 nodes, got {tree}")
+        self.tree = tree  # node budget of a tree draft (0: chains)
+        self.sibling_min = sibling_min  # a sibling's least chance where the governor has no gate
         self.head = head  # weights; this sequence's drafter state (a KV ring) is ``state``
         self.state = head.new_state()
         self._taps = tuple(int(t) for t in taps)
@@ -157,7 +168,10 @@ class BlockSpeculator:
                 return tok
 
         walk = getattr(self.head, "walk_block", None)
-        if walk is not None:
+        chances: list | None = [] if self.tree and pick is None else None  # the lattice's second guesses
+        if walk is not None and chances is not None:
+            tokens, conf = walk(ctx.last_token, ctx.position, self.state, pick, chances)
+        elif walk is not None:
             tokens, conf = walk(ctx.last_token, ctx.position, self.state, pick)
         else:  # a block head with only the protocol's greedy draft_block: no sampled drafts
             tokens, conf = self.head.draft_block(ctx.last_token, ctx.hidden, ctx.position, self.state)
@@ -168,6 +182,11 @@ class BlockSpeculator:
         self.drafted += n
         if n == 0:
             return Draft(setup_ms=setup_ms)
+        if chances:
+            floor = ctx.min_prob if ctx.min_prob is not None else self.sibling_min
+            nodes, parents = sibling_leaves(tokens[:n], chances, self.tree, floor)
+            if len(nodes) != n:  # siblings joined (or the chain was cut to the budget)
+                return Draft(tokens=nodes, setup_ms=setup_ms, parents=parents)
         probs = torch.stack(rows[:n]) if rows else None
         return Draft(tokens=list(tokens[:n]), probs=probs, setup_ms=setup_ms)
 

@@ -24,6 +24,9 @@ Contract:
   head forward over n_accepted + 1 rows, as llama.cpp runs its MTP block), so no separate catch-up
   call is made. ``head_len`` is how many head-cache rows are exact; it equals the trunk's committed
   length after every proposal.
+* Token trees (``tree`` nodes, ``--spec-tree``): as a draft model's, the head's row at each depth
+  also names its best other token (over the trunk's vocabulary), and the likeliest of those join
+  the chain as sibling leaves (``tree.sibling_leaves``), at no head step of their own.
 * It reads the residual after the trunk's last layer (``taps = (n_layers,)``) and cannot arm after a
   reused KV prefix: a head that never saw the prefix's hidden rows would chain garbage.
 """
@@ -34,10 +37,11 @@ from typing import Sequence
 
 import torch
 
-from ..sampling import Stream, argmax
+from ..sampling import Stream, argmax, best_other
 
 DRAFT_STREAM = Stream.PLAIN  # common random numbers with the trunk's plain draw, as a draft model's
 from .protocols import Draft, DraftContext, DraftHeadKind, MinDraftProb
+from .tree import SIBLING_MIN, sibling_leaves
 
 TOP_K_GATE = 10
 DEFAULT_PMIN = 0.75
@@ -65,9 +69,14 @@ class DraftHeadSpeculator:
     can_arm_after_prefix_reuse = False  # the head's cache needs every position's trunk row
     default_accept_rule = "match"
 
-    def __init__(self, head, n_layers: int, max_draft_tokens: int = 8, min_draft_prob: float | None = None):
+    def __init__(self, head, n_layers: int, max_draft_tokens: int = 8, min_draft_prob: float | None = None,
+                 tree: int = 0, sibling_min: float = SIBLING_MIN):
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        if tree < 0:
+            raise ValueError(f"tree must be >= 0 nodes, got {tree}")
+        self.tree = tree  # node budget of a tree draft (0: chains)
+        self.sibling_min = sibling_min  # a sibling's least chance where the governor has no gate
         self.head = head  # weights; this sequence's head cache is ``state``
         self.state = head.new_state()
         self.n_layers = n_layers
@@ -91,11 +100,11 @@ class DraftHeadSpeculator:
         self.reset()
 
     @classmethod
-    def build(cls, target, head, options):
+    def build(cls, target, head, options, tree: int = 0):
         """The speculator, or a decline reason an operator can act on."""
         if getattr(head, "kind", None) is not DraftHeadKind.PER_TOKEN:
             return "the draft head is not a per-token (NextN/MTP) head"
-        return cls(head, target.n_layers, max_draft_tokens=options.draft, min_draft_prob=options.pmin)
+        return cls(head, target.n_layers, max_draft_tokens=options.draft, min_draft_prob=options.pmin, tree=tree)
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -147,6 +156,7 @@ class DraftHeadSpeculator:
         hist = sampler.draft_history(ctx.history) if sampling else None
         out: list[int] = []
         probs: list[torch.Tensor] = []
+        chances: list[tuple[float, float, int]] = []  # per depth, for the tree's sibling leaves
         chance = 1.0
         gate = ctx.min_prob if self.gate_follows_cost and ctx.min_prob is not None else self.min_draft_prob
         while True:
@@ -160,10 +170,17 @@ class DraftHeadSpeculator:
                 tok = sampler.draw(q, P + 1 + len(out), DRAFT_STREAM)
                 probs.append(q)
                 hist.append(tok)
+            if self.tree:
+                chances.append(best_other(q if sampling else torch.softmax(self._trunk_logits(logits).float(), -1), tok))
             out.append(tok)
             if len(out) >= k:
                 break
             logits, h = self.head.draft_step(tok, h, P + len(out), self.state)
             self.head_calls += 1
         self.drafted += len(out)
+        if self.tree and out:
+            floor = ctx.min_prob if ctx.min_prob is not None else self.sibling_min
+            nodes, parents = sibling_leaves(out, chances, self.tree, floor)
+            if len(nodes) != len(out):  # siblings joined (or the chain was cut to the budget)
+                return Draft(nodes, None, parents=parents)
         return Draft(out, torch.stack(probs) if probs else None)

@@ -35,6 +35,15 @@ Contract:
   emits the trunk's own draws). For ``residual`` the draft stays independent of the accept (1)
   and residual (2) streams, and a position's stream-0 number decides nothing emitted until that
   position is drafted or drawn for real, so the rule stays exact (``tests/test_residual.py``).
+* Token trees (``tree`` nodes, ``--spec-tree``; 0: chains): the drafter's row at each depth also
+  names its best other token, a sibling of the chain's token there. The siblings whose chance of
+  being what the trunk takes (the chain's drafter probability down to their parent, times their
+  own) is highest join the draft as leaves, up to the node budget and no less likely than the
+  governor's gate (``DraftContext.min_prob``, else ``SIBLING_MIN``). Where the trunk turns away
+  from the chain onto a sibling, the verify takes that token and the one its row draws after it.
+  They cost no drafter forward (each is read off a row the chain computed), only their verify
+  rows. A sibling is a leaf: expanding it would take drafter rows over a branch of the drafter's
+  own cache. Under ``residual`` the drafts stay chains (the rule's tree form is not built).
 * ``default_accept_rule`` is ``match``: output identical to plain decoding, greedy or seeded.
   ``--spec-accept residual`` accepts more under sampling and keeps the trunk's distribution, but
   a seeded run no longer reproduces the plain run's text.
@@ -48,8 +57,9 @@ from typing import Sequence
 import torch
 
 from ..models.cache import common_prefix
-from ..sampling import Stream, argmax
+from ..sampling import Stream, argmax, best_other
 from .protocols import Draft, DraftContext, MinDraftProb
+from .tree import SIBLING_MIN, sibling_leaves
 
 PREFILL_CHUNK = 256
 # drafter rows a (re)start forwards at most. A catch-up over a whole prompt cost 10-20% of an
@@ -73,11 +83,16 @@ class DraftModelSpeculator:
     default_accept_rule = "match"
 
     def __init__(self, model, *, vocab_size: int, max_draft_tokens: int = 8,
-                 min_draft_prob: float | None = None, context: int = DEFAULT_CONTEXT) -> None:
+                 min_draft_prob: float | None = None, context: int = DEFAULT_CONTEXT, tree: int = 0,
+                 sibling_min: float = SIBLING_MIN) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
         if context < 1:
             raise ValueError(f"context must be >= 1, got {context}")
+        if tree < 0:
+            raise ValueError(f"tree must be >= 0 nodes, got {tree}")
+        self.tree = tree  # node budget of a tree draft (0: chains)
+        self.sibling_min = sibling_min  # a sibling's least chance where the governor has no gate
         self.context = min(context, model.max_context - max_draft_tokens - 1)
         self.model = model  # the drafter LM (weights); its cache below is this speculator's state
         self.cache = model.make_cache()
@@ -94,6 +109,7 @@ class DraftModelSpeculator:
         self.forwards = 0
         self.forward_rows = 0
         self.draft_ms = 0.0
+        self.siblings = 0  # sibling leaves drafted (trees)
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -182,6 +198,7 @@ class DraftModelSpeculator:
         hist = sampler.draft_history(ctx.history) if penalized else None
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
+        chances: list[tuple[float, float, int]] = []  # per depth, for the tree's sibling leaves
         for i in range(k):
             if self.min_draft_prob > 0.0:
                 top = float(torch.softmax(logits.float(), dim=-1).max())
@@ -194,6 +211,9 @@ class DraftModelSpeculator:
                 probs.append(q)
             else:  # greedy: the trunk's own argmax rule, penalties included
                 tok = argmax(sampler.penalize(logits, hist) if penalized else logits)
+            if self.tree:
+                chances.append(best_other(q if sampling else torch.softmax(
+                    (sampler.penalize(logits, hist) if penalized else logits).float(), dim=-1), tok))
             tokens.append(tok)
             if hist is not None:
                 hist.append(tok)
@@ -201,6 +221,12 @@ class DraftModelSpeculator:
                 logits = self._forward([tok])
         self.drafted += len(tokens)
         self.draft_ms += (time.perf_counter() - t0) * 1000.0
+        if self.tree and tokens:
+            floor = ctx.min_prob if ctx.min_prob is not None else self.sibling_min
+            nodes, parents = sibling_leaves(tokens, chances, self.tree, floor)
+            if len(nodes) != len(tokens):  # siblings joined (or the chain was cut to the budget)
+                self.siblings += max(len(nodes) - len(tokens), 0)
+                return Draft(nodes, None, setup_ms=setup_ms, parents=parents)
         return Draft(tokens, torch.stack(probs) if probs else None, setup_ms=setup_ms)
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:

@@ -120,9 +120,9 @@ def _other_attached(drafter, wanted: str) -> str:
 def _ngram(target, options, drafter):
     from .ngram import NGramSpeculator
 
-    # a token tree needs a trunk that shares one forward among rows: a recurrent trunk keeps chains
-    tree = options.tree if getattr(target, "batches_sequences", False) else 0
-    return NGramSpeculator(max_draft_tokens=options.draft, min_draft_prob=options.pmin, tree=tree)
+    # its drafts carry no distribution: the residual rule verifies them by match, trees included
+    return NGramSpeculator(max_draft_tokens=options.draft, min_draft_prob=options.pmin,
+                           tree=_tree_budget(target, options, residual=False))
 
 
 def _draft_head(target, options, drafter):
@@ -139,7 +139,8 @@ def _draft_head(target, options, drafter):
         return "the attached drafter is a block drafter, not a per-token head (use --spec-type block)"
     from .draft_head import DraftHeadSpeculator
 
-    return DraftHeadSpeculator.build(target, head, options)
+    tree = _tree_budget(target, options, residual=options.accept == "residual")
+    return DraftHeadSpeculator.build(target, head, options, tree=tree)
 
 
 def _block(target, options, drafter):
@@ -158,6 +159,7 @@ def _block(target, options, drafter):
         max_draft_tokens=options.draft,
         min_draft_prob=options.pmin,
         sample_drafts=options.accept == "residual",
+        tree=_tree_budget(target, options, residual=options.accept == "residual"),
     )
 
 
@@ -172,7 +174,17 @@ def _draft_model(target, options, drafter):
         vocab_size=drafter.trunk_vocab,  # drafts and their probabilities live in the trunk's vocabulary
         max_draft_tokens=options.draft,
         min_draft_prob=options.pmin,
+        tree=_tree_budget(target, options, residual=options.accept == "residual"),
     )
+
+
+def _tree_budget(target, options, *, residual: bool) -> int:
+    """The node budget a drafter may build trees with: 0 (chains) on a recurrent trunk, which cannot
+    share one forward among a tree's rows, and for drafts the residual rule verifies (``residual``),
+    whose tree form (recursive rejection over siblings) is not built."""
+    if not getattr(target, "batches_sequences", False) or residual:
+        return 0
+    return options.tree
 
 
 # registration order is ``auto``'s order among the entries it tries: a model's own head before n-gram

@@ -92,6 +92,31 @@ def walk(logits: torch.Tensor, tokens: Sequence[int], parents: Sequence[int], sa
         row = nxt + 1
 
 
+# a sibling leaf's least chance of being the trunk's token, where the governor has no gate yet
+SIBLING_MIN = 0.05
+
+
+def sibling_leaves(chain: Sequence[int], chances: Sequence[tuple[float, float, int]], nodes: int,
+                   floor: float) -> tuple[list[int], list[int]]:
+    """A chain with sibling leaves, as a tree draft ``(tokens, parents)``: ``chances[i]`` is, at
+    depth i, the drafter's probability of the chain's token, and its best other token with that
+    token's probability ``(p_chain, p_other, other)``. A sibling's score is the product of the chain's
+    probabilities above it times its own; the best scores of at least ``floor`` join as leaves, the
+    whole tree at most ``nodes`` tokens (the chain first, cut to ``nodes``). Pure."""
+    chain = [int(t) for t in chain[:max(nodes, 0)]]
+    tokens, parents = list(chain), [i - 1 for i in range(len(chain))]
+    scored, above = [], 1.0
+    for i, (p_chain, p_other, other) in enumerate(chances[: len(chain)]):
+        score = above * p_other
+        if score >= floor and other != chain[i]:
+            scored.append((score, i, int(other)))
+        above *= p_chain
+    for _, i, other in sorted(scored, key=lambda x: (-x[0], x[1]))[: max(nodes - len(chain), 0)]:
+        tokens.append(other)
+        parents.append(i - 1)
+    return tokens, parents
+
+
 class Trie:
     """A tree draft built by inserting chains (continuations), sharing common prefixes, up to a
     node budget; insertion order is the order the nodes take."""

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...models.base import apply_rope, rms_norm
-from ...sampling import argmax
+from ...sampling import argmax, best_other
 from ...weights import Linear
 from ..protocols import DraftHeadKind
 from .config import DFlashConfig, Pick
@@ -258,14 +258,17 @@ class DFlashModel:
         return h, logits
 
     @torch.inference_mode()
-    def walk(self, anchor: int, position: int, ring: KVRing, pick: Pick | None = None
-             ) -> tuple[list[int], list[float]]:
+    def walk(self, anchor: int, position: int, ring: KVRing, pick: Pick | None = None,
+             others: list | None = None) -> tuple[list[int], list[float]]:
         """PASS C plus the read-out: (B-1 draft tokens, each one's drafter confidence).
 
         ``pick(e, row)`` chooses position e's token from a [vocab] score row (default: argmax).
         Plain DFlash: the row is position e's logits. With the selector: the row is the lattice
         row of the token picked at e-1 (``-inf`` outside position e's candidates). Confidence is
         the softmax of the row at the picked token (the gate multiplies these).
+
+        ``others`` (a list, for token trees): each position's ``(confidence of the picked token,
+        that of the best other token of the same row, that token)`` is appended to it.
         """
         tokens: list[int] = []
         conf: list[float] = []
@@ -273,7 +276,14 @@ class DFlashModel:
             # greedy over a draft vocabulary: argmax and softmax over its rows only, not over a
             # target-sized row that is -inf everywhere else (the same tokens and confidences)
             _, small = self._block(anchor, position, ring)
-            p, i = torch.softmax(small, dim=-1).max(dim=-1)
+            probs = torch.softmax(small, dim=-1)
+            p, i = probs.max(dim=-1)
+            if others is not None:
+                top = torch.topk(probs, min(2, probs.shape[-1]), dim=-1)
+                for e in range(probs.shape[0]):
+                    j = 1 if int(top.indices[e, 0]) == int(i[e]) else 0
+                    j = min(j, top.indices.shape[1] - 1)
+                    others.append((float(p[e]), float(top.values[e, j]), int(self.d2t[top.indices[e, j]])))
             return self.d2t[i].tolist(), p.tolist()
         pick = pick or (lambda e, row: argmax(row))
         h, logits = self.block_forward(anchor, position, ring)
@@ -281,7 +291,10 @@ class DFlashModel:
             for e in range(logits.shape[0]):
                 tok = pick(e, logits[e])
                 tokens.append(tok)
-                conf.append(float(torch.softmax(logits[e], -1)[tok]))
+                q = torch.softmax(logits[e], -1)
+                conf.append(float(q[tok]))
+                if others is not None:
+                    others.append(best_other(q, tok))
             return tokens, conf
         sel = self.selector
         unary, cand = torch.topk(logits, sel.top_k, dim=-1)  # [E, k]
@@ -297,7 +310,11 @@ class DFlashModel:
                 raise ValueError(f"pick chose token {tok}, which is not a selector candidate")
             prev = int(hit[0])
             tokens.append(tok)
-            conf.append(float(torch.softmax(scores, -1)[prev]))
+            q = torch.softmax(scores, -1)
+            conf.append(float(q[prev]))
+            if others is not None:
+                c, alt, j = best_other(q, prev)
+                others.append((c, alt, int(cand[e, j])))
         return tokens, conf
 
 
@@ -326,9 +343,9 @@ class DFlashHead:
         tokens, conf = self.model.walk(last_token, position, state)
         return tokens, torch.tensor(conf)
 
-    def walk_block(self, last_token: int, position: int, state: KVRing, pick: Pick | None = None
-                   ) -> tuple[list[int], list[float]]:
-        return self.model.walk(last_token, position, state, pick)
+    def walk_block(self, last_token: int, position: int, state: KVRing, pick: Pick | None = None,
+                   others: list | None = None) -> tuple[list[int], list[float]]:
+        return self.model.walk(last_token, position, state, pick, others)
 
     def catch_up(self, tokens: Sequence[int], hidden: torch.Tensor, start_pos: int, state: KVRing) -> None:
         self.model.inject(hidden, start_pos, state)
