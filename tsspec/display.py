@@ -111,6 +111,7 @@ def summary_line(result, load_ms: float | None = None, first_token_ms: float | N
             + ", "
             + (f"{tpv:.2f} tok/verify" if tpv is not None else "no verifies")
             + (f", trees {s.nodes_per_tree:.1f} nodes, depth {s.accepted_depth:.2f}" if s.tree_verifies else "")
+            + "".join(f", {n} {c['accepted']}/{c['drafted']} in {c['won']} steps" for n, c in s.members.items())
             + f", governor {s.governor_state} (parks {s.governor_parks})"
             + (f", rollback memory {human_bytes(s.rollback_bytes)}" if s.rollback_bytes else "")
         )
@@ -132,6 +133,9 @@ def stats_table(s: SpecStats, governor=None) -> Table:
         t.add_row("tokens/verify", f"{tpv:.2f}" if tpv is not None else "-")
         if s.tree_verifies:
             t.add_row("trees", f"{s.nodes_per_tree:.1f} nodes/verify, accepted depth {s.accepted_depth:.2f}")
+        for name, c in s.members.items():
+            t.add_row(f"  {name}", f"won {c['won']} of {c['proposals']} asked, accepted {c['accepted']} of "
+                                   f"{c['drafted']} drafted")
         if governor is not None:
             left = governor.steps_left
             state = governor.state + (f" ({left} steps left)" if left is not None else "")

@@ -82,8 +82,18 @@ def _parse(setting: str, name: str, raw: Any, speculators: Sequence[str] = ()) -
     if setting == "type":
         v = str(raw).strip()
         known = ["auto", *speculators]
+        if "," in v:  # a cascade of named speculators, asked in order
+            parts = [p.strip() for p in v.split(",")]
+            bad = [p for p in parts if p not in speculators or p == "cascade"]
+            if bad:
+                raise BadInput(f"{name}={raw!r}: {bad[0]!r} cannot be a cascade member (choose from "
+                               f"{', '.join(x for x in speculators if x != 'cascade')})")
+            if len(set(parts)) != len(parts):
+                raise BadInput(f"{name}={raw!r}: a cascade names each speculator once")
+            return ",".join(parts)
         if v not in known:
-            raise BadInput(f"{name}={raw!r}: unknown speculator (choose from {', '.join(known)})")
+            raise BadInput(f"{name}={raw!r}: unknown speculator (choose from {', '.join(known)}, "
+                           "or a comma list such as ngram,draft-model)")
         return v
     if setting == "accept":
         v = str(raw).strip()

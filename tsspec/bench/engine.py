@@ -27,7 +27,7 @@ def spec_options(c: BenchConfig, default_draft_model: str | None) -> SpecOptions
         draft=c.draft or DRAFT_DEFAULT,
         draft_explicit=c.draft is not None,
         pmin=c.pmin,
-        draft_model=c.draft_model or (default_draft_model if c.algo in ("draft-model", "block", "draft-head") else None),
+        draft_model=c.draft_model or (default_draft_model if c.algo in ("draft-model", "block", "draft-head", "cascade") else None),
         accept=c.accept or "auto",
         adaptive=True if c.adaptive is None else c.adaptive,
         tree=c.tree or 0,

@@ -328,6 +328,9 @@ class DecodeState:
         if self.speculator is not None:
             with self.stats.phase("commit"):
                 self.speculator.commit(kept, hid, pos)
+            members = getattr(self.speculator, "member_stats", None)  # a composite's own counts
+            if members is not None:
+                self.stats.members = members()
 
 
 class Run:

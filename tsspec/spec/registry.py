@@ -45,6 +45,32 @@ class SpeculatorRegistry:
     def names(self) -> list[str]:
         return list(self._entries)
 
+    def members(self, name: str) -> list[str] | None:
+        """The member names of a cascade spelled as a comma list (``ngram,draft-model``), checked;
+        None for a single name."""
+        if "," not in name:
+            return None
+        parts = [p.strip() for p in name.split(",")]
+        for p in parts:
+            if p == "cascade" or p == "auto":
+                raise BadInput(f"--spec-type {name!r}: {p!r} cannot be a cascade member")
+            self.entry(p)
+        if len(set(parts)) != len(parts):
+            raise BadInput(f"--spec-type {name!r}: a cascade names each speculator once")
+        return parts
+
+    def try_cascade(self, names: list[str], target, options, drafter=None):
+        """-> (a cascade of ``names``, in order, or None, decline reason or None)."""
+        from .cascade import CascadeSpeculator
+
+        built = []
+        for n in names:
+            spec, why = self.try_create(n, target, options, drafter)
+            if spec is None:
+                return None, f"member {n}: {why}"
+            built.append(spec)
+        return CascadeSpeculator(built), None
+
     def entry(self, name: str) -> Entry:
         if name not in self._entries:
             raise BadInput(f"--spec-type {name!r}: unknown (choose from auto, {', '.join(self._entries)})")
@@ -52,6 +78,9 @@ class SpeculatorRegistry:
 
     def try_create(self, name: str, target, options, drafter=None):
         """-> (speculator or None, decline reason or None)."""
+        members = self.members(name)
+        if members is not None:
+            return self.try_cascade(members, target, options, drafter)
         made = self.entry(name).factory(target, options, drafter)
         if isinstance(made, str):
             return None, made
@@ -187,8 +216,20 @@ def _tree_budget(target, options, *, residual: bool) -> int:
     return options.tree
 
 
+def _cascade(target, options, drafter):
+    # n-gram first; then the attached drafter's algorithm, else a head the checkpoint carries
+    model = drafter.speculator_name if drafter is not None else "draft-head"
+    spec, why = REGISTRY.try_cascade(["ngram", model], target, options, drafter)
+    if spec is None:
+        return (f"it needs a model drafter after n-gram ({why}; attach one with --spec-draft-model, "
+                "or use a model that carries a draft head)")
+    return spec
+
+
 # registration order is ``auto``'s order among the entries it tries: a model's own head before n-gram
 REGISTRY.register("draft-head", _draft_head, "per-token NextN/MTP draft head", auto=True)
 REGISTRY.register("ngram", _ngram, "prompt lookup over the sequence's own tokens; no weights", auto=True)
 REGISTRY.register("draft-model", _draft_model, "a separate small language model with the same vocabulary")
 REGISTRY.register("block", _block, "DFlash/DFlash2 block drafter")
+REGISTRY.register("cascade", _cascade, "n-gram first, the model drafter (attached, or the model's own head) "
+                  "where n-gram has nothing; or a comma list, e.g. ngram,draft-model")

@@ -42,6 +42,9 @@ class SpecStats:
     verify_emitted: int = 0  # tokens emitted by verify steps (accepted + corrected/bonus)
     plain_steps: int = 0
     accept_hist: list[int] = field(default_factory=list)  # index = accepted length of a verify
+    # a cascade's members (``CascadeSpeculator.member_stats``): per member, proposals asked, steps
+    # won, tokens drafted in them and accepted of those; empty for a single speculator
+    members: dict[str, dict[str, int]] = field(default_factory=dict)
     governor_parks: int = 0
     governor_state: str = "off"
     rollback_bytes: int = 0  # what undoing a verify holds per sequence (a hybrid trunk's state copies)

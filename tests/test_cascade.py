@@ -1,0 +1,132 @@
+"""The cascade speculator: n-gram first, the model drafter where n-gram has nothing.
+
+Shown on tiny random-weight files: output identical to plain decoding (greedy and seeded), with a
+draft model and with a block drafter (whose taps the cascade hands on); each member's counts; the
+model drafter kept in step with what landed while n-gram won; the registry's two spellings
+(``cascade``, a comma list) and their refusals; the environment's spelling.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tiny import write_tiny_model
+from tiny_dflash import write_tiny_dflash
+from tsspec.drafters import load_drafter
+from tsspec.errors import BadInput
+from tsspec.models import load_model
+from tsspec.options import SpecOptions, resolve as resolve_spec_options
+from tsspec.sampling import Sampler, SamplingParams
+from tsspec.spec.cascade import CascadeSpeculator
+from tsspec.spec.loop import decode
+from tsspec.spec.plan import SpecPlan
+from tsspec.spec.registry import REGISTRY, SpeculatorDeclined
+from tsspec.spec.stats import SpecStats
+
+# repeats itself (n-gram finds matches) and then goes on (where it finds none)
+PROMPTS = [
+    [40, 41, 42, 43, 44, 45, 40, 41, 42, 43, 44, 45, 40, 41],
+    list(range(60, 90)) + list(range(60, 75)),
+    [7, 8, 9],
+]
+N_TOKENS = 40
+SAMPLERS = [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=5)]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cascade")
+    trunk = write_tiny_model(d / "trunk.gguf", "qwen2", seed=11, n_layers=3)
+    return {
+        "trunk": trunk,
+        "related": write_tiny_model(d / "related.gguf", "qwen2", seed=11, n_layers=2),
+        "dflash": write_tiny_dflash(d / "dflash.gguf", trunk),
+    }
+
+
+@pytest.fixture(scope="module")
+def trunk(files):
+    return load_model(files["trunk"])
+
+
+@pytest.mark.parametrize("params", SAMPLERS, ids=["greedy", "seeded"])
+def test_ngram_then_draft_model_equals_plain_and_counts_each_member(files, trunk, params):
+    drafter = load_drafter(files["related"], trunk)
+    won = {"ngram": 0, "draft-model": 0}
+    for prompt in PROMPTS:
+        spec = REGISTRY.create("ngram,draft-model", trunk, SpecOptions(draft=6), drafter)
+        assert isinstance(spec, CascadeSpeculator) and spec.names == ["ngram", "draft-model"]
+        plain = decode(trunk, Sampler(params), prompt, N_TOKENS)
+        st = SpecStats()
+        out = decode(trunk, Sampler(params), prompt, N_TOKENS, SpecPlan(spec, window=6), stats=st)
+        assert out == plain
+        m = st.members
+        assert list(m) == ["ngram", "draft-model"]
+        assert sum(c["won"] for c in m.values()) == st.verify_calls
+        assert sum(c["drafted"] for c in m.values()) == st.drafted
+        assert sum(c["accepted"] for c in m.values()) == st.accepted
+        # the model drafter is asked only where n-gram did not win
+        assert m["draft-model"]["proposals"] == m["ngram"]["proposals"] - m["ngram"]["won"]
+        for k in won:
+            won[k] += m[k]["won"]
+        # whoever proposed, the draft model holds only what the trunk kept
+        dm = spec.members[1]
+        assert dm._committed == (prompt + out)[: len(dm._committed)]
+    assert won["ngram"] > 0 and won["draft-model"] > 0, won
+
+
+def test_block_drafter_member_gets_its_taps(files, trunk):
+    target = load_model(files["trunk"], fmt="bf16")
+    drafter = load_drafter(files["dflash"], target)
+    spec = REGISTRY.create("ngram,block", target, SpecOptions(draft=6, pmin=0.0), drafter)
+    assert spec.needs_hidden_state and spec.taps == tuple(sorted(drafter.taps))
+    assert spec.tap_horizon == spec.members[1].tap_horizon
+    for prompt in PROMPTS:
+        plain = decode(target, Sampler(), prompt, N_TOKENS)
+        st = SpecStats()
+        assert decode(target, Sampler(), prompt, N_TOKENS, SpecPlan(spec, window=6), stats=st) == plain
+        assert st.members["block"]["proposals"] > 0
+
+
+def test_the_slices_are_each_members_own_columns():
+    import torch
+
+    class Reader:
+        name, max_draft_tokens, min_draft_prob, default_min_draft_prob = "r", 4, 0.0, 0.0
+        needs_hidden_state, can_arm_after_prefix_reuse = True, True
+
+        def __init__(self, taps):
+            self.taps, self.seen = taps, None
+
+        def begin(self, prompt, hidden):
+            self.seen = hidden
+
+    a, b = Reader((5,)), Reader((2, 9))
+    c = CascadeSpeculator([a, b])
+    assert c.taps == (2, 5, 9)
+    rows = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 12)  # 2 rows, taps 2, 5, 9 of d = 4
+    c.begin([1, 2], rows)
+    assert torch.equal(a.seen, rows[:, 4:8])
+    assert torch.equal(b.seen, torch.cat([rows[:, 0:4], rows[:, 8:12]], dim=1))
+
+
+def test_cascade_name_takes_the_attached_drafter_and_declines_without_one(files, trunk):
+    drafter = load_drafter(files["related"], trunk)
+    spec = REGISTRY.create("cascade", trunk, SpecOptions(), drafter)
+    assert spec.names == ["ngram", "draft-model"]
+    with pytest.raises(SpeculatorDeclined, match="needs a model drafter after n-gram"):
+        REGISTRY.create("cascade", trunk, SpecOptions(), None)
+    with pytest.raises(SpeculatorDeclined, match="member draft-model"):
+        REGISTRY.create("ngram,draft-model", trunk, SpecOptions(), None)
+    for bad, why in [("ngram,ngram", "once"), ("ngram,auto", "cannot be a cascade member"),
+                     ("ngram,bogus", "unknown")]:
+        with pytest.raises(BadInput, match=why):
+            REGISTRY.create(bad, trunk, SpecOptions(), drafter)
+
+
+def test_the_environment_spells_a_cascade_too():
+    opts, _ = resolve_spec_options({}, {"TS_SPEC_TYPE": "ngram, draft-model"}, speculators=REGISTRY.names())
+    assert opts.type == "ngram,draft-model"
+    for bad in ("ngram,ngram", "ngram,cascade", "ngram,nope"):
+        with pytest.raises(BadInput, match="TS_SPEC_TYPE"):
+            resolve_spec_options({}, {"TS_SPEC_TYPE": bad}, speculators=REGISTRY.names())
