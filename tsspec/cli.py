@@ -242,7 +242,7 @@ DRAFT_WEIGHTS_OPTION = typer.Option(None, "--draft-weights", help="In-memory for
 DEVICE_OPTION = typer.Option(None, "--device", help="auto (default: cuda when torch sees a GPU and triton is installed, else cpu), cpu, or cuda (the Triton kernels over the file's own GGUF blocks; needs --weights auto). Env: TSSPEC_DEVICE.")
 SPEC_OPTION = typer.Option(None, "--spec/--no-spec", help="Enable/disable speculative decoding (default off; env TS_SPEC_SPEC / TS_MTP_SPEC).")
 MTP_SPEC_OPTION = typer.Option(None, "--mtp-spec/--no-mtp-spec", help="Legacy spelling of --spec/--no-spec.")
-SPEC_TYPE_OPTION = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model | cascade. cascade: n-gram first, the model drafter where n-gram has nothing; a comma list (ngram,draft-model) is a cascade of those, asked in that order. Env TS_SPEC_TYPE.")
+SPEC_TYPE_OPTION = typer.Option(None, "--spec-type", help="auto (default) | draft-head | block | ngram | draft-model | suffix | cascade. suffix: n-gram over this sequence and the engine's earlier ones (a chat, a prompts file, a server's lifetime). cascade: n-gram first, the model drafter where n-gram has nothing; a comma list (ngram,draft-model) is a cascade of those, asked in that order. Env TS_SPEC_TYPE.")
 SPEC_TREE_OPTION = typer.Option(None, "--spec-tree", "--mtp-tree", help="Token trees: verify up to N drafted nodes per step as one tree (several guesses at once, output unchanged), 0-64, default 0 (chains). n-gram builds them from its continuations; a draft model, head or block drafter adds its second guesses beside its chain; a recurrent (hybrid) trunk keeps chains. Env TS_SPEC_TREE / TS_MTP_TREE.")
 SPEC_DRAFT_OPTION = typer.Option(None, "--spec-draft", "--mtp-draft", help="Max tokens drafted per step, 1-64 (default 8; a model may prefer fewer). Env TS_SPEC_DRAFT / TS_MTP_DRAFT.")
 SPEC_PMIN_OPTION = typer.Option(None, "--spec-pmin", "--mtp-pmin", help="Confidence gate in [0,1] (default per algorithm: 0.75 draft head, 0.35 block, 0 n-gram). Env TS_SPEC_PMIN.")
@@ -740,7 +740,7 @@ def bench(
     config_file: Optional[Path] = typer.Option(None, "--config-file", help="TOML file with \\[configs.NAME] tables."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Config name or spec every ratio is taken against (default plain)."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", "--spec-draft-model", "--mtp-draft-model", help="Drafter for configs that need one and name none (also spelled as generate's --spec-draft-model and its legacy --mtp-draft-model)."),
-    workload: List[str] = typer.Option([], "-w", "--workload", help="Built-in workload (prose, factual, code, grounded) or a prompts file (text or JSONL); repeatable. Default: all built-ins."),
+    workload: List[str] = typer.Option([], "-w", "--workload", help="Built-in workload (prose, factual, code, grounded; agent only when named: its requests run in order, for what a speculator carries between them) or a prompts file (text or JSONL); repeatable. Default: the first four."),
     max_tokens: int = typer.Option(64, "-n", "--max-tokens", help="Tokens generated per run (every run generates exactly this many unless --stop-at-eos)."),
     reps: int = typer.Option(5, "--reps", help="Repetitions; configurations alternate inside each, order rotating."),
     warmup: int = typer.Option(1, "--warmup", help="Unrecorded warm-up runs per configuration."),

@@ -141,8 +141,10 @@ class Session:
         opts = self.with_preferred_window(opts, drafter)
         accept_rule = None if opts.accept == "auto" else opts.accept
 
+        shared: dict = {}  # what a speculator keeps across this engine's sequences (the suffix store)
+
         def new_plan(o: SpecOptions = opts) -> SpecPlan:
-            speculator = REGISTRY.create(o.type, self.target, o, drafter)
+            speculator = REGISTRY.create(o.type, self.target, o, drafter, shared)
             window = min(o.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else o.draft
             return SpecPlan(speculator, SpeculationCostGovernor(enabled=o.adaptive), window, accept_rule)
 

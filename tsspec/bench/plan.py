@@ -16,7 +16,7 @@ from ..errors import BadInput, TsspecError
 from ..sampling import Sampler, SamplingParams
 from . import llama_server
 from .configs import BenchConfig, load_config_file, parse_configs
-from .workloads import Workload, get_workload, load_workload, workload_names
+from .workloads import Workload, get_workload, known_workloads, load_workload, workload_names
 
 
 @dataclass
@@ -69,7 +69,8 @@ def plan_bench(*, config: list[str], config_file: Path | None, baseline: str | N
             check_output_file(out, f"{flag} {out}")
     if plot:
         report.check_plot()
-    wls = [get_workload(w) if w in workload_names() else load_workload(Path(w)) for w in workload or workload_names()]
+    wls = [get_workload(w) if w.strip().lower() in known_workloads() else load_workload(Path(w))
+           for w in workload or workload_names()]
     sampler = Sampler(SamplingParams(temperature=temp, seed=seed))
     kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
     plan = BenchPlan(configs, base, wls, sampler, kwargs)

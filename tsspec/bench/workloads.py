@@ -10,7 +10,11 @@ rest on):
 * ``factual``   lists and well-known facts (primes, capitals, elements); a small model knows them;
 * ``code``      code completion; boilerplate and repeated identifiers;
 * ``grounded``  repeat / edit / summarise a passage that is *in the prompt* (150-300 words or a
-                code block), so the answer quotes it and prompt-lookup drafting shines.
+                code block), so the answer quotes it and prompt-lookup drafting shines;
+* ``agent``     (only when named: ``-w agent``) one tool-routing instruction, then requests that
+                each want a JSON tool call about a different input; what repeats is across
+                requests (the JSON shape, tool names, argument keys), which the suffix
+                speculator carries from one request to the next and per-sequence n-gram cannot.
 
 ``load_prompts(path)`` reads user prompts: a ``.jsonl`` file (one ``{"id": ..., "text": ...}``
 object per line; ``id`` optional) or any other text file (prompts separated by blank lines).
@@ -266,6 +270,32 @@ _GROUNDED = [
 ]
 
 
+# an agent loop: one system instruction, then requests that each want a structured answer about a
+# different input. What repeats is across requests (the JSON shape, the tool names, the argument
+# keys), not within one: the source the suffix speculator reads and per-sequence n-gram cannot.
+_AGENT_SYSTEM = (
+    "You are the tool router of an assistant. Reply with exactly one JSON object of the form "
+    '{"tool": NAME, "arguments": {...}} and nothing else. Tools: get_weather(city, unit), '
+    "search_flights(origin, destination, date, passengers), create_event(title, date, time, "
+    "attendees), send_email(to, subject, body), convert_currency(amount, from_currency, "
+    "to_currency).\n\nRequest: "
+)
+_AGENT = [_AGENT_SYSTEM + r for r in (
+    "What is the weather like in Lisbon today, in celsius?",
+    "Find me flights from Boston to Denver on 2027-03-14 for two people.",
+    "Put a meeting called Budget review on 2027-01-20 at 10:00 with Ana and Joao.",
+    "Email maria@example.com that the report is late, subject Report delay.",
+    "How much is 250 US dollars in euros?",
+    "Is it going to be cold in Oslo? Use fahrenheit.",
+    "I need a flight from Madrid to Rome on 2027-05-02, just me.",
+    "Schedule Team lunch on 2027-02-03 at 12:30 with Priya, Tom and Lee.",
+    "Send an email to ops@example.com with subject Disk full saying the backup server is out of space.",
+    "Convert 1200 Japanese yen to British pounds.",
+    "What's the weather in Nairobi right now in celsius?",
+    "Book-search flights Chicago to Seattle on 2027-04-09 for three passengers.",
+)]
+
+
 def _workload(name: str, texts: list[str]) -> Workload:
     return Workload(name, [Prompt(f"{name}-{i + 1}", t) for i, t in enumerate(texts)])
 
@@ -278,16 +308,30 @@ WORKLOADS: dict[str, Workload] = {
 }
 
 
+# built in, but run only when named (``-w agent``): its requests are meant to run in order through
+# one engine, and its point is what a speculator carries from one request to the next
+EXTRA_WORKLOADS: dict[str, Workload] = {
+    "agent": _workload("agent", _AGENT),
+}
+
+
 def workload_names() -> list[str]:
+    """The workloads a bench runs when none is named."""
     return list(WORKLOADS)
+
+
+def known_workloads() -> list[str]:
+    """Every built-in workload name, the ones run only when named included."""
+    return [*WORKLOADS, *EXTRA_WORKLOADS]
 
 
 def get_workload(name: str) -> Workload:
     """A built-in workload by name (``BadInput`` listing the known names otherwise)."""
     key = name.strip().lower()
-    if key not in WORKLOADS:
-        raise BadInput(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
-    return WORKLOADS[key]
+    found = WORKLOADS.get(key) or EXTRA_WORKLOADS.get(key)
+    if found is None:
+        raise BadInput(f"unknown workload {name!r} (known: {', '.join(known_workloads())})")
+    return found
 
 
 # ----------------------------------------------------------------------------- user prompts

@@ -110,6 +110,13 @@ class CascadeSpeculator:
         for i, m in enumerate(self.members):
             m.commit(tokens, self._slice(i, hidden), start_pos)
 
+    def end_sequence(self, tokens: Sequence[int]) -> None:
+        """The sequence ended: told to every member that keeps what sequences wrote."""
+        for m in self.members:
+            end = getattr(m, "end_sequence", None)
+            if end is not None:
+                end(tokens)
+
     def reset(self) -> None:
         self._winner = None
         for m in self.members:

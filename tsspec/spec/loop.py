@@ -403,6 +403,10 @@ class Run:
             st = self.seq.stats
             st.decode_ms = _ms(self._t_decode)
             st.generated = len(self.out)
+        # a speculator that keeps what sequences wrote (the suffix store) learns this one ended
+        end = getattr(self.seq.speculator, "end_sequence", None)
+        if end is not None and self.out:
+            end([*self.prompt, *self.out])
         return self.out
 
 

@@ -26,6 +26,9 @@ class Entry:
     factory: Factory
     description: str
     auto: bool = False  # ``auto`` tries it (in registration order) after an attached drafter's own
+    # the factory takes a fourth argument: a dict shared by every sequence of one engine (where a
+    # speculator keeps what outlives a sequence, such as the suffix store)
+    shared: bool = False
 
 
 class SpeculatorDeclined(BadInput):
@@ -36,11 +39,13 @@ class SpeculatorRegistry:
     def __init__(self) -> None:
         self._entries: dict[str, Entry] = {}
 
-    def register(self, name: str, factory: Factory, description: str, *, auto: bool = False) -> None:
+    def register(self, name: str, factory: Factory, description: str, *, auto: bool = False,
+                 shared: bool = False) -> None:
         """Everything a speculator needs to be chosen by name: its factory (the speculator, or a
-        sentence saying why it declines), what ``tsspec info`` says of it, and whether ``auto``
-        tries it when no drafter names its own algorithm."""
-        self._entries[name] = Entry(name, factory, description, auto)
+        sentence saying why it declines), what ``tsspec info`` says of it, whether ``auto`` tries
+        it when no drafter names its own algorithm, and whether its factory takes the engine's
+        shared dict (``Entry.shared``)."""
+        self._entries[name] = Entry(name, factory, description, auto, shared)
 
     def names(self) -> list[str]:
         return list(self._entries)
@@ -59,13 +64,13 @@ class SpeculatorRegistry:
             raise BadInput(f"--spec-type {name!r}: a cascade names each speculator once")
         return parts
 
-    def try_cascade(self, names: list[str], target, options, drafter=None):
+    def try_cascade(self, names: list[str], target, options, drafter=None, shared: dict | None = None):
         """-> (a cascade of ``names``, in order, or None, decline reason or None)."""
         from .cascade import CascadeSpeculator
 
         built = []
         for n in names:
-            spec, why = self.try_create(n, target, options, drafter)
+            spec, why = self.try_create(n, target, options, drafter, shared)
             if spec is None:
                 return None, f"member {n}: {why}"
             built.append(spec)
@@ -76,27 +81,32 @@ class SpeculatorRegistry:
             raise BadInput(f"--spec-type {name!r}: unknown (choose from auto, {', '.join(self._entries)})")
         return self._entries[name]
 
-    def try_create(self, name: str, target, options, drafter=None):
-        """-> (speculator or None, decline reason or None)."""
+    def try_create(self, name: str, target, options, drafter=None, shared: dict | None = None):
+        """-> (speculator or None, decline reason or None). ``shared``: the engine's dict, kept
+        across its sequences (None: a fresh one, shared with nothing)."""
         members = self.members(name)
         if members is not None:
-            return self.try_cascade(members, target, options, drafter)
-        made = self.entry(name).factory(target, options, drafter)
+            return self.try_cascade(members, target, options, drafter, shared)
+        e = self.entry(name)
+        if e.shared:
+            made = e.factory(target, options, drafter, {} if shared is None else shared)
+        else:
+            made = e.factory(target, options, drafter)
         if isinstance(made, str):
             return None, made
         return made, None
 
-    def create(self, name: str, target, options, drafter=None):
+    def create(self, name: str, target, options, drafter=None, shared: dict | None = None):
         """The speculator ``name`` (``auto``: the best available) or ``SpeculatorDeclined``."""
         if name == "auto":
             reasons = []
             for cand in self.auto_order(drafter):
-                spec, why = self.try_create(cand, target, options, drafter)
+                spec, why = self.try_create(cand, target, options, drafter, shared)
                 if spec is not None:
                     return spec
                 reasons.append(f"{cand}: {why}")
             raise SpeculatorDeclined("no speculator can serve this model (" + "; ".join(reasons) + ")")
-        spec, why = self.try_create(name, target, options, drafter)
+        spec, why = self.try_create(name, target, options, drafter, shared)
         if spec is None:
             raise SpeculatorDeclined(f"{name}: {why}")
         return spec
@@ -216,6 +226,14 @@ def _tree_budget(target, options, *, residual: bool) -> int:
     return options.tree
 
 
+def _suffix(target, options, drafter, shared):
+    from .suffix import SuffixSpeculator, SuffixStore
+
+    store = shared.setdefault("suffix-store", SuffixStore())  # every sequence of this engine
+    return SuffixSpeculator(store, max_draft_tokens=options.draft, min_draft_prob=options.pmin,
+                            tree=_tree_budget(target, options, residual=False))
+
+
 def _cascade(target, options, drafter):
     # n-gram first; then the attached drafter's algorithm, else a head the checkpoint carries
     model = drafter.speculator_name if drafter is not None else "draft-head"
@@ -231,5 +249,7 @@ REGISTRY.register("draft-head", _draft_head, "per-token NextN/MTP draft head", a
 REGISTRY.register("ngram", _ngram, "prompt lookup over the sequence's own tokens; no weights", auto=True)
 REGISTRY.register("draft-model", _draft_model, "a separate small language model with the same vocabulary")
 REGISTRY.register("block", _block, "DFlash/DFlash2 block drafter")
+REGISTRY.register("suffix", _suffix, "n-gram over this sequence and over the earlier sequences of the same "
+                  "engine (a chat, a prompts file, a server's lifetime); no weights", shared=True)
 REGISTRY.register("cascade", _cascade, "n-gram first, the model drafter (attached, or the model's own head) "
                   "where n-gram has nothing; or a comma list, e.g. ngram,draft-model")
