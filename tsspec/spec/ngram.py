@@ -240,7 +240,7 @@ class NGramSpeculator:
         self.index.clear()
         self.index.extend(prompt)
 
-    def _sync(self, history: Sequence[int]) -> None:
+    def sync(self, history: Sequence[int]) -> None:
         """Make the index hold exactly ``history``; O(new tokens) on the append-only common path."""
         index = self.index
         shared = min(len(index), len(history))
@@ -253,7 +253,7 @@ class NGramSpeculator:
         index.extend(history[shared:])
 
     def propose(self, ctx: DraftContext) -> Draft:
-        self._sync(ctx.history)
+        self.sync(ctx.history)
         self.proposals += 1
         k = min(ctx.max_tokens, self.max_draft_tokens)
         parents = None

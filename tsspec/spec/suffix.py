@@ -33,7 +33,7 @@ from typing import Sequence
 
 import torch
 
-from .ngram import NGramIndex
+from .ngram import NGramIndex, NGramSpeculator
 from .protocols import Draft, DraftContext, MinDraftProb
 
 __all__ = ["SuffixStore", "SuffixSpeculator", "most_followed", "DEFAULT_BUDGET"]
@@ -180,15 +180,14 @@ class SuffixSpeculator:
 
     def __init__(self, store: SuffixStore, max_draft_tokens: int = 8, min_draft_prob: float | None = None,
                  min_order: int = 2, max_order: int = 8, tree: int = 0) -> None:
-        if max_draft_tokens < 1:
-            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
         if tree < 0:
             raise ValueError(f"tree must be >= 0 nodes, got {tree}")
         self.store = store
+        # the sequence in hand: n-gram's own index and its match-length rule (pmin), as n-gram keeps them
+        self.own = NGramSpeculator(max_draft_tokens, min_draft_prob, min_order, max_order)
         self.max_draft_tokens = max_draft_tokens
+        self.min_draft_prob = min_draft_prob
         self.tree = tree
-        self.index = NGramIndex(min_order, max_order)
-        self.min_draft_prob = min_draft_prob  # scales the required match length, as n-gram's does
         self._ended = True
         self.proposals = 0
         self.from_store = 0  # proposals drafted from earlier sequences
@@ -198,51 +197,28 @@ class SuffixSpeculator:
     def taps(self) -> tuple[int, ...]:
         return ()
 
-    @property
-    def required_order(self) -> int:
-        lo, hi = self.index.min_order, self.index.max_order
-        return lo + round(self._min_draft_prob * (hi - lo))
-
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
-        self.index.clear()
-        self.index.extend(prompt)
+        self.own.begin(prompt, hidden)
         self._ended = False
 
-    def _sync(self, history: Sequence[int]) -> None:
-        index = self.index
-        shared = min(len(index), len(history))
-        index.truncate(shared)
-        if shared and index[shared - 1] != int(history[shared - 1]):
-            index.clear()
-            shared = 0
-        index.extend(history[shared:])
-
     def propose(self, ctx: DraftContext) -> Draft:
-        self._sync(ctx.history)
+        own = self.own
+        own.sync(ctx.history)
         self.proposals += 1
         k = min(ctx.max_tokens, self.max_draft_tokens)
-        own_order, own = self.index.lookup_order(k, self.required_order)
-        order, conts = self.store.continuations(ctx.history, k, max(self.required_order, own_order + 1))
+        own_order, chain = own.index.lookup_order(k, own.required_order)
+        order, conts = self.store.continuations(ctx.history, k, max(own.required_order, own_order + 1))
         if order > own_order and conts:
             tokens, parents = most_followed(conts, k, self.tree)
             if tokens:
                 self.from_store += 1
                 return Draft(tokens=tokens, parents=parents if self.tree else None)
-        if own:
+        if chain:
             self.from_self += 1
-        return Draft(tokens=own)
+        return Draft(tokens=chain)
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
-        index = self.index
-        if start_pos > len(index):
-            return
-        for i, tok in enumerate(tokens):
-            pos = start_pos + i
-            if pos < len(index):
-                if index[pos] == int(tok):
-                    continue
-                index.truncate(pos)
-            index.append(tok)
+        self.own.commit(tokens, hidden, start_pos)
 
     def end_sequence(self, tokens: Sequence[int]) -> None:
         """The sequence ended with ``tokens`` (prompt and output): into the store, once."""
@@ -251,7 +227,7 @@ class SuffixSpeculator:
             self.store.add(tokens)
 
     def reset(self) -> None:
-        self.index.clear()
+        self.own.reset()
         self._ended = True
 
     def report(self) -> str:
