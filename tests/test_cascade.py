@@ -53,8 +53,9 @@ def trunk(files):
 def test_ngram_then_draft_model_equals_plain_and_counts_each_member(files, trunk, params):
     drafter = load_drafter(files["related"], trunk)
     won = {"ngram": 0, "draft-model": 0}
+    # one cascade for every prompt, as an engine keeps it: its counts are each sequence's own
+    spec = REGISTRY.create("ngram,draft-model", trunk, SpecOptions(draft=6), drafter)
     for prompt in PROMPTS:
-        spec = REGISTRY.create("ngram,draft-model", trunk, SpecOptions(draft=6), drafter)
         assert isinstance(spec, CascadeSpeculator) and spec.names == ["ngram", "draft-model"]
         plain = decode(trunk, Sampler(params), prompt, N_TOKENS)
         st = SpecStats()

@@ -19,8 +19,9 @@ Contract:
 * It arms after a reused prefix only if every member does; ``tap_horizon`` is the longest any
   member needs (None when one needs every row).
 * ``member_stats()`` counts, per member, the proposals it made, the steps it won, the tokens it
-  drafted there and how many of them the trunk accepted; the loop copies it into
-  ``SpecStats.members`` for the display and ``--json``.
+  drafted there and how many of them the trunk accepted, for the sequence in hand (``begin`` zeroes
+  them in place). It returns the live counts: the loop hands them to ``SpecStats.members`` once per
+  sequence, and no step copies them.
 
 Pure composition: no drafting logic of its own.
 """
@@ -64,7 +65,7 @@ class CascadeSpeculator:
                       for m in self.members]
         horizons = [tap_horizon(m) for m in self.members if m.needs_hidden_state]
         self.tap_horizon = None if not horizons or None in horizons else max(horizons)
-        self._counts = [dict(proposals=0, won=0, drafted=0, accepted=0) for _ in self.members]
+        self._counts = {n: dict(proposals=0, won=0, drafted=0, accepted=0) for n in self.names}
         self._winner: int | None = None  # the member whose draft the next commit settles
 
     @property
@@ -84,6 +85,9 @@ class CascadeSpeculator:
     # -- Speculator -------------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
         self._winner = None
+        for c in self._counts.values():  # this sequence's counts; the dicts themselves stay
+            for k in c:
+                c[k] = 0
         for i, m in enumerate(self.members):
             m.begin(prompt, self._slice(i, hidden))
 
@@ -94,7 +98,7 @@ class CascadeSpeculator:
         for i, m in enumerate(self.members):
             d = m.propose(ctx if ctx.hidden is None else replace(ctx, hidden=self._slice(i, ctx.hidden)))
             setup += d.setup_ms
-            c = self._counts[i]
+            c = self._counts[self.names[i]]
             c["proposals"] += 1
             if d.tokens and (len(d.tokens) >= min(self.min_tokens, ctx.max_tokens) or i == last):
                 c["won"] += 1
@@ -105,7 +109,7 @@ class CascadeSpeculator:
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         if self._winner is not None:
-            self._counts[self._winner]["accepted"] += max(len(tokens) - 1, 0)
+            self._counts[self.names[self._winner]]["accepted"] += max(len(tokens) - 1, 0)
             self._winner = None
         for i, m in enumerate(self.members):
             m.commit(tokens, self._slice(i, hidden), start_pos)
@@ -125,8 +129,8 @@ class CascadeSpeculator:
     # -- reporting --------------------------------------------------------------------------------
     def member_stats(self) -> dict[str, dict[str, int]]:
         """Per member (by name, in order): proposals made, steps won, tokens drafted in them, and
-        accepted of those."""
-        return {name: dict(c) for name, c in zip(self.names, self._counts)}
+        accepted of those, this sequence; the live counts, not a copy."""
+        return self._counts
 
     def report(self) -> str:
         parts = [f"{n} won {c['won']} of {c['proposals']} asked, {c['accepted']}/{c['drafted']} accepted"

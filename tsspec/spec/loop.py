@@ -135,6 +135,8 @@ class DecodeState:
         self.taps = tuple(spec.taps) if spec is not None and spec.needs_hidden_state else ()
         self.tap_horizon = tap_horizon(spec) if self.taps else None
         st = self.stats
+        members = getattr(spec, "member_stats", None)  # a composite's live per-member counts
+        st.members = members() if members is not None else {}
         st.speculator = spec.name if spec is not None else None
         st.window = self.window if spec is not None else 0
         self.cache.set_rollback_window(st.window)  # a hybrid trunk's cache keeps a verify's rows only
@@ -328,9 +330,6 @@ class DecodeState:
         if self.speculator is not None:
             with self.stats.phase("commit"):
                 self.speculator.commit(kept, hid, pos)
-            members = getattr(self.speculator, "member_stats", None)  # a composite's own counts
-            if members is not None:
-                self.stats.members = members()
 
 
 class Run:
