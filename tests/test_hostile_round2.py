@@ -673,9 +673,15 @@ def test_sigterm_inside_catchable_runs_the_clean_up():
 
     from tsspec import interrupts
 
+    old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     if not interrupts.guarded():
-        old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        # a background run (nohup, `cmd &` in a script) starts with SIGINT ignored, and the guard then
+        # stays off by design, so catchable() would leave SIGTERM's default: the kill ended pytest
+        # itself, silently, half-way through the suite
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         interrupts.guard_startup()
+    assert interrupts.guarded()
     try:
         cleaned = []
         with pytest.raises(interrupts.Terminated):
