@@ -1,5 +1,5 @@
-"""A real ``tsspec serve`` process on loopback, 8 clients at once over raw HTTP (plain and n-gram,
-greedy and seeded): every response is the text ``tsspec generate`` (another real process) gives for
+"""A real ``tsspec serve`` process on loopback, 8 clients at once over raw HTTP (plain, n-gram and
+``auto``, which takes the suffix speculator on a server; greedy and seeded): every response is the text ``tsspec generate`` (another real process) gives for
 the same prompt and seed, and the requests were decoded together (``tsspec_shared_steps_total`` in
 /metrics counts the steps several sequences shared). A malformed body and an unknown route over a
 real socket get JSON errors, and the server keeps serving.
@@ -69,7 +69,8 @@ def generate_texts(model, tmp_path) -> list[str]:
     return texts
 
 
-@pytest.mark.parametrize("spec", [[], ["--spec", "--spec-type", "ngram"]], ids=["plain", "ngram"])
+@pytest.mark.parametrize("spec", [[], ["--spec", "--spec-type", "ngram"], ["--spec"]],
+                         ids=["plain", "ngram", "auto-suffix"])
 def test_real_serve_process_eight_clients_equal_generate(model, tmp_path, spec):
     want = generate_texts(model, tmp_path)
     with serve(model, "--parallel", "8", "-t", "1", *spec) as (p, port):
@@ -91,6 +92,9 @@ def test_real_serve_process_eight_clients_equal_generate(model, tmp_path, spec):
         assert f"tsspec_requests_total {2 * len(PROMPTS)}" in metrics
         shared = [line for line in metrics.splitlines() if line.startswith("tsspec_shared_steps_total")]
         assert float(shared[0].split()[1]) > 0, "the requests were never decoded together"
+        if spec == ["--spec"]:  # auto on a server: the suffix store, read across requests
+            hits = [line for line in metrics.splitlines() if line.startswith("tsspec_suffix_hits_total")]
+            assert hits and float(hits[0].split()[1]) > 0, metrics
         assert ask(5) == want[5]
 
 

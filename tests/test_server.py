@@ -4,6 +4,7 @@ streaming, the prefix cache, metrics, errors, and texts that do not depend on wh
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -445,3 +446,44 @@ def test_speculation_needs_a_speculator_per_sequence(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="new_plan"):
         Server(Engine(model, tok, SpecPlan(ngram())), model_id="m")
+
+
+def test_a_server_drafts_from_earlier_requests_by_default_and_each_text_is_its_own(tmp_path):
+    """``serve --spec`` with ``auto`` and no drafter takes the suffix speculator: one store for the
+    server's lifetime, fed by every finished request and read by the concurrent ones. Four clients at
+    once, twice over, greedy and seeded: each response equals the request's plain text on a fresh
+    engine; the second round drafts from the first round's answers (hits in /metrics)."""
+    from tsspec.session import Session
+    from tsspec.settings import resolve_run
+    from tsspec.spec.suffix import SuffixSpeculator
+
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen2", seed=4, vocab_size=400, ctx=1024)
+    session = Session.open(resolve_run(model=str(path), weights="f32",
+                                       speculation={"enabled": True, "type": "auto", "draft": 4}))
+    assert isinstance(session.speculation().plan.speculator, NGramSpeculator)  # one-shot runs keep n-gram
+    spec = session.speculation(long_lived=True)
+    assert isinstance(spec.plan.speculator, SuffixSpeculator)
+    server = Server(session.engine(spec), model_id="m", parallel=4, slots=2)
+    client = TestClient(create_app(server))
+    plain = Engine(session.target, session.tokenizer)
+    reqs = concurrent_requests(n=4, max_tokens=32)
+    alone = []
+    for route, body in reqs:
+        tok = session.tokenizer
+        ids = chat_prompt_ids(tok, body["messages"]) if "messages" in body else tok.encode(body["prompt"])
+        sampler = Sampler(SamplingParams(temperature=body["temperature"], seed=body["seed"]))
+        alone.append(plain.generate(ids, sampler=sampler, max_tokens=body["max_tokens"]).text)
+    store = spec.shared["suffix-store"]
+    for round_ in range(2):
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            together = list(pool.map(lambda rb: text_of(client, *rb), reqs))
+        assert together == alone, f"round {round_}"
+        if round_ == 0:
+            first_hits = store.hits
+    assert store.sequences_added == 2 * len(reqs)
+    assert store.hits > first_hits  # the repeated requests found their earlier answers
+    metrics = client.get("/metrics").text
+    held = re.search(r"^tsspec_suffix_store_tokens (\d+)$", metrics, re.M)
+    assert held and 0 < int(held.group(1)) <= store.budget
+    assert re.search(r"^tsspec_suffix_hits_total [1-9]", metrics, re.M)
+    assert "# TYPE tsspec_suffix_hit_ratio gauge" in metrics

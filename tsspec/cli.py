@@ -100,13 +100,13 @@ def resolve_command(run: "RunFlags"):
     return config
 
 
-def start_speculation(session):
+def start_speculation(session, *, long_lived: bool = False):
     """The session's speculation, its notes said, and its settings as they run (the window after the
     model's preference: a hybrid trunk runs 3, a draft model 4) published under both families for
-    child processes."""
+    child processes. ``long_lived``: a server's (``Session.speculation``)."""
     from .settings import publish_spec
 
-    speculation = session.speculation()
+    speculation = session.speculation(long_lived=long_lived)
     for n in speculation.notes:
         note(n)
     publish_spec(speculation.options)
@@ -470,7 +470,7 @@ def serve(
         config = resolve_command(common)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         session = open_session(config)
-        speculation = start_speculation(session)
+        speculation = start_speculation(session, long_lived=True)
         server = Server(session.engine(speculation), model_id=session.path.stem, slots=slots,
                         default_max_tokens=max_tokens, template_kwargs=kwargs, parallel=parallel, queue=queue)
         err.print(f"serving {session.path.name} on http://{host}:{port}/v1 "

@@ -136,11 +136,15 @@ class Engine:
     server's) each need their own speculator and governor: ``new_plan()`` makes a fresh plan over
     the same loaded weights (``Session.engine`` passes the session's)."""
 
-    def __init__(self, target, tokenizer, plan: SpecPlan = PLAIN, *, new_plan: PlanFactory | None = None):
+    def __init__(self, target, tokenizer, plan: SpecPlan = PLAIN, *, new_plan: PlanFactory | None = None,
+                 shared: dict | None = None):
         self.target = target
         self.tokenizer = tokenizer
         self.plan = plan
         self.new_plan = new_plan
+        # what the speculators keep across this engine's sequences (``Speculation.shared``); a
+        # server shows the gauges of what in it has them (``gauges()``)
+        self.shared = {} if shared is None else shared
         # one cache for every prompt, reset between them: a freshly allocated one decodes about 5%
         # slower on smollm2-135m (measured, fresh vs reused, same process), and prompts run one at a time
         self._cache = None

@@ -37,6 +37,8 @@ class Speculation:
     # a fresh plan (own speculator and governor) over the same loaded weights, for each sequence
     # decoded at the same time as others (a speculator's state belongs to one sequence); None when off
     new_plan: PlanFactory | None = None
+    # what the speculators keep across this engine's sequences (the suffix store), by name
+    shared: dict = field(default_factory=dict)
 
 
 class Session:
@@ -121,9 +123,11 @@ class Session:
 
     # ------------------------------------------------------------------------- speculation
 
-    def speculation(self, options: SpecOptions | None = None) -> Speculation:
+    def speculation(self, options: SpecOptions | None = None, *, long_lived: bool = False) -> Speculation:
         """The speculator (built by the registry), governor, window and acceptance rule for
-        ``options`` (default: the configuration's), or ``SpeculatorDeclined`` with the reason."""
+        ``options`` (default: the configuration's), or ``SpeculatorDeclined`` with the reason.
+        ``long_lived``: the engine serves requests for its lifetime (``tsspec serve``): ``auto``
+        takes the suffix speculator where it would take n-gram."""
         from .spec.governor import SpeculationCostGovernor
         from .spec.registry import REGISTRY
 
@@ -144,12 +148,13 @@ class Session:
         shared: dict = {}  # what a speculator keeps across this engine's sequences (the suffix store)
 
         def new_plan(o: SpecOptions = opts) -> SpecPlan:
-            speculator = REGISTRY.create(o.type, self.target, o, drafter, shared)
+            speculator = REGISTRY.create(o.type, self.target, o, drafter, shared, long_lived=long_lived)
             window = min(o.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else o.draft
             return SpecPlan(speculator, SpeculationCostGovernor(enabled=o.adaptive), window, accept_rule)
 
         plan = new_plan()  # this sequence's; a server makes one per request
-        return Speculation(plan=plan, options=replace(opts, draft=plan.window), notes=tuple(notes), new_plan=new_plan)
+        return Speculation(plan=plan, options=replace(opts, draft=plan.window), notes=tuple(notes), new_plan=new_plan,
+                           shared=shared)
 
     def for_this_trunk(self, options: SpecOptions) -> SpecOptions:
         """``options``, less a drafter ``TS_QWEN35_DFLASH`` named for a trunk it is not for (said
@@ -180,7 +185,7 @@ class Session:
         from .generate import Engine
 
         s = speculation or Speculation()
-        return Engine(self.target, self.tokenizer, s.plan, new_plan=s.new_plan)
+        return Engine(self.target, self.tokenizer, s.plan, new_plan=s.new_plan, shared=s.shared)
 
     def explain(self, drafter=None) -> list[tuple[str, bool, str]]:
         """For ``tsspec info``: (speculator, would serve, why) for this trunk and ``drafter``."""

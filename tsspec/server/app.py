@@ -100,6 +100,9 @@ def _metrics_text(server: Server) -> str:
         ("tsspec_requests_waiting", "requests waiting for a place", waiting),
         ("tsspec_rollback_bytes", "rollback memory held by the kept and running caches, as allocated "
          "(a hybrid trunk's per-row states; 0 for KV caches)", server.rollback_bytes())))
+    for kept in list(server.engine.shared.values()):  # what the speculators keep across requests
+        for name, kind, help_, value in getattr(kept, "gauges", lambda: [])():
+            gauges += f"# HELP {name} {help_}\n# TYPE {name} {kind}\n{name} {value:g}\n"
     return server.metrics.prometheus() + gauges
 
 

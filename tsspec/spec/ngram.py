@@ -110,6 +110,14 @@ class NGramIndex:
         """A copy of the indexed history (O(len); for tests and debugging)."""
         return tuple(self._tokens)
 
+    def ends_of(self, ngram: Sequence[int]) -> Sequence[int]:
+        """The ends of ``ngram``'s occurrences, ascending (empty when it was never seen, or its
+        order is outside [min_order, max_order]); a view to read, not to change."""
+        n = len(ngram)
+        if not self.min_order <= n <= self.max_order:
+            return ()
+        return self._ends[n - self.min_order].get(tuple(int(t) for t in ngram), ())
+
     def clear(self) -> None:
         self._tokens.clear()
         for table in self._ends:

@@ -38,14 +38,18 @@ class SpeculatorDeclined(BadInput):
 class SpeculatorRegistry:
     def __init__(self) -> None:
         self._entries: dict[str, Entry] = {}
+        self._long_lived: dict[str, str] = {}  # auto entry -> what ``auto`` takes instead on a server
 
     def register(self, name: str, factory: Factory, description: str, *, auto: bool = False,
-                 shared: bool = False) -> None:
+                 shared: bool = False, long_lived_for: str | None = None) -> None:
         """Everything a speculator needs to be chosen by name: its factory (the speculator, or a
         sentence saying why it declines), what ``tsspec info`` says of it, whether ``auto`` tries
-        it when no drafter names its own algorithm, and whether its factory takes the engine's
-        shared dict (``Entry.shared``)."""
+        it when no drafter names its own algorithm, whether its factory takes the engine's shared
+        dict (``Entry.shared``), and which ``auto`` entry it replaces on a long-lived engine
+        (``long_lived_for``)."""
         self._entries[name] = Entry(name, factory, description, auto, shared)
+        if long_lived_for is not None:
+            self._long_lived[long_lived_for] = name
 
     def names(self) -> list[str]:
         return list(self._entries)
@@ -96,11 +100,13 @@ class SpeculatorRegistry:
             return None, made
         return made, None
 
-    def create(self, name: str, target, options, drafter=None, shared: dict | None = None):
-        """The speculator ``name`` (``auto``: the best available) or ``SpeculatorDeclined``."""
+    def create(self, name: str, target, options, drafter=None, shared: dict | None = None, *,
+               long_lived: bool = False):
+        """The speculator ``name`` (``auto``: the best available, ``auto_order``) or
+        ``SpeculatorDeclined``."""
         if name == "auto":
             reasons = []
-            for cand in self.auto_order(drafter):
+            for cand in self.auto_order(drafter, long_lived=long_lived):
                 spec, why = self.try_create(cand, target, options, drafter, shared)
                 if spec is not None:
                     return spec
@@ -111,13 +117,21 @@ class SpeculatorRegistry:
             raise SpeculatorDeclined(f"{name}: {why}")
         return spec
 
-    def auto_order(self, drafter) -> list[str]:
+    def auto_order(self, drafter, *, long_lived: bool = False) -> list[str]:
         """What ``auto`` tries, in order: the attached drafter's algorithm, then the entries
-        registered with ``auto`` (a built-in head, n-gram)."""
+        registered with ``auto`` (a built-in head, n-gram). ``long_lived``: the engine serves many
+        sequences over its lifetime (``tsspec serve``), so an entry registered as ``auto``'s choice
+        there (``suffix``, which also drafts from the earlier ones) takes the place of the one it
+        stands in for (n-gram)."""
         order = []
         if drafter is not None:
             order.append(drafter.speculator_name)
-        order += [e.name for e in self._entries.values() if e.auto and e.name not in order]
+        for e in self._entries.values():
+            if not e.auto or e.name in order:
+                continue
+            name = self._long_lived.get(e.name, e.name) if long_lived else e.name
+            if name not in order:
+                order.append(name)
         return order
 
     def explain(self, target, options, drafter=None) -> list[tuple[str, bool, str]]:
@@ -250,6 +264,7 @@ REGISTRY.register("ngram", _ngram, "prompt lookup over the sequence's own tokens
 REGISTRY.register("draft-model", _draft_model, "a separate small language model with the same vocabulary")
 REGISTRY.register("block", _block, "DFlash/DFlash2 block drafter")
 REGISTRY.register("suffix", _suffix, "n-gram over this sequence and over the earlier sequences of the same "
-                  "engine (a chat, a prompts file, a server's lifetime); no weights", shared=True)
+                  "engine (a chat, a prompts file, a server's lifetime); no weights; auto's choice in "
+                  "place of n-gram on a server", shared=True, long_lived_for="ngram")
 REGISTRY.register("cascade", _cascade, "n-gram first, the model drafter (attached, or the model's own head) "
                   "where n-gram has nothing; or a comma list, e.g. ngram,draft-model")
