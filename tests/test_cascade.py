@@ -17,7 +17,7 @@ from tsspec.errors import BadInput
 from tsspec.models import load_model
 from tsspec.options import SpecOptions, resolve as resolve_spec_options
 from tsspec.sampling import Sampler, SamplingParams
-from tsspec.spec.cascade import CascadeSpeculator
+from tsspec.spec.cascade import CascadeSpeculator, bench_length
 from tsspec.spec.loop import decode
 from tsspec.spec.plan import SpecPlan
 from tsspec.spec.registry import REGISTRY, SpeculatorDeclined
@@ -66,8 +66,10 @@ def test_ngram_then_draft_model_equals_plain_and_counts_each_member(files, trunk
         assert sum(c["won"] for c in m.values()) == st.verify_calls
         assert sum(c["drafted"] for c in m.values()) == st.drafted
         assert sum(c["accepted"] for c in m.values()) == st.accepted
-        # the model drafter is asked only where n-gram did not win
-        assert m["draft-model"]["proposals"] == m["ngram"]["proposals"] - m["ngram"]["won"]
+        # the model drafter is asked only where n-gram did not win, and not while benched
+        dmc = m["draft-model"]
+        assert dmc["proposals"] + dmc["benched"] == m["ngram"]["proposals"] - m["ngram"]["won"]
+        assert m["ngram"]["benched"] == 0  # the first member is never benched
         for k in won:
             won[k] += m[k]["won"]
         # whoever proposed, the draft model holds only what the trunk kept
@@ -109,6 +111,74 @@ def test_the_slices_are_each_members_own_columns():
     c.begin([1, 2], rows)
     assert torch.equal(a.seen, rows[:, 4:8])
     assert torch.equal(b.seen, torch.cat([rows[:, 0:4], rows[:, 8:12]], dim=1))
+
+
+def test_bench_length_doubles_and_caps():
+    assert [bench_length(k) for k in range(6)] == [0, 4, 8, 16, 32, 64]
+    assert bench_length(40) == 256 and bench_length(3, base=1, cap=3) == 3
+
+
+class Scripted:
+    """A member that proposes what its script says, with a setup cost, and counts what it is told."""
+
+    max_draft_tokens, min_draft_prob, default_min_draft_prob = 4, 0.0, 0.0
+    needs_hidden_state, can_arm_after_prefix_reuse, taps = False, True, ()
+
+    def __init__(self, name, script, setup_ms=0.0):
+        self.name, self.script, self.setup_ms = name, script, setup_ms
+        self.asked = 0
+        self.commits = 0
+
+    def begin(self, prompt, hidden):
+        pass
+
+    def propose(self, ctx):
+        from tsspec.spec.protocols import Draft
+
+        self.asked += 1
+        return Draft(list(self.script(self.asked)), setup_ms=self.setup_ms)
+
+    def commit(self, tokens, hidden, start_pos):
+        self.commits += 1
+
+
+def test_a_model_member_that_loses_is_benched_while_the_first_keeps_drafting():
+    """The model member's rejected drafts bench it (4, then 8 proposals), the first member is asked
+    every step, every member sees every commit; a draft that lands ends the streak. The model
+    member's setup is not passed on to the governor, the first member's is."""
+    from tsspec.spec.protocols import DraftContext
+
+    cheap = Scripted("cheap", lambda k: [1, 2] if k == 5 else [], setup_ms=0.5)
+    model = Scripted("model", lambda k: [7, 8], setup_ms=900.0)
+    c = CascadeSpeculator([cheap, model])
+    c.begin([1, 2, 3], None)
+
+    def step(landed: int):
+        d = c.propose(DraftContext(last_token=3, position=3, max_tokens=4, history=[1, 2, 3]))
+        c.commit([0] * ((landed if d.tokens else 0) + 1), None, 3)
+        return d
+
+    d = step(landed=0)  # ask 1: cheap has nothing, the model drafts and is rejected
+    assert d.tokens == [7, 8] and d.setup_ms == 0.5  # the model's 900 ms catch-up is its step's cost
+    asked = []
+    for _ in range(2, 7):
+        before = model.asked
+        step(landed=0)
+        asked.append(model.asked - before)
+    assert asked == [0, 0, 0, 0, 1]  # benched for asks 2-5 (the cheap member won ask 5), asked at 6
+    m = c.member_stats()
+    # benched counts the asks it sat out where it would have been asked (not ask 5, the cheap one's)
+    assert m["model"]["benched"] == 3 and m["cheap"]["won"] == 1 and m["cheap"]["benched"] == 0
+    assert cheap.asked == 6 and cheap.commits == model.commits == 6
+    for _ in range(8):  # the second loss in a row (ask 6): 8 proposals benched
+        step(landed=0)
+    assert model.asked == 2 and m["model"]["benched"] == 3 + 8
+    step(landed=2)  # ask 15: asked again, and this time its draft lands: the streak ends
+    assert model.asked == 3 and m["model"]["accepted"] == 2
+    step(landed=1)
+    assert model.asked == 4  # not benched after a draft that landed
+    c.begin([1], None)  # a new sequence: counts and bench start over
+    assert c.member_stats()["model"]["benched"] == 0 and c._benched_until == [0, 0]
 
 
 def test_cascade_name_takes_the_attached_drafter_and_declines_without_one(files, trunk):
