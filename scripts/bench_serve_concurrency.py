@@ -62,7 +62,7 @@ def request(port: int, body: dict, timeout: float = 600) -> dict:
 
 def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tsspec", "serve", "-m", args.model, "--port", str(port),
-           "--parallel", str(args.clients), "--slots", "1", "-t", str(args.threads)]
+           "--parallel", str(args.clients), "--slots", str(getattr(args, "slots", 1)), "-t", str(args.threads)]
     if args.spec:
         cmd += ["--spec", "--spec-type", args.spec]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TS_SPEC_", "TS_MTP_"))}

@@ -17,7 +17,7 @@ from tsspec.errors import BadInput
 from tsspec.models import load_model
 from tsspec.options import SpecOptions, resolve as resolve_spec_options
 from tsspec.sampling import Sampler, SamplingParams
-from tsspec.spec.cascade import CascadeSpeculator, bench_length
+from tsspec.spec.cascade import CascadeSpeculator, bench_length, costs_more
 from tsspec.spec.loop import decode
 from tsspec.spec.plan import SpecPlan
 from tsspec.spec.registry import REGISTRY, SpeculatorDeclined
@@ -84,11 +84,14 @@ def test_block_drafter_member_gets_its_taps(files, trunk):
     spec = REGISTRY.create("ngram,block", target, SpecOptions(draft=6, pmin=0.0), drafter)
     assert spec.needs_hidden_state and spec.taps == tuple(sorted(drafter.taps))
     assert spec.tap_horizon == spec.members[1].tap_horizon
+    asked = 0
     for prompt in PROMPTS:
         plain = decode(target, Sampler(), prompt, N_TOKENS)
         st = SpecStats()
         assert decode(target, Sampler(), prompt, N_TOKENS, SpecPlan(spec, window=6), stats=st) == plain
-        assert st.members["block"]["proposals"] > 0
+        assert st.members["block"]["proposals"] + st.members["block"]["benched"] > 0
+        asked += st.members["block"]["proposals"]
+    assert asked > 0  # (a random-weight drafter loses, so its bench may carry over the later prompts)
 
 
 def test_the_slices_are_each_members_own_columns():
@@ -116,6 +119,11 @@ def test_the_slices_are_each_members_own_columns():
 def test_bench_length_doubles_and_caps():
     assert [bench_length(k) for k in range(6)] == [0, 4, 8, 16, 32, 64]
     assert bench_length(40) == 256 and bench_length(3, base=1, cap=3) == 3
+    # a loss that paid a 1,200 ms catch-up, plain at 45 ms a token: 3% of the time sat out
+    assert bench_length(1, setup_ms=1200.0, plain_ms_per_token=45.0) == 889
+    assert bench_length(1, setup_ms=1e7, plain_ms_per_token=45.0) == 4096  # capped
+    assert bench_length(1, setup_ms=1200.0) == 4  # no plain time measured: the plain rule
+    assert bench_length(6, setup_ms=10.0, plain_ms_per_token=45.0) == 128  # the streak's rule is longer
 
 
 class Scripted:
@@ -141,6 +149,9 @@ class Scripted:
     def commit(self, tokens, hidden, start_pos):
         self.commits += 1
 
+    def reset(self):
+        pass
+
 
 def test_a_model_member_that_loses_is_benched_while_the_first_keeps_drafting():
     """The model member's rejected drafts bench it (4, then 8 proposals), the first member is asked
@@ -150,7 +161,7 @@ def test_a_model_member_that_loses_is_benched_while_the_first_keeps_drafting():
 
     cheap = Scripted("cheap", lambda k: [1, 2] if k == 5 else [], setup_ms=0.5)
     model = Scripted("model", lambda k: [7, 8], setup_ms=900.0)
-    c = CascadeSpeculator([cheap, model])
+    c = CascadeSpeculator([cheap, model], clock=Clock())  # a clock that stands still: no step costs more
     c.begin([1, 2, 3], None)
 
     def step(landed: int):
@@ -177,8 +188,62 @@ def test_a_model_member_that_loses_is_benched_while_the_first_keeps_drafting():
     assert model.asked == 3 and m["model"]["accepted"] == 2
     step(landed=1)
     assert model.asked == 4  # not benched after a draft that landed
-    c.begin([1], None)  # a new sequence: counts and bench start over
-    assert c.member_stats()["model"]["benched"] == 0 and c._benched_until == [0, 0]
+    step(landed=0)  # ask 17: rejected, benched to ask 21
+    c.begin([1], None)  # a new sequence: its own counts, but the bench carries on (as a park does)
+    assert c.member_stats()["model"]["benched"] == 0 and c._benched_until[1] == 17 + 4
+    step(landed=0)
+    assert model.asked == 5 and c.member_stats()["model"]["benched"] == 1
+    c.reset()  # forget everything
+    assert c._benched_until == [0, 0] and c._streak == [0, 0]
+
+
+def test_costs_more_compares_ms_per_emitted_token():
+    plain = [(50.0, 1), (52.0, 1), (48.0, 1)]
+    assert costs_more([(120.0, 3)], plain) is None  # one won step is no evidence yet
+    assert costs_more([(120.0, 3), (100.0, 2)], plain) is False  # 44 ms a token against 50
+    assert costs_more([(200.0, 3), (160.0, 2)], plain) is True  # 72 against 50
+    assert costs_more([(104.0, 2), (104.0, 2)], plain, margin=0.05) is False  # 4% over: within the margin
+    assert costs_more([(200.0, 3), (160.0, 2)], plain[:1]) is None
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def run_steps(c, clock, model_ms, plain_ms, landed, steps):
+    """``steps`` loop steps on a fake clock: the first member's draft lands 2 tokens, the model's
+    ``landed`` in ``model_ms``; a step with no draft takes ``plain_ms``."""
+    from tsspec.spec.protocols import DraftContext
+
+    for _ in range(steps):
+        d = c.propose(DraftContext(last_token=3, position=3, max_tokens=4, history=[1, 2, 3]))
+        won = c._winner
+        clock.t += (model_ms if won == 1 else plain_ms if not d.tokens else plain_ms * 1.5) / 1000.0
+        c.commit([0] * ((landed if won == 1 else 2 if won == 0 else 0) + 1), None, 3)
+
+
+@pytest.mark.parametrize("model_ms, benched", [(60.0, False), (250.0, True)])
+def test_a_model_member_whose_steps_cost_more_than_plain_is_benched(model_ms, benched):
+    """Every model draft lands 2 tokens (3 emitted); plain-like steps take 50 ms. At 60 ms a step (20
+    ms a token) it pays and is asked whenever n-gram has nothing; at 250 ms (83 ms a token) it is
+    benched on its cost, ever longer, and n-gram drafts on alone."""
+    clock = Clock()
+    cheap = Scripted("cheap", lambda k: [1, 2] if k % 3 == 0 else [])
+    model = Scripted("model", lambda k: [7, 8])
+    c = CascadeSpeculator([cheap, model], clock=clock)
+    c.begin([1, 2, 3], None)
+    c._plain_steps.extend([(50.0, 1)] * 4)  # as the governor's probe leaves them
+    run_steps(c, clock, model_ms, 50.0, landed=2, steps=120)
+    m = c.member_stats()
+    assert m["cheap"]["proposals"] == 120 and m["cheap"]["benched"] == 0
+    if benched:
+        assert m["model"]["benched"] > 60 and c._streak[1] >= 3
+    else:
+        assert m["model"]["benched"] == 0 and m["model"]["won"] == 80
 
 
 def test_cascade_name_takes_the_attached_drafter_and_declines_without_one(files, trunk):

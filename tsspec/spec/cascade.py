@@ -19,16 +19,20 @@ Contract:
 * It arms after a reused prefix only if every member does; ``tap_horizon`` is the longest any
   member needs (None when one needs every row).
 * The governor judges the cascade as one speculator, so the cascade prices its later (model)
-  members apart itself: a member after the first whose draft lands nothing (the trunk rejected its
-  first token, or it proposed nothing for its forward) is benched, not asked, for the next
-  ``bench_length(streak)`` proposals (4, 8, 16 ... 256 for consecutive losses; a draft that lands
-  a token ends the streak), while the members before it go on drafting. Its one-off catch-up
-  (``Draft.setup_ms``) is not passed on: the governor's rule for setup (a probe that paid it and
-  lost parks for as long as the setup is worth, up to thousands of steps) would park the whole
-  cascade, n-gram with it, for a model member's loss (measured: qwen2.5-coder-1.5b on grounded
-  prompts, the 0.5B draft model's first catch-up over the prompt parked the cascade for the rest of
-  the workload, 0.99x plain against n-gram's 1.16x). The catch-up is then the step's own cost, the
-  first member's setup is passed on as before.
+  members apart itself, and benches a losing one (not asked for the next ``bench_length(streak)``
+  proposals: 4, 8, 16 ... 256 while it keeps losing, and after a loss that paid a catch-up, long
+  enough that the catch-up is 3% of the plain time benched; kept across the engine's sequences, as
+  the governor keeps a park) while the members before it go on drafting.
+  A member loses when its draft lands nothing (the trunk rejected its first token, or it proposed
+  nothing for its forward), or when the steps it won cost more per emitted token than plain steps
+  (``costs_more``): the cascade times each step as the interval between consecutive commits (every
+  step commits, plain ones too), and keeps the recent steps each later member won beside the
+  recent plain-like ones (no proposal asked of the loop, or one only the first member was asked
+  for and declined). A member's catch-up (``Draft.setup_ms``) is part of what its steps cost, so it
+  is not passed on to the governor either: its rule for setup (a probe that paid it and lost parks
+  for as long as the setup is worth, up to thousands of steps) parked the whole cascade, n-gram with
+  it, for the 0.5B draft model's first lost catch-up on qwen2.5-coder-1.5b's grounded prompts
+  (0.99x plain against n-gram's 1.16x). The first member's setup is passed on as before.
 * ``member_stats()`` counts, per member, the proposals it made, the steps it won, the tokens it
   drafted there, how many of them the trunk accepted, and the proposals it sat out benched, for the
   sequence in hand (``begin`` zeroes them in place). It returns the live counts: the loop hands them
@@ -39,14 +43,17 @@ Pure composition: no drafting logic of its own.
 
 from __future__ import annotations
 
+import math
+import time
+from collections import deque
 from dataclasses import replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from .protocols import Draft, DraftContext, arms_after_prefix_reuse, tap_horizon
 
-__all__ = ["CascadeSpeculator", "DEFAULT_MIN_TOKENS", "bench_length"]
+__all__ = ["CascadeSpeculator", "DEFAULT_MIN_TOKENS", "bench_length", "costs_more"]
 
 # the shortest proposal of an earlier member that wins its step: a one-token n-gram guess is often a
 # coincidence, and the model drafter behind it would usually have proposed that token and more
@@ -55,19 +62,46 @@ BENCH_BASE = 4  # proposals a later member sits out after one losing draft
 BENCH_CAP = 256
 
 
-def bench_length(streak: int, base: int = BENCH_BASE, cap: int = BENCH_CAP) -> int:
-    """Proposals a member sits out after ``streak`` consecutive losing drafts: ``base`` doubled for
-    each loss after the first, at most ``cap``; 0 without a loss. Pure."""
+SETUP_BUDGET = 0.03  # a losing member's catch-ups may cost this share of the plain time it sits out
+SETUP_BENCH_CAP = 4096
+COST_SAMPLES = 8  # a later member's recent won steps, and the recent plain-like steps, kept
+COST_MARGIN = 0.05  # a member's steps may cost this much more per token than plain ones
+
+
+def costs_more(won: Sequence[tuple[float, int]], plain: Sequence[tuple[float, int]],
+               margin: float = COST_MARGIN, min_samples: int = 2) -> bool | None:
+    """Whether the steps a member won, ``(ms, tokens emitted)`` each, cost more per emitted token
+    than the plain-like steps beside them, by more than ``margin``; None while either side has
+    fewer than ``min_samples`` steps. Ratios of sums, as the governor takes them. Pure."""
+    if len(won) < min_samples or len(plain) < min_samples:
+        return None
+    won_rate = sum(ms for ms, _ in won) / max(sum(n for _, n in won), 1)
+    plain_rate = sum(ms for ms, _ in plain) / max(sum(n for _, n in plain), 1)
+    return won_rate > plain_rate * (1.0 + margin)
+
+
+def bench_length(streak: int, base: int = BENCH_BASE, cap: int = BENCH_CAP, setup_ms: float = 0.0,
+                 plain_ms_per_token: float | None = None, budget: float = SETUP_BUDGET,
+                 setup_cap: int = SETUP_BENCH_CAP) -> int:
+    """Proposals a member sits out after ``streak`` consecutive losses: ``base`` doubled for each
+    loss after the first, at most ``cap``; 0 without a loss. A loss that paid a catch-up of
+    ``setup_ms`` sits out at least the proposals whose plain time makes that catch-up ``budget`` of
+    it (one proposal counted as one plain token's time), at most ``setup_cap``: the governor's rule
+    for a drafter's setup, for one member. Pure."""
     if streak <= 0:
         return 0
-    return min(cap, base << min(streak - 1, 30))
+    n = min(cap, base << min(streak - 1, 30))
+    if setup_ms > 0 and plain_ms_per_token:
+        n = max(n, min(setup_cap, math.ceil(setup_ms / (budget * plain_ms_per_token))))
+    return n
 
 
 class CascadeSpeculator:
     name = "cascade"
     default_accept_rule = "match"
 
-    def __init__(self, members: Sequence, min_tokens: int = DEFAULT_MIN_TOKENS) -> None:
+    def __init__(self, members: Sequence, min_tokens: int = DEFAULT_MIN_TOKENS,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         if len(members) < 2:
             raise ValueError(f"a cascade needs at least two members, got {len(members)}")
         if min_tokens < 1:
@@ -89,8 +123,15 @@ class CascadeSpeculator:
         self._counts = {n: dict(proposals=0, won=0, drafted=0, accepted=0, benched=0) for n in self.names}
         self._winner: int | None = None  # the member whose draft the next commit settles
         self._asks = 0  # proposals of this sequence
-        self._streak = [0] * len(self.members)  # consecutive losing drafts, per member
+        self._streak = [0] * len(self.members)  # consecutive losses, per member
         self._benched_until = [0] * len(self.members)  # not asked while ``_asks`` is below
+        self._clock = clock
+        self._last_commit: float | None = None  # when the last step ended (ms clock)
+        self._asked_in_step: int | None = None  # the step's last member asked (None: no proposal)
+        self._step_setup = 0.0  # that member's catch-up in this step
+        self._won_setup = [0.0] * len(self.members)  # catch-ups inside each member's timed steps
+        self._won_steps = [deque(maxlen=COST_SAMPLES) for _ in self.members]  # (ms, tokens) per member
+        self._plain_steps: deque = deque(maxlen=COST_SAMPLES)
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -108,10 +149,12 @@ class CascadeSpeculator:
 
     # -- Speculator -------------------------------------------------------------------------------
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
+        # a member benched at the end of the last sequence stays benched for the rest of its bench,
+        # its streak kept, as the governor keeps a park across sequences: a draft model's catch-up
+        # over each new prompt (1.2 s for 300 tokens, the 0.5B drafter here) was paid again per prompt
         self._winner = None
-        self._asks = 0
-        self._streak = [0] * len(self.members)
-        self._benched_until = [0] * len(self.members)
+        self._last_commit = self._clock()  # the first step is timed from here (after the prompt's forward)
+        self._asked_in_step = None
         for c in self._counts.values():  # this sequence's counts; the dicts themselves stay
             for k in c:
                 c[k] = 0
@@ -123,14 +166,19 @@ class CascadeSpeculator:
         self._asks += 1
         setup = 0.0
         last = len(self.members) - 1
+        self._asked_in_step = 0
         for i, m in enumerate(self.members):
             c = self._counts[self.names[i]]
             if self._asks <= self._benched_until[i]:
                 c["benched"] += 1
                 continue
+            self._asked_in_step = i
+            self._step_setup = 0.0
             d = m.propose(ctx if ctx.hidden is None else replace(ctx, hidden=self._slice(i, ctx.hidden)))
             if i == 0:
                 setup += d.setup_ms  # a later member's catch-up is its step's cost (module doc)
+            else:
+                self._step_setup = d.setup_ms
             c["proposals"] += 1
             if d.tokens and (len(d.tokens) >= min(self.min_tokens, ctx.max_tokens) or i == last):
                 c["won"] += 1
@@ -138,23 +186,53 @@ class CascadeSpeculator:
                 self._winner = i
                 return Draft(d.tokens, d.probs, setup_ms=setup, parents=d.parents)
             if i > 0:
-                self._lost(i)  # it paid its forward for nothing
+                self._lost(i)  # it paid its forward for nothing (its step is timed as its own at commit)
         return Draft(setup_ms=setup)
 
     def _lost(self, i: int) -> None:
         self._streak[i] += 1
-        self._benched_until[i] = self._asks + bench_length(self._streak[i])
+        plain = self._plain_steps
+        per_token = sum(ms for ms, _ in plain) / max(sum(n for _, n in plain), 1) if plain else None
+        # the catch-ups its judged steps paid (a first draft after a new prompt: the whole prompt)
+        setup = max(self._step_setup, self._won_setup[i])
+        self._benched_until[i] = self._asks + bench_length(self._streak[i], setup_ms=setup,
+                                                           plain_ms_per_token=per_token)
+        self._step_setup = 0.0
+        self._won_steps[i].clear()  # after the bench, fresh evidence
+        self._won_setup[i] = 0.0
+
+    def _timed(self, n_tokens: int) -> None:
+        """The step that just ended (``n_tokens`` committed): its time to the steps of the later
+        member that was asked in it, or to the plain-like steps; that member's verdict."""
+        now = self._clock()
+        last, self._last_commit = self._last_commit, now
+        winner, asked, self._asked_in_step = self._winner, self._asked_in_step, None
+        ms = None if last is None else (now - last) * 1000.0
+        if winner is None and not asked:  # a plain step, or only the first member asked and it declined
+            if ms is not None:
+                self._plain_steps.append((ms, n_tokens))
+            return
+        i = winner if winner is not None else asked
+        if i == 0:
+            return
+        if winner is not None and n_tokens < 2:
+            self._lost(i)  # its draft landed nothing (a declined one was judged when it declined)
+        if ms is not None:
+            self._won_steps[i].append((ms, n_tokens))  # after a bench, the first evidence of the next verdict
+        self._won_setup[i] += self._step_setup
+        if winner is None or n_tokens < 2:
+            return
+        verdict = costs_more(self._won_steps[i], self._plain_steps)
+        if verdict:
+            self._lost(i)
+        elif verdict is False:
+            self._streak[i] = 0  # it pays: its next loss benches it for the shortest time again
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         if self._winner is not None:
-            landed = max(len(tokens) - 1, 0)
-            self._counts[self.names[self._winner]]["accepted"] += landed
-            if self._winner > 0:
-                if landed:
-                    self._streak[self._winner] = 0
-                else:
-                    self._lost(self._winner)
-            self._winner = None
+            self._counts[self.names[self._winner]]["accepted"] += max(len(tokens) - 1, 0)
+        self._timed(len(tokens))
+        self._winner = None
         for i, m in enumerate(self.members):
             m.commit(tokens, self._slice(i, hidden), start_pos)
 
@@ -167,6 +245,15 @@ class CascadeSpeculator:
 
     def reset(self) -> None:
         self._winner = None
+        self._asks = 0
+        self._streak = [0] * len(self.members)
+        self._benched_until = [0] * len(self.members)
+        self._last_commit = None
+        self._asked_in_step = None
+        for d in self._won_steps:
+            d.clear()
+        self._won_setup = [0.0] * len(self.members)
+        self._plain_steps.clear()
         for m in self.members:
             m.reset()
 
