@@ -27,32 +27,20 @@ import json
 import queue
 import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve_concurrency import free_port, start_server  # noqa: E402
+from bench_serve_concurrency import free_port, request, start_server, timed_clients  # noqa: E402
 
 import http.client  # noqa: E402
 
 from tsspec.bench.workloads import get_workload  # noqa: E402
 
 
-def chat(port: int, text: str, tokens: int, timeout: float = 600) -> dict:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        body = {"messages": [{"role": "user", "content": text}], "max_tokens": tokens, "temperature": 0}
-        c.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        data = json.loads(r.read())
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}: {data}")
-        return data
-    finally:
-        c.close()
+def chat(port: int, text: str, tokens: int) -> dict:
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": tokens, "temperature": 0}
+    return request(port, body, route="/v1/chat/completions")
 
 
 def metric(port: int, name: str) -> float | None:
@@ -108,15 +96,7 @@ def run_side(port: int, texts: list[str], args: argparse.Namespace) -> dict[str,
             except Exception as e:  # noqa: BLE001 - reported, and the side is void
                 errors.append(f"{type(e).__name__}: {e}")
 
-    threads = [threading.Thread(target=client) for _ in range(args.clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    dt = time.perf_counter() - t0
-    if errors:
-        raise SystemExit(f"{len(errors)} requests failed, e.g. {errors[0]}")
+    dt = timed_clients([client] * args.clients, errors)
     return {"answers": answers, "tokens": sum(tokens), "seconds": dt, "tok_s": sum(tokens) / dt, **spec}
 
 

@@ -46,10 +46,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def request(port: int, body: dict, timeout: float = 600) -> dict:
+def request(port: int, body: dict, timeout: float = 600, route: str = "/v1/completions") -> dict:
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        c.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+        c.request("POST", route, body=json.dumps(body).encode(),
                   headers={"Content-Type": "application/json"})
         r = c.getresponse()
         data = json.loads(r.read())
@@ -104,7 +104,14 @@ def run_side(port: int, clients: int, tag: str, args: argparse.Namespace) -> dic
             except Exception as e:  # noqa: BLE001 - reported, and the side is void
                 errors.append(f"{type(e).__name__}: {e}")
 
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    dt = timed_clients([lambda c=c: client(c) for c in range(clients)], errors)
+    return {"clients": clients, "tokens": sum(tokens), "seconds": dt, "tok_s": sum(tokens) / dt}
+
+
+def timed_clients(clients: list, errors: list[str]) -> float:
+    """Run each of ``clients`` (callables) on its own thread at once; -> seconds from the first start
+    to the last end. Exits when any of them put an error in ``errors`` (the side is void)."""
+    threads = [threading.Thread(target=c) for c in clients]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -113,7 +120,7 @@ def run_side(port: int, clients: int, tag: str, args: argparse.Namespace) -> dic
     dt = time.perf_counter() - t0
     if errors:
         raise SystemExit(f"{len(errors)} requests failed, e.g. {errors[0]}")
-    return {"clients": clients, "tokens": sum(tokens), "seconds": dt, "tok_s": sum(tokens) / dt}
+    return dt
 
 
 def identical_check(port: int, args: argparse.Namespace) -> bool:
