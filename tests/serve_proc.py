@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,12 +41,20 @@ def _healthy(port: int) -> bool:
         c.close()
 
 
+def interruptible() -> None:
+    """``preexec_fn``: SIGINT at its default action in the child, as a terminal's Ctrl-C finds it.
+    A suite run under ``nohup`` or as a script's background job starts with SIGINT ignored, and a
+    child inherits that: the tests that send it SIGINT then failed there and only there."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def serve(model, *args: str, stdout=subprocess.DEVNULL, timeout: float = 120) -> Iterator[tuple[subprocess.Popen, int]]:
     """(process, port) of ``tsspec serve -m MODEL --port PORT ARGS...`` once it answers /health."""
     port = free_port()
     p = subprocess.Popen([sys.executable, "-m", "tsspec", "serve", "-m", str(model), "--port", str(port), *args],
-                         cwd=ROOT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE)
+                         cwd=ROOT, env=clean_env(), stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
+                         preexec_fn=interruptible)
     try:
         deadline = time.time() + timeout
         while not _healthy(port):

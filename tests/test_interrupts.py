@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from serve_proc import interruptible
 from tiny import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def _start(model, prompts) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tsspec", "generate", "-m", str(model), "--prompts", str(prompts),
            "-n", "40", "--ignore-eos", "-q", "-t", "1"]
     return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=interruptible)
 
 
 def _check(p: subprocess.Popen, out: bytes, err: bytes, what: str) -> None:
