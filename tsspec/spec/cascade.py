@@ -60,8 +60,6 @@ __all__ = ["CascadeSpeculator", "DEFAULT_MIN_TOKENS", "bench_length", "costs_mor
 DEFAULT_MIN_TOKENS = 2
 BENCH_BASE = 4  # proposals a later member sits out after one losing draft
 BENCH_CAP = 256
-
-
 SETUP_BUDGET = 0.03  # a losing member's catch-ups may cost this share of the plain time it sits out
 SETUP_BENCH_CAP = 4096
 COST_SAMPLES = 8  # a later member's recent won steps, and the recent plain-like steps, kept
@@ -122,11 +120,11 @@ class CascadeSpeculator:
         self.tap_horizon = None if not horizons or None in horizons else max(horizons)
         self._counts = {n: dict(proposals=0, won=0, drafted=0, accepted=0, benched=0) for n in self.names}
         self._winner: int | None = None  # the member whose draft the next commit settles
-        self._asks = 0  # proposals of this sequence
+        self._asks = 0  # proposals since the last reset (benches count in them, across sequences)
         self._streak = [0] * len(self.members)  # consecutive losses, per member
         self._benched_until = [0] * len(self.members)  # not asked while ``_asks`` is below
         self._clock = clock
-        self._last_commit: float | None = None  # when the last step ended (ms clock)
+        self._last_commit: float | None = None  # when the last step ended (``clock()``, seconds)
         self._asked_in_step: int | None = None  # the step's last member asked (None: no proposal)
         self._step_setup = 0.0  # that member's catch-up in this step
         self._won_setup = [0.0] * len(self.members)  # catch-ups inside each member's timed steps
