@@ -43,7 +43,6 @@ Pure composition: no drafting logic of its own.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import replace
@@ -51,6 +50,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from .governor import Sample, cost_ratio, is_losing, ms_per_token, park_length, setup_park_length
 from .protocols import Draft, DraftContext, arms_after_prefix_reuse, tap_horizon
 
 __all__ = ["CascadeSpeculator", "DEFAULT_MIN_TOKENS", "bench_length", "costs_more"]
@@ -66,32 +66,28 @@ COST_SAMPLES = 8  # a later member's recent won steps, and the recent plain-like
 COST_MARGIN = 0.05  # a member's steps may cost this much more per token than plain ones
 
 
-def costs_more(won: Sequence[tuple[float, int]], plain: Sequence[tuple[float, int]],
-               margin: float = COST_MARGIN, min_samples: int = 2) -> bool | None:
+def costs_more(won: Sequence[Sample], plain: Sequence[Sample], margin: float = COST_MARGIN,
+               min_samples: int = 2) -> bool | None:
     """Whether the steps a member won, ``(ms, tokens emitted)`` each, cost more per emitted token
-    than the plain-like steps beside them, by more than ``margin``; None while either side has
-    fewer than ``min_samples`` steps. Ratios of sums, as the governor takes them. Pure."""
+    than the plain-like steps beside them, by more than ``margin`` (the governor's ``cost_ratio``
+    and ``is_losing``); None while either side has fewer than ``min_samples`` steps. Pure."""
     if len(won) < min_samples or len(plain) < min_samples:
         return None
-    won_rate = sum(ms for ms, _ in won) / max(sum(n for _, n in won), 1)
-    plain_rate = sum(ms for ms, _ in plain) / max(sum(n for _, n in plain), 1)
-    return won_rate > plain_rate * (1.0 + margin)
+    return is_losing(cost_ratio(won, plain), margin)
 
 
 def bench_length(streak: int, base: int = BENCH_BASE, cap: int = BENCH_CAP, setup_ms: float = 0.0,
                  plain_ms_per_token: float | None = None, budget: float = SETUP_BUDGET,
                  setup_cap: int = SETUP_BENCH_CAP) -> int:
-    """Proposals a member sits out after ``streak`` consecutive losses: ``base`` doubled for each
-    loss after the first, at most ``cap``; 0 without a loss. A loss that paid a catch-up of
-    ``setup_ms`` sits out at least the proposals whose plain time makes that catch-up ``budget`` of
-    it (one proposal counted as one plain token's time), at most ``setup_cap``: the governor's rule
-    for a drafter's setup, for one member. Pure."""
+    """Proposals a member sits out after ``streak`` consecutive losses: the governor's
+    ``park_length`` (``base`` doubled for each loss after the first, at most ``cap``), or, after a
+    loss that paid a catch-up of ``setup_ms``, its ``setup_park_length`` (the catch-up at most
+    ``budget`` of the plain time sat out, one proposal counted as one plain token's time, at most
+    ``setup_cap``) where that is longer; 0 without a loss. Pure."""
     if streak <= 0:
         return 0
-    n = min(cap, base << min(streak - 1, 30))
-    if setup_ms > 0 and plain_ms_per_token:
-        n = max(n, min(setup_cap, math.ceil(setup_ms / (budget * plain_ms_per_token))))
-    return n
+    return max(park_length(streak - 1, base, cap),
+               setup_park_length(setup_ms, plain_ms_per_token, budget, setup_cap))
 
 
 class CascadeSpeculator:
@@ -126,8 +122,7 @@ class CascadeSpeculator:
         self._clock = clock
         self._last_commit: float | None = None  # when the last step ended (``clock()``, seconds)
         self._asked_in_step: int | None = None  # the step's last member asked (None: no proposal)
-        self._step_setup = 0.0  # that member's catch-up in this step
-        self._won_setup = [0.0] * len(self.members)  # catch-ups inside each member's timed steps
+        self._won_setup = [0.0] * len(self.members)  # catch-ups each member paid since its last verdict
         self._won_steps = [deque(maxlen=COST_SAMPLES) for _ in self.members]  # (ms, tokens) per member
         self._plain_steps: deque = deque(maxlen=COST_SAMPLES)
 
@@ -171,12 +166,11 @@ class CascadeSpeculator:
                 c["benched"] += 1
                 continue
             self._asked_in_step = i
-            self._step_setup = 0.0
             d = m.propose(ctx if ctx.hidden is None else replace(ctx, hidden=self._slice(i, ctx.hidden)))
             if i == 0:
                 setup += d.setup_ms  # a later member's catch-up is its step's cost (module doc)
             else:
-                self._step_setup = d.setup_ms
+                self._won_setup[i] += d.setup_ms
             c["proposals"] += 1
             if d.tokens and (len(d.tokens) >= min(self.min_tokens, ctx.max_tokens) or i == last):
                 c["won"] += 1
@@ -189,13 +183,9 @@ class CascadeSpeculator:
 
     def _lost(self, i: int) -> None:
         self._streak[i] += 1
-        plain = self._plain_steps
-        per_token = sum(ms for ms, _ in plain) / max(sum(n for _, n in plain), 1) if plain else None
-        # the catch-ups its judged steps paid (a first draft after a new prompt: the whole prompt)
-        setup = max(self._step_setup, self._won_setup[i])
-        self._benched_until[i] = self._asks + bench_length(self._streak[i], setup_ms=setup,
-                                                           plain_ms_per_token=per_token)
-        self._step_setup = 0.0
+        # the catch-ups it paid since its last verdict (a first draft after a new prompt: the prompt's)
+        self._benched_until[i] = self._asks + bench_length(self._streak[i], setup_ms=self._won_setup[i],
+                                                           plain_ms_per_token=ms_per_token(self._plain_steps))
         self._won_steps[i].clear()  # after the bench, fresh evidence
         self._won_setup[i] = 0.0
 
@@ -217,7 +207,6 @@ class CascadeSpeculator:
             self._lost(i)  # its draft landed nothing (a declined one was judged when it declined)
         if ms is not None:
             self._won_steps[i].append((ms, n_tokens))  # after a bench, the first evidence of the next verdict
-        self._won_setup[i] += self._step_setup
         if winner is None or n_tokens < 2:
             return
         verdict = costs_more(self._won_steps[i], self._plain_steps)
