@@ -137,3 +137,10 @@ def test_one_store_per_engine(trunk):
     b = REGISTRY.create("suffix", trunk, SpecOptions(), None, shared)
     c = REGISTRY.create("suffix", trunk, SpecOptions(), None)
     assert a.store is b.store and c.store is not a.store
+
+
+def test_pmin_is_one_value_the_sequences_own_lookup_reads():
+    spec = SuffixSpeculator(SuffixStore(), min_draft_prob=0.5)
+    assert spec.min_draft_prob == 0.5 and spec.own.required_order == 5  # orders 2..8: 2 + round(0.5 * 6)
+    spec.min_draft_prob = None  # the default, as n-gram's
+    assert spec.min_draft_prob == 0.0 and spec.own.required_order == 2

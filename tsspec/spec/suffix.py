@@ -28,13 +28,12 @@ Contract:
 from __future__ import annotations
 
 import threading
-from collections import deque
 from typing import Sequence
 
 import torch
 
 from .ngram import NGramIndex, NGramSpeculator
-from .protocols import Draft, DraftContext, MinDraftProb
+from .protocols import Draft, DraftContext
 
 __all__ = ["SuffixStore", "SuffixSpeculator", "most_followed", "DEFAULT_BUDGET"]
 
@@ -214,8 +213,7 @@ class SuffixSpeculator:
     """n-gram over the sequence in hand, and suffix lookup over the engine's earlier sequences."""
 
     name = "suffix"
-    min_draft_prob = MinDraftProb()
-    default_min_draft_prob = 0.0
+    default_min_draft_prob = 0.0  # n-gram's: the sequence's own lookup is n-gram's (``own``)
     needs_hidden_state = False
     can_arm_after_prefix_reuse = True  # the token history is complete whatever the KV cache did
     default_accept_rule = "match"
@@ -228,7 +226,6 @@ class SuffixSpeculator:
         # the sequence in hand: n-gram's own index and its match-length rule (pmin), as n-gram keeps them
         self.own = NGramSpeculator(max_draft_tokens, min_draft_prob, min_order, max_order)
         self.max_draft_tokens = max_draft_tokens
-        self.min_draft_prob = min_draft_prob
         self.tree = tree
         self._ended = True
         self.proposals = 0
@@ -238,6 +235,15 @@ class SuffixSpeculator:
     @property
     def taps(self) -> tuple[int, ...]:
         return ()
+
+    @property
+    def min_draft_prob(self) -> float:
+        """``--spec-pmin``: held by ``own`` (it scales the required match length there), one value."""
+        return self.own.min_draft_prob
+
+    @min_draft_prob.setter
+    def min_draft_prob(self, value: float | None) -> None:
+        self.own.min_draft_prob = value
 
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
         self.own.begin(prompt, hidden)
