@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from tiny import rewrite_metadata, write_bad_files, write_tiny_model
 from tsspec.spec.plan import SpecPlan
@@ -524,7 +525,133 @@ def test_sibling_trees_equal_plain_and_take_the_second_guess(files, trunk, param
         assert accepted[12] >= accepted[0], accepted
 
 
-def test_a_tree_budget_reaches_the_draft_model_but_not_under_residual(files, trunk):
+def test_a_tree_budget_reaches_the_draft_model_under_either_rule(files, trunk):
+    """Its trees carry each node's proposal distribution, so the residual rule verifies them too."""
     drafter = load_drafter(files["related"], trunk)
-    assert REGISTRY.create("draft-model", trunk, SpecOptions(tree=10), drafter).tree == 10
-    assert REGISTRY.create("draft-model", trunk, SpecOptions(tree=10, accept="residual"), drafter).tree == 0
+    plain = REGISTRY.create("draft-model", trunk, SpecOptions(tree=10), drafter)
+    assert plain.tree == 10 and not plain.residual
+    res = REGISTRY.create("draft-model", trunk, SpecOptions(tree=10, accept="residual"), drafter)
+    assert res.tree == 10 and res.residual
+
+
+def test_best_nodes_keep_the_likeliest_with_their_ancestors():
+    from tsspec.spec import tree
+
+    # a(.6) b(.3) under the root; c(.5) d(.06) under a; e(.2) under b; f(.25) under c
+    toks, pars = [1, 2, 3, 4, 5, 6], [-1, -1, 0, 0, 1, 2]
+    scores = [0.6, 0.3, 0.5, 0.06, 0.2, 0.25]
+    assert tree.best_nodes(toks, pars, scores, 4) == ([1, 2, 3, 6], [-1, -1, 0, 2])
+    assert tree.best_nodes(toks, pars, scores, 2) == ([1, 3], [-1, 0])
+    assert tree.best_nodes(toks, pars, scores, 10) == (toks, pars)
+    assert tree.best_nodes(toks, pars, scores, 0) == ([], [])
+    # ties go to the earlier node, so a child scored as its parent never comes without it
+    assert tree.best_nodes([1, 2, 3], [-1, 0, -1], [0.5, 0.5, 0.5], 2) == ([1, 2], [-1, 0])
+
+
+class _SwapAt:
+    """A draft model (the trunk's own weights) whose top two logits are swapped on every row at a
+    position in ``swapped``, whatever forward computes the row (a chain's, or a tree's grown over
+    several forwards): there its first guess is wrong and its second is the trunk's token."""
+
+    def __init__(self, model, swapped):
+        self._m, self.swapped = model, swapped
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+    def forward(self, tokens, cache, *, all_logits=False, parents=None, base=None, **kw):
+        from tsspec.models.runners import chain_layout, tree_layout
+
+        start = cache.length
+        lay = chain_layout(start, len(tokens)) if parents is None else tree_layout(start, len(tokens), parents, base)
+        out = self._m.forward(tokens, cache, all_logits=all_logits, parents=parents, base=base, **kw)
+        logits = out.logits.clone()
+        positions = lay.positions if all_logits else lay.positions[-1:]
+        for r, pos in enumerate(positions):
+            if pos in self.swapped:
+                top = logits[r].topk(2).indices
+                a, b = float(logits[r, top[0]]), float(logits[r, top[1]])
+                logits[r, top[0]], logits[r, top[1]] = b, a
+        return type(out)(logits=logits, hidden=out.hidden)
+
+
+def _swapped_positions(seed=7, rate=0.3, n=400):
+    rng = random.Random(seed)
+    return {p for p in range(n) if rng.random() < rate}
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, seed=3)],
+                         ids=["greedy", "seeded"])
+def test_grown_trees_equal_plain_and_draft_past_a_second_guess(files, trunk, params):
+    """With a tree budget the draft model grows a tree depth by depth: where its first guess is
+    wrong and its second right, the branch under the second guess is drafted too, so a verify runs
+    on past it (more than the one extra token a leaf gives); the output stays plain's."""
+    drafter = load_drafter(files["trunk"], trunk)
+    swapped = _swapped_positions()
+    accepted = {}
+    for tree_nodes in (0, 16):
+        spec = DraftModelSpeculator(_SwapAt(drafter.model, swapped), vocab_size=trunk.vocab_size,
+                                    max_draft_tokens=6, tree=tree_nodes, sibling_min=0.0)
+        total = verifies = 0
+        for prompt in PROMPTS:
+            sampler = Sampler(params)
+            plain = decode(trunk, sampler, prompt, N_TOKENS)
+            st = SpecStats()
+            assert decode(trunk, sampler, prompt, N_TOKENS, SpecPlan(spec, window=6), stats=st) == plain
+            total += st.accepted
+            verifies += st.verify_calls
+        accepted[tree_nodes] = total / verifies
+        if tree_nodes:
+            assert spec.tree_nodes > 0 and spec.forward_rows > spec.forwards  # several rows a depth
+    if params.greedy:
+        assert accepted[16] > accepted[0] + 1.0, accepted
+    else:
+        assert accepted[16] >= accepted[0], accepted
+
+
+def test_a_grown_tree_of_one_branch_is_the_chain(files, trunk):
+    """Width 1, one token a node: the tree is the chain the chain code drafts, token for token,
+    and the drafter's cache after each commit holds the bits a chain's forwards give."""
+    drafter = load_drafter(files["related"], trunk)
+    chain = DraftModelSpeculator(drafter.model, vocab_size=trunk.vocab_size, max_draft_tokens=5)
+    grown = DraftModelSpeculator(load_drafter(files["related"], trunk).model, vocab_size=trunk.vocab_size,
+                                 max_draft_tokens=5, tree=8, tree_width=1, tree_branch=1, sibling_min=0.0)
+    seen = []
+    for spec in (chain, grown):
+        drafts = []
+        real = spec.propose
+        spec.propose = lambda ctx, real=real, drafts=drafts: (lambda d: (drafts.append(list(d.tokens)), d)[1])(real(ctx))
+        for prompt in PROMPTS[:4]:
+            assert decode(trunk, Sampler(), prompt, N_TOKENS, SpecPlan(spec, window=5)) == \
+                decode(trunk, Sampler(), prompt, N_TOKENS)
+        seen.append(drafts)
+    assert seen[0] == seen[1] and any(len(d) > 1 for d in seen[0])
+    # the drafter's cache holds exactly the committed tokens' rows, as a fresh chain forward gives them
+    n = grown.cache.length
+    assert n == len(grown.cached_tokens) > 0
+    ref = grown.model.make_cache()
+    grown.model.forward(grown.cached_tokens, ref)
+    assert torch.equal(grown.cache.k[:, :, :n], ref.k[:, :, :n]) and torch.equal(grown.cache.v[:, :, :n], ref.v[:, :, :n])
+
+
+def test_the_grown_rows_kept_after_a_commit_are_a_chains(files, trunk):
+    """After trees are verified, the drafter's cache keeps the accepted path's rows (moved into
+    place): every committed row it holds has the bits a fresh forward of those tokens gives."""
+    drafter = load_drafter(files["trunk"], trunk)
+    spec = DraftModelSpeculator(_SwapAt(drafter.model, _swapped_positions(seed=9)), vocab_size=trunk.vocab_size,
+                                max_draft_tokens=6, tree=16, sibling_min=0.0)
+    kept = []
+    real_commit = spec.commit
+
+    def commit(tokens, hidden, start_pos):
+        real_commit(tokens, hidden, start_pos)
+        n = spec.cache.length
+        assert n == len(spec.cached_tokens)
+        ref = drafter.model.make_cache()
+        drafter.model.forward(spec.cached_tokens, ref)
+        kept.append(torch.equal(spec.cache.k[:, :, :n], ref.k[:, :, :n]))
+
+    spec.commit = commit
+    prompt = PROMPTS[3]
+    assert decode(trunk, Sampler(), prompt, N_TOKENS, SpecPlan(spec, window=6)) == decode(trunk, Sampler(), prompt, N_TOKENS)
+    assert kept and all(kept)

@@ -19,7 +19,7 @@ from tsspec.spec.plan import SpecPlan
 import tsspec.spec.verify as verify_mod
 from tiny import write_tiny_model
 from tsspec.models import load_model
-from tsspec.sampling import Sampler, SamplingParams, keyed_uniform
+from tsspec.sampling import Sampler, SamplingParams, Stream, keyed_uniform
 from tsspec.spec.draft_model import DraftModelSpeculator
 from tsspec.spec.loop import decode
 from tsspec.spec.stats import SpecStats
@@ -194,3 +194,107 @@ def test_verify_residual_on_hand_made_distributions():
     for s in range(200):
         v = verify_residual(logits, [2], same, Sampler(SamplingParams(temperature=1.0, seed=s)), 10, [1, 2])
         assert v.accepted == 1
+
+
+# ----------------------------------------------------------------------------- token trees
+
+
+def test_walk_residual_on_a_chain_is_verify_residual():
+    """A tree of one child a node, each with its drafter distribution, is a chain: the recursive
+    rule accepts what ``verify_residual`` accepts and draws the same token, seed by seed."""
+    from tsspec.spec.tree import walk_residual
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 12, generator=gen) * 2
+    q = torch.softmax(torch.randn(3, 12, generator=gen) * 2, dim=-1)
+    for seed in range(300):
+        sampler = Sampler(SamplingParams(temperature=1.0, seed=seed))
+        draft = [sampler.draw(q[i], 20 + i, 9) for i in range(3)]
+        v = verify_residual(logits, draft, q, sampler, 20, [1, 2])
+        path, tok = walk_residual(logits, draft, [-1, 0, 1], q, sampler, 20, [1, 2])
+        assert (len(path), tok) == (v.accepted, v.token) and path == list(range(v.accepted)), seed
+
+
+def _first_token(walk, p, q, picked, n=6000):
+    """How often each token comes first, when a node's children are the drafter's own draw from q
+    (on its own stream) and then ``picked`` (point masses, the draw left out)."""
+    logits = torch.stack([_hand_logits(p)] + [_hand_logits([1.0 / len(p)] * len(p))] * (1 + len(picked)))
+    seen: Counter = Counter()
+    for s in range(n):
+        sampler = Sampler(SamplingParams(temperature=1.0, seed=s))
+        d = sampler.draw(q, 10, int(Stream.TREE_DRAFT))
+        kids = [d, *(t for t in picked if t != d)]
+        rows = torch.zeros(len(kids), len(p))
+        rows[0] = q
+        for j, t in enumerate(kids[1:], 1):
+            rows[j, t] = 1.0
+        path, tok = walk(logits, kids, [-1] * len(kids), rows, sampler, 10, [1, 2])
+        seen[kids[path[0]] if path else tok] += 1
+    return seen
+
+
+def _close(seen: Counter, p: list[float], n: int) -> bool:
+    return all(abs(seen[t] / n - want) < 4.5 * math.sqrt(max(want * (1 - want), 1e-9) / n) + 1e-9
+               for t, want in enumerate(p))
+
+
+def test_recursive_rejection_over_siblings_keeps_the_distribution_and_wrong_rules_fail():
+    """One node, its drafter's draw and two picked siblings: the first token is distributed as the
+    trunk's p. Testing the siblings against p instead of what the rejections left of it, or not
+    taking a rejected sibling out of it, skews it."""
+    from tsspec.spec import tree
+
+    p = [0.35, 0.25, 0.2, 0.12, 0.08]
+    q = torch.tensor([0.1, 0.5, 0.05, 0.3, 0.05])
+    n = 6000
+    assert _close(_first_token(tree.walk_residual, p, q, [3, 0]), p, n)
+
+    def against_p(logits, tokens, parents, probs, sampler, position, history):
+        """Wrong: every child tested against the trunk's p, the draw from the residual."""
+        r0 = sampler.probs(logits[0], history)
+        r = r0.clone()
+        for j, (x, qq) in enumerate(zip(tokens, probs)):
+            if float(qq[x]) > 0 and keyed_uniform(sampler.params.seed, position, tree.accept_stream(j)) * float(qq[x]) < float(r0[x]):
+                return [j], -1
+            r = torch.clamp(r - qq, min=0.0)
+            r = r / r.sum()
+        return [], sampler.draw(r, position, Stream.RESIDUAL)
+
+    def keeps_rejected(logits, tokens, parents, probs, sampler, position, history):
+        """Wrong: a rejected picked sibling stays in the residual."""
+        r = sampler.probs(logits[0], history)
+        for j, (x, qq) in enumerate(zip(tokens, probs)):
+            if float(qq[x]) > 0 and keyed_uniform(sampler.params.seed, position, tree.accept_stream(j)) * float(qq[x]) < float(r[x]):
+                return [j], -1
+            if j == 0:
+                r = torch.clamp(r - qq, min=0.0)
+                r = r / r.sum()
+        return [], sampler.draw(r, position, Stream.RESIDUAL)
+
+    for wrong in (against_p, keeps_rejected):
+        assert not _close(_first_token(wrong, p, q, [3, 0]), p, n), wrong.__name__
+
+
+def test_residual_trees_preserve_the_trunk_distribution(pair, monkeypatch):
+    """The real loop with the draft model growing trees under ``residual``: the first three tokens
+    are distributed as plain sampling's, and siblings past a node's first child were accepted."""
+    from tsspec.spec import tree
+
+    trunk, chain_spec = pair
+    spec = DraftModelSpeculator(chain_spec.model, vocab_size=trunk.vocab_size, max_draft_tokens=2, tree=6,
+                                sibling_min=0.0, residual=True)
+    taken = Counter()
+    real = tree.walk_residual
+
+    def counting(logits, tokens, parents, probs, *a):
+        path, tok = real(logits, tokens, parents, probs, *a)
+        taken["sibling"] += sum(1 for i in path if any(parents[j] == parents[i] for j in range(i)))
+        taken["walks"] += 1
+        return path, tok
+
+    monkeypatch.setattr(tree, "walk_residual", counting)
+    exact = exact_distribution(trunk, Sampler(SamplingParams(temperature=1.0, top_k=TOP_K)))
+    counts = empirical(trunk, spec, "residual", 1.0)
+    stat, crit = chi_square(counts, exact, N_SEEDS)
+    assert stat < crit, f"residual trees: chi2 {stat:.1f} >= {crit:.1f}"
+    assert taken["walks"] > N_SEEDS // 2 and taken["sibling"] > 0, taken

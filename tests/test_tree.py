@@ -65,6 +65,59 @@ def test_tree_rows_equal_chain_verifies_of_their_paths(model, runner):
         assert torch.equal(bits(out[r]), bits(ref)), (r, runner)
 
 
+# a tree grown over three forwards, as a drafter expands its best nodes depth by depth: roots a, b;
+# then c, d under a and e under b; then f under d and g under e
+GROWN = [[-1, -1], [0, 0, 1], [3, 4]]
+
+
+@pytest.mark.parametrize("runner", ["native", "torch"])
+def test_a_tree_grown_over_several_forwards_gets_its_paths_chain_bits(model, runner):
+    """Rows whose ancestors an earlier forward wrote (``base``): each row's logits equal, bit for
+    bit, a chain verify of its path, and beside another sequence's chain in one forward too."""
+    if runner == "native" and model.fused is None:
+        pytest.skip(f"native kernels: {kernels.unavailable_reason()}")
+    if runner == "torch":
+        model.runner = TorchRunner()
+    rng = np.random.default_rng(6)
+    prefix = [int(t) for t in rng.integers(0, 300, size=11)]  # past gemma3's window of 8
+    other = [int(t) for t in rng.integers(0, 300, size=7)]
+    c, c2 = model.make_cache(), model.make_cache()
+    model.forward(prefix, c)
+    model.forward(other, c2)
+    base = len(prefix)
+    parents: list[int] = []
+    tokens: list[int] = []
+    for depth, level in enumerate(GROWN):
+        new = [int(t) for t in rng.integers(0, 300, size=len(level))]
+        parents += level
+        item = ForwardItem(new, c, True, None, list(parents), base)
+        if depth == 1:  # beside another sequence's chain in one batched forward
+            out = model.forward_batch([item, ForwardItem([5, 6], c2, True)])[0].logits
+        else:
+            out = model.forward(new, c, all_logits=True, parents=list(parents), base=base).logits
+        first = len(tokens)
+        tokens += new
+        assert c.length == base + len(tokens)
+        for r in range(len(new)):
+            chain = [tokens[a] for a in path(parents, first + r)]
+            cc = model.make_cache()
+            model.forward(prefix, cc)
+            ref = model.forward(chain, cc, all_logits=True).logits[-1]
+            assert torch.equal(bits(out[r]), bits(ref)), (depth, r, runner)
+
+
+def test_a_grown_tree_with_bad_parents_or_base_is_refused_before_the_cache_changes(model):
+    c = model.make_cache()
+    model.forward([1, 2, 3], c)
+    model.forward([4, 5], c, parents=[-1, -1])
+    # two tree nodes cached from base 3: a third node needs three parents, its own before it
+    for tokens, parents, base in (([6], [-1, -1], 3), ([6], [-1, -1, 2], 3), ([6, 7], [-1, 0], 4), ([6], [-1], 9),
+                                  ([6], [-1] * 7, -1)):
+        with pytest.raises(ValueError, match="parents must precede"):
+            model.forward(tokens, c, parents=parents, base=base)
+        assert c.length == 5
+
+
 def test_tree_beside_another_sequence_in_one_forward(model):
     """A tree and a chain of another sequence share one batched forward; each gets its lone bits."""
     rng = np.random.default_rng(4)

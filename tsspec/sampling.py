@@ -55,6 +55,10 @@ class Stream(IntEnum):
     ACCEPT = 1  # the residual rule's accept test
     RESIDUAL = 2  # the residual rule's correction draw
     BLOCK_DRAFT = 3  # a block drafter's sampled drafts, apart from the trunk's own stream
+    TREE_DRAFT = 4  # a model drafter's sampled tree nodes under the residual rule: apart from the plain
+    #                 stream, which a leaf's bonus draws on at a position another branch may hold
+    SIBLING_ACCEPT = 5  # the residual rule's accept test of a tree node's later children
+    #                     (``spec.tree.accept_stream``: 5, 21, 37, ... one per sibling)
 
 
 def keyed_uniform(seed: int, position: int, stream: int = 0) -> float:

@@ -261,7 +261,8 @@ SIGNATURES: dict[str, tuple] = {
     "tsq_unpack": (_I, [_I, _P, _L, _L, _L, _P, _I]),
     "tsq_forward": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _L, _P, _P, _I]),
     "tsq_forward_batch_taps": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P]),
-    "tsq_forward_tree": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P, _P]),
+    "tsq_forward_tree": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P, _P, _P, _P, _P,
+                              _L]),
     "tsq_output": (_I, [_P, _P, _F, _P, _L, _P, _I]),
     "tsq_eagle_step": (_I, [_P, _P, _P, _L, _P, _P, _I]),
     "tsq_amx_init": (_I, []),
@@ -846,7 +847,7 @@ class FusedBlocks:
 
     def run_batch(self, h: torch.Tensor, l0: int, l1: int, row0: list[int], starts: list[int],
                   k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos: list[torch.Tensor],
-                  sin: list[torch.Tensor], taps: Sequence[int] = (), parents: Sequence[int] | None = None
+                  sin: list[torch.Tensor], taps: Sequence[int] = (), trees: Sequence | None = None
                   ) -> torch.Tensor | None:
         """Blocks [l0, l1) on the rows of several sequences, ``h`` [m, d] updated in place: rows
         ``row0[s]:row0[s + 1]`` are sequence s's, at positions ``starts[s]..`` of its own cache
@@ -854,11 +855,10 @@ class FusedBlocks:
         The products run once over all rows; each row attends over its own sequence only, and gets
         the bits a lone ``run`` gives it. ``taps``: as ``run``'s.
 
-        ``parents`` [m] (None: every sequence's rows are a chain): token trees, row r's parent as an
-        index among its sequence's rows (-1: it follows the cached prefix), parents before children.
-        A tree row is written to slot ``starts[s]`` + its index and sits at ``starts[s]`` + its depth;
-        its attention reads the prefix, then its ancestors' slots, so it gets the bits a chain of
-        its path gets."""
+        ``trees`` (None: every sequence's rows are a chain): token trees, one
+        ``models.runners.TreeLayout`` per sequence (a chain's too). A tree row is written to slot
+        ``starts[s]`` + its index and sits at its layout's position; its attention reads the cache's
+        first ``base`` slots, then its path's slots, so it gets the bits a chain of its path gets."""
         ns = len(starts)
         if any(not l0 <= t <= l1 for t in taps):
             raise ValueError(f"run_batch: taps {list(taps)} outside layers [{l0}, {l1}]")
@@ -880,11 +880,20 @@ class FusedBlocks:
                 ptrs(*[v.data_ptr() for v in v_caches]), longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p,
                 torch.get_num_threads(), (ctypes.c_int * len(taps))(*taps), len(taps),
                 None if out is None else out.data_ptr())
-        if parents is None:
+        if trees is None:
             rc = h_lib.tsq_forward_batch_taps(*args)
         else:
-            if len(parents) != h.shape[0]:
-                raise ValueError(f"run_batch: {len(parents)} parents for {h.shape[0]} rows")
-            rc = h_lib.tsq_forward_tree(*args, (ctypes.c_int * len(parents))(*parents))
+            if len(trees) != ns or any(len(t.positions) != row0[s + 1] - row0[s] for s, t in enumerate(trees)):
+                raise ValueError("run_batch: one tree layout per sequence, a position per row")
+            pos = [p for t in trees for p in t.positions]
+            paths = [p for t in trees for p in t.paths]
+            off, n = [], 0
+            for p in paths:
+                off.append(n)
+                n += len(p)
+            flat = [x for p in paths for x in p]
+            m = h.shape[0]
+            rc = h_lib.tsq_forward_tree(*args, longs(*[t.base for t in trees]), (ctypes.c_long * m)(*pos),
+                                        (ctypes.c_long * m)(*off), (ctypes.c_long * max(n, 1))(*flat), n)
         _check_rc(rc, f"native batched block forward failed ({rc})", RuntimeError)
         return out

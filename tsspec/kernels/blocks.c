@@ -306,15 +306,24 @@ static void copy_taps(const float *h, long m, long d, int li, const int *tap_at,
             for (long r = 0; r < m; r++) memcpy(tap_out + (r * ntap + j) * d, h + r * d, sizeof(float) * d);
 }
 
-/* parent (NULL: every sequence's rows are a chain): row r's parent as an index among its sequence's
- * rows, -1 for a row that follows the cached prefix directly; parents come before their children.
- * A tree row is written to its own slot, start + its index, and is at position start + its depth:
- * rope, the window and attention take that position, attention reading the prefix and then the
- * row's ancestors' slots in order, so it gets the bits a chain of its path would give it. */
+/* Token trees (tree NULL: every sequence's rows are a chain). A tree row is written to its own slot,
+ * start + its index, and takes the position tree->pos[r]: rope, the window and attention take that
+ * position, attention reading the cache's first tree->base[s] slots and then the pos - base + 1
+ * slots tree->path[tree->off[r]..] in order (its ancestors' and its own, root first), so it gets the
+ * bits a chain of its path would give it. The caller lays the paths out (Python's tree_layout); an
+ * ancestor may sit in a slot an earlier forward wrote (a tree grown over several forwards). */
+typedef struct {
+    const long *base; /* [ns] */
+    const long *pos;  /* [m] */
+    const long *off;  /* [m] */
+    const long *path; /* [npath] */
+    long npath;
+} tree_rows;
+
 static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
                         const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
                         const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at, int ntap,
-                        float *tap_out, const int *parent) {
+                        float *tap_out, const tree_rows *tree) {
     const long d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv, f = c->ffn_dim;
     const long qd = nh * hd, kvd = nkv * hd, rep = nh / nkv;
     if (nt < 1) nt = 1;
@@ -330,31 +339,27 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     float *y = malloc(sizeof(float) * m * d);
     xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
     long *rseq = malloc(sizeof(long) * m), *rpos = malloc(sizeof(long) * m), *rslot = malloc(sizeof(long) * m);
-    long *aoff = parent ? malloc(sizeof(long) * m) : NULL, *anc = NULL; /* row r's path: anc[aoff[r]..] */
     float *scores = NULL; /* attention scratch, maxpos + 8 floats per thread */
     int rc = 0;
-    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos || !rslot || (parent && !aoff)) { rc = -2; goto done; }
-    long maxpos = 0, nanc = 0;
+    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos || !rslot) { rc = -2; goto done; }
+    long maxpos = 0;
     for (long s = 0; s < ns; s++) {
         if (row0[s + 1] < row0[s] || start[s] < 0 || start[s] + row0[s + 1] - row0[s] > cap[s]) { rc = -3; goto done; }
+        if (tree && (tree->base[s] < 0 || tree->base[s] > start[s])) { rc = -3; goto done; }
         for (long r = row0[s]; r < row0[s + 1]; r++) {
-            const long i = r - row0[s], p = parent ? parent[r] : i - 1;
-            if (p < -1 || p >= i) { rc = -3; goto done; }
             rseq[r] = s;
-            rslot[r] = start[s] + i;
-            rpos[r] = p < 0 ? start[s] : rpos[row0[s] + p] + 1;
-            if (rpos[r] > maxpos) maxpos = rpos[r];
-            if (parent) {
-                aoff[r] = nanc;
-                nanc += rpos[r] - start[s] + 1;
+            rslot[r] = start[s] + r - row0[s];
+            rpos[r] = tree ? tree->pos[r] : rslot[r];
+            if (tree) { /* a path within the paths given, ending at the row's own slot, every slot written */
+                const long b = tree->base[s], n = rpos[r] - b + 1, o = tree->off[r];
+                if (rpos[r] < b || rpos[r] > rslot[r] || o < 0 || o + n > tree->npath || tree->path[o + n - 1] != rslot[r]) {
+                    rc = -3;
+                    goto done;
+                }
+                for (long j = 0; j < n; j++)
+                    if (tree->path[o + j] < b || tree->path[o + j] > rslot[r]) { rc = -3; goto done; }
             }
-        }
-    }
-    if (parent) { /* each tree row's path, root first, as slots */
-        if (!(anc = malloc(sizeof(long) * (nanc ? nanc : 1)))) { rc = -2; goto done; }
-        for (long r = 0; r < m; r++) {
-            const long s = rseq[r], d = rpos[r] - start[s];
-            for (long q = r, j = d; j >= 0; j--, q = parent[q] < 0 ? -1 : row0[s] + parent[q]) anc[aoff[r] + j] = rslot[q];
+            if (rpos[r] > maxpos) maxpos = rpos[r];
         }
     }
     if (!(scores = malloc(sizeof(float) * (maxpos + 8) * nt))) { rc = -2; goto done; }
@@ -399,8 +404,8 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
                 long lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
                 const float *q = qkv + r * w3 + hh * hd;
                 const float *kb = kc[s] + ((long)li * nkv + g) * cp * hd, *vb = vc[s] + ((long)li * nkv + g) * cp * hd;
-                if (parent)
-                    attend_row(q, kb, vb, lo, pos, hd, start[s], anc + aoff[r], sc, att + r * qd + hh * hd);
+                if (tree)
+                    attend_row(q, kb, vb, lo, pos, hd, tree->base[s], tree->path + tree->off[r], sc, att + r * qd + hh * hd);
                 else
                     attend_row(q, kb, vb, lo, pos, hd, 0, NULL, sc, att + r * qd + hh * hd);
             }
@@ -424,8 +429,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     }
     if (!rc) copy_taps(h, m, d, l1, tap_at, ntap, tap_out);
 done:
-    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(rslot); free(aoff);
-    free(anc); free(scores);
+    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(rslot); free(scores);
     return rc;
 }
 
@@ -470,12 +474,15 @@ int tsq_forward_batch_taps(const tsq_config *c, const tsq_layer *layers, int l0,
                         tap_out, NULL);
 }
 
-/* tsq_forward_batch_taps with token trees: parent[m] as forward_rows takes it */
+/* tsq_forward_batch_taps with token trees, laid out as forward_rows takes them: base[ns], pos[m],
+ * off[m] and path[npath] */
 int tsq_forward_tree(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
                      const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
                      const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at, int ntap,
-                     float *tap_out, const int *parent) {
+                     float *tap_out, const long *base, const long *pos, const long *off, const long *path,
+                     long npath) {
+    const tree_rows t = {base, pos, off, path, npath};
     return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
-                        tap_out, parent);
+                        tap_out, &t);
 }
 

@@ -204,9 +204,10 @@ class TransformerModel:
     # -- compute ------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], cache: KVCache, *, all_logits: bool = False,
-                taps: Sequence[int] | None = None, parents: Sequence[int] | None = None) -> ForwardOutput:
-        """``tokens`` appended to ``cache`` (``parents``: as a token tree, see ``ForwardItem``)."""
-        return self._forward([ForwardItem(tokens, cache, all_logits, taps, parents)])[0]
+                taps: Sequence[int] | None = None, parents: Sequence[int] | None = None,
+                base: int | None = None) -> ForwardOutput:
+        """``tokens`` appended to ``cache`` (``parents``, ``base``: as a token tree, see ``ForwardItem``)."""
+        return self._forward([ForwardItem(tokens, cache, all_logits, taps, parents, base)])[0]
 
     @torch.inference_mode()
     def forward_batch(self, items: Sequence[ForwardItem]) -> list[ForwardOutput]:

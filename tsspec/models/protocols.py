@@ -35,6 +35,11 @@ class ForwardItem(NamedTuple):
     # the cache's length + its depth and attends to the cache and its own ancestors only; its row
     # is written to slot length + i (``KVCache.keep`` moves an accepted path into place).
     parents: Sequence[int] | None = None
+    # a tree grown over several forwards (a drafter expanding its best nodes depth by depth): the
+    # cache position where the tree's nodes begin, node j at slot base + j. The nodes between base
+    # and the cache's length came from earlier forwards, and ``parents`` then names the parents of
+    # every node, those first (``runners.tree_layout``). None: the tree begins with these tokens.
+    base: int | None = None
 
 
 @runtime_checkable

@@ -29,48 +29,75 @@ if TYPE_CHECKING:
     from .base import Block, TransformerModel
 
 
+@dataclass(frozen=True)
+class TreeLayout:
+    """Where a token tree's new rows sit and what each reads (``tree_layout``): row r is written to
+    slot ``start + r``, takes position ``positions[r]``, and attends to the cache's first ``base``
+    slots and then ``paths[r]`` (its ancestors' slots and its own, root first)."""
+
+    base: int
+    positions: list[int]
+    paths: list[list[int]]
+
+
+def tree_layout(start: int, n: int, parents: Sequence[int], base: int | None = None) -> TreeLayout:
+    """The layout of ``n`` tree rows forwarded after a cache of ``start`` positions. The tree's
+    nodes begin at slot ``base`` (None: ``start``, the rows are the whole tree): node j sits at slot
+    ``base + j``, nodes [0, start - base) are already in the cache (an earlier forward of the same
+    tree wrote them), and ``parents`` names every node's parent (-1: it follows the first ``base``
+    positions), so ``len(parents) == start - base + n``. A node at depth d (a root: 0) takes
+    position ``base + d``: a chain of its path would put it there. Pure; a ValueError for parents
+    that do not come before their nodes."""
+    base = start if base is None else int(base)
+    pre = start - base
+    if not 0 <= base <= start or len(parents) != pre + n or any(not -1 <= int(p) < j for j, p in enumerate(parents)):
+        raise ValueError(f"a token tree's parents must precede their rows: {list(parents)} for {n} tokens"
+                         f" after {pre} cached tree nodes")
+    depth: list[int] = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    paths = []
+    for r in range(pre, pre + n):
+        out = [r]
+        while parents[out[-1]] >= 0:
+            out.append(int(parents[out[-1]]))
+        paths.append([base + a for a in reversed(out)])
+    return TreeLayout(base, [base + depth[r] for r in range(pre, pre + n)], paths)
+
+
+def chain_layout(start: int, n: int) -> TreeLayout:
+    """A chain's rows as a tree layout: row r at slot and position ``start + r``."""
+    return TreeLayout(start, list(range(start, start + n)), [list(range(start, start + r + 1)) for r in range(n)])
+
+
 @dataclass
 class Segment:
     """One sequence's rows [i, j) of a forward, its cache, the position of row i, (torch attention)
-    its span groups, and for a token tree its rows' parents (``ForwardItem.parents``)."""
+    its span groups, and for a token tree its rows' layout (``tree_layout``)."""
 
     i: int
     j: int
     cache: object
     start: int
     groups: list | None
-    parents: Sequence[int] | None = None
+    tree: TreeLayout | None = None
 
-    def depths(self) -> list[int]:
-        """Each row's depth (0 for the rows that follow the cache; a chain's row i is at depth i)."""
-        if self.parents is None:
-            return list(range(self.j - self.i))
-        d: list[int] = []
-        for p in self.parents:
-            d.append(0 if p < 0 else d[p] + 1)
-        return d
-
-    def path(self, r: int) -> list[int]:
-        """Row r's ancestors and itself, root first (indices among the segment's rows)."""
-        out = [r]
-        while self.parents[out[-1]] >= 0:
-            out.append(self.parents[out[-1]])
-        return out[::-1]
+    def positions(self) -> list[int]:
+        """Each row's position (a chain's row r: start + r)."""
+        return list(range(self.start, self.start + self.j - self.i)) if self.tree is None else self.tree.positions
 
 
-def tree_parents(items: Sequence[ForwardItem]) -> list[int] | None:
-    """The rows' parents over every item (a chain's rows each under the one before), or None when
-    no item is a tree; every tree's parents checked to come before their children."""
+def item_layout(it: ForwardItem, start: int) -> TreeLayout | None:
+    """An item's tree layout after a cache of ``start`` positions, or None for a chain."""
+    return None if it.parents is None else tree_layout(start, len(it.tokens), it.parents, it.base)
+
+
+def tree_layouts(items: Sequence[ForwardItem], starts: Sequence[int]) -> list[TreeLayout] | None:
+    """Every item's rows as a tree layout (a chain's as ``chain_layout``), or None when no item is
+    a tree; each tree's parents checked before any cache changes."""
     if all(it.parents is None for it in items):
         return None
-    out: list[int] = []
-    for it in items:
-        n = len(it.tokens)
-        ps = list(range(-1, n - 1)) if it.parents is None else [int(p) for p in it.parents]
-        if len(ps) != n or any(not -1 <= p < i for i, p in enumerate(ps)):
-            raise ValueError(f"a token tree's parents must precede their rows: {ps} for {n} tokens")
-        out += ps
-    return out
+    return [item_layout(it, s) or chain_layout(s, len(it.tokens)) for it, s in zip(items, starts)]
 
 
 class TorchRunner:
@@ -83,10 +110,10 @@ class TorchRunner:
                starts: list[int], want: dict) -> tuple[torch.Tensor, tuple | None]:
         """Every block on the rows ``h`` [m, d]; ``want``'s layers get the residual entering them
         (``n_layers``: after the last). -> (h, None)."""
-        tree_parents(items)  # checked before any cache changes
+        layouts = [item_layout(it, starts[s]) for s, it in enumerate(items)]  # checked before any cache changes
         segs = [Segment(row0[s], row0[s + 1], it.cache, starts[s],
                         None if it.parents is not None else self.plan(model, starts[s], len(it.tokens), it.cache),
-                        it.parents)
+                        layouts[s])
                 for s, it in enumerate(items)]
         for li, blk in enumerate(model.blocks):
             if li in want:
@@ -120,10 +147,10 @@ class TorchRunner:
             q = rms_norm(q, blk.q_norm, cfg.rms_eps)
             k = rms_norm(k, blk.k_norm, cfg.rms_eps)
         cos, sin = model.rope(spec.rope_base)
-        if len(segs) == 1 and segs[0].parents is None:
+        if len(segs) == 1 and segs[0].tree is None:
             cos, sin = cos[segs[0].start : segs[0].start + n], sin[segs[0].start : segs[0].start + n]
-        else:  # each row at its own sequence's position (a tree row's: its depth past the cache)
-            pos = torch.tensor([g.start + d for g in segs for d in g.depths()]).to(cos.device)
+        else:  # each row at its own sequence's position (a tree row's: its depth past the tree's base)
+            pos = torch.tensor([p for g in segs for p in g.positions()]).to(cos.device)
             cos, sin = cos[pos], sin[pos]
         q = apply_rope(q, cos, sin, cfg.rope_neox) * model.q_scale
         k = apply_rope(k, cos, sin, cfg.rope_neox)
@@ -132,7 +159,7 @@ class TorchRunner:
             cache, start, m = g.cache, g.start, g.j - g.i
             cache.k[li, :, start : start + m] = k[g.i : g.j].transpose(0, 1)
             cache.v[li, :, start : start + m] = v[g.i : g.j].transpose(0, 1)
-            if g.parents is None:
+            if g.tree is None:
                 parts.append(self.attend(q[g.i : g.j], cache.k[li], cache.v[li], g, spec.window))
             else:
                 parts.append(self.attend_tree(model, q[g.i : g.j], cache.k[li], cache.v[li], g, spec.window))
@@ -152,14 +179,14 @@ class TorchRunner:
     def attend_tree(self, model: "TransformerModel", q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segment,
                     window) -> torch.Tensor:
         """A token tree's rows, each alone over the logical sequence a chain of its path would have
-        in the cache: the prefix, then its ancestors' slots, in a span of the size the chain's row
-        would get (zeros past the row, masked as there)."""
+        in the cache: the first ``base`` slots, then its path's slots, in a span of the size the
+        chain's row would get (zeros past the row, masked as there)."""
         cfg = model.cfg
+        t = seg.tree
         out = []
-        for r, d in enumerate(seg.depths()):
-            pos = seg.start + d
+        for r, (pos, path) in enumerate(zip(t.positions, t.paths)):
             groups = plan_attention(pos, 1, seg.cache.capacity, cfg.n_heads // cfg.n_kv_heads, model.windows)
-            slots = torch.tensor(list(range(seg.start)) + [seg.start + a for a in seg.path(r)], device=k.device)
+            slots = torch.tensor(list(range(t.base)) + path, device=k.device)
             kk = k.new_zeros(k.shape[0], groups[0].span, k.shape[2])
             vv = torch.zeros_like(kk)
             kk[:, : len(slots)] = k[:, slots]
@@ -210,10 +237,10 @@ class NativeRunner(TorchRunner):
         h = h.contiguous()
         cos, sin = model.rope_lists()
         taps = sorted(t for t in want if 0 <= t <= model.n_layers)
-        parents = tree_parents(items)
-        if parents is not None:
+        trees = tree_layouts(items, starts)
+        if trees is not None:
             rows = self.fused.run_batch(h, 0, model.n_layers, row0, starts, [it.cache.k for it in items],
-                                        [it.cache.v for it in items], cos, sin, taps, parents=parents)
+                                        [it.cache.v for it in items], cos, sin, taps, trees=trees)
         elif len(items) == 1:
             c = items[0].cache
             rows = self.fused.run(h, 0, model.n_layers, starts[0], c.k, c.v, cos, sin, taps)

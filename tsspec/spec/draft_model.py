@@ -35,15 +35,20 @@ Contract:
   emits the trunk's own draws). For ``residual`` the draft stays independent of the accept (1)
   and residual (2) streams, and a position's stream-0 number decides nothing emitted until that
   position is drafted or drawn for real, so the rule stays exact (``tests/test_residual.py``).
-* Token trees (``tree`` nodes, ``--spec-tree``; 0: chains): the drafter's row at each depth also
-  names its best other token, a sibling of the chain's token there. The siblings whose chance of
-  being what the trunk takes (the chain's drafter probability down to their parent, times their
-  own) is highest join the draft as leaves, up to the node budget and no less likely than the
-  governor's gate (``DraftContext.min_prob``, else ``SIBLING_MIN``). Where the trunk turns away
-  from the chain onto a sibling, the verify takes that token and the one its row draws after it.
-  They cost no drafter forward (each is read off a row the chain computed), only their verify
-  rows. A sibling is a leaf: expanding it would take drafter rows over a branch of the drafter's
-  own cache. Under ``residual`` the drafts stay chains (the rule's tree form is not built).
+* Token trees (``tree`` nodes, ``--spec-tree``; 0: chains) grow as EAGLE-2 grows them
+  (``_grow``): every node proposes the drafter's ``TREE_BRANCH`` likeliest next tokens (its own
+  draw first, the chain's token), scored by the chance of reaching them (the drafter's
+  probabilities down the path); at each depth the ``TREE_WIDTH`` best new nodes go through the
+  drafter in one forward whose rows attend to their ancestors' rows, written by the forwards
+  before it (``ForwardItem.base``); the draft is the best-scored nodes within the budget, none less
+  likely than the governor's gate (``DraftContext.min_prob``, else ``SIBLING_MIN``) but the root's
+  first. So where the drafter's first guess is wrong and its second right, the branch under the
+  second is drafted too. The tree's rows stay in the drafter's cache: ``commit`` moves the
+  accepted path's into place (``KVCache.keep_path``) and drops the rest. A drafter that cannot
+  forward trees (a recurrent one) drafts chains. Under ``residual`` a sampled tree carries each
+  node's proposal distribution (``Draft.probs``: q where the node is the drafter's own draw, made
+  on ``Stream.TREE_DRAFT``, a one-hot where it was picked beside it), and the loop verifies it by
+  recursive rejection over siblings (``tree.walk_residual``).
 * ``default_accept_rule`` is ``match``: output identical to plain decoding, greedy or seeded.
   ``--spec-accept residual`` accepts more under sampling and keeps the trunk's distribution, but
   a seeded run no longer reproduces the plain run's text.
@@ -57,9 +62,9 @@ from typing import Sequence
 import torch
 
 from ..models.cache import common_prefix
-from ..sampling import Stream, argmax, best_other
+from ..sampling import Stream, argmax
 from .protocols import Draft, DraftContext, MinDraftProb
-from .tree import SIBLING_MIN, sibling_leaves
+from .tree import SIBLING_MIN, best_indices, subtree
 
 PREFILL_CHUNK = 256
 # drafter rows a (re)start forwards at most. A catch-up over a whole prompt cost 10-20% of an
@@ -70,6 +75,11 @@ PREFILL_CHUNK = 256
 DEFAULT_CONTEXT = 256
 DRAFT_STREAM = Stream.PLAIN  # see module doc: common random numbers with the trunk's plain draw
 DEFAULT_MIN_DRAFT_PROB = 0.0
+# a tree's growth per depth: the best ``TREE_WIDTH`` nodes of the newest depth go through the
+# drafter together (one forward of that many rows), each proposing its ``TREE_BRANCH`` likeliest
+# next tokens
+TREE_WIDTH = 3
+TREE_BRANCH = 3
 
 
 class DraftModelSpeculator:
@@ -84,15 +94,27 @@ class DraftModelSpeculator:
 
     def __init__(self, model, *, vocab_size: int, max_draft_tokens: int = 8,
                  min_draft_prob: float | None = None, context: int = DEFAULT_CONTEXT, tree: int = 0,
-                 sibling_min: float = SIBLING_MIN) -> None:
+                 sibling_min: float = SIBLING_MIN, tree_width: int = TREE_WIDTH,
+                 tree_branch: int = TREE_BRANCH, residual: bool = False) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
         if context < 1:
             raise ValueError(f"context must be >= 1, got {context}")
         if tree < 0:
             raise ValueError(f"tree must be >= 0 nodes, got {tree}")
+        if tree_width < 1 or tree_branch < 1:
+            raise ValueError(f"a tree grows by >= 1 node and >= 1 token a node, got {tree_width}, {tree_branch}")
         self.tree = tree  # node budget of a tree draft (0: chains)
-        self.sibling_min = sibling_min  # a sibling's least chance where the governor has no gate
+        self.sibling_min = sibling_min  # a node's least chance of being reached where the governor has no gate
+        self.tree_width, self.tree_branch = tree_width, tree_branch
+        # the residual rule verifies its drafts: a sampled tree then carries each node's proposal
+        # distribution, its draws on their own stream (``tree.walk_residual``)
+        self.residual = residual
+        # a drafter that forwards token trees (not a recurrent one) grows them; another drafts chains
+        self.grows = bool(getattr(model, "batches_sequences", False))
+        # the tree the last proposal grew in the drafter's cache, until its commit keeps the
+        # accepted path's rows: (base slot, its nodes' tokens, their parents)
+        self._grown: tuple[int, list[int], list[int]] | None = None
         self.context = min(context, model.max_context - max_draft_tokens - 1)
         self.model = model  # the drafter LM (weights); its cache below is this speculator's state
         self.cache = model.make_cache()
@@ -109,7 +131,7 @@ class DraftModelSpeculator:
         self.forwards = 0
         self.forward_rows = 0
         self.draft_ms = 0.0
-        self.siblings = 0  # sibling leaves drafted (trees)
+        self.tree_nodes = 0  # nodes of the trees drafted
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -135,13 +157,42 @@ class DraftModelSpeculator:
         self._cached.extend(int(t) for t in tokens)
         self.forwards += 1
         self.forward_rows += len(tokens)
-        row = out.logits[-1]  # [drafter vocab]
+        return self._fit(out.logits[-1:])[0]
+
+    def _fit(self, rows: torch.Tensor) -> torch.Tensor:
+        """Drafter logits [n, drafter vocab] in the trunk's width."""
         v = self.vocab_size
-        if row.shape[0] > v:  # padding rows beyond the trunk's vocabulary can never be drafted
-            row = row[:v]
-        elif row.shape[0] < v:
-            row = torch.cat([row, row.new_full((v - row.shape[0],), float("-inf"))])
-        return row
+        if rows.shape[1] > v:  # padding rows beyond the trunk's vocabulary can never be drafted
+            return rows[:, :v]
+        if rows.shape[1] < v:
+            return torch.cat([rows, rows.new_full((rows.shape[0], v - rows.shape[1]), float("-inf"))], dim=1)
+        return rows
+
+    def _drop_grown(self) -> None:
+        """Forget a grown tree's rows (a proposal that no commit followed)."""
+        if self._grown is not None:
+            base = self._grown[0]
+            self._grown = None
+            if self.cache.length > base:
+                self.cache.trim(self.cache.length - base)
+
+    def _keep_grown(self) -> None:
+        """After a commit: keep the rows of the grown tree's nodes that landed (a path from its
+        root, moved into place after the cached tokens), forget the rest."""
+        base, toks, pars = self._grown
+        self._grown = None
+        if self.cache.length != base + len(toks) or len(self._cached) != base:
+            self._grown = (base, toks, pars)
+            return self._drop_grown()
+        rows, at = [], -1
+        for t in self._committed[self._offset + base:]:
+            nxt = next((j for j in range(at + 1, len(toks)) if pars[j] == at and toks[j] == t), None)
+            if nxt is None:
+                break
+            rows.append(nxt)
+            at = nxt
+        self.cache.keep_path(base, rows)
+        self._cached.extend(toks[j] for j in rows)
 
     def _rewind_to_committed(self) -> None:
         keep = common_prefix(self._cached, self._committed[self._offset:])
@@ -163,6 +214,7 @@ class DraftModelSpeculator:
     def _restart(self, position: int) -> None:
         """Start the drafter's cache over on the last ``context`` committed tokens before ``position``."""
         self.cache.reset()
+        self._grown = None
         self._cached = []
         self._offset = max(0, position - (self.context - 1))
         self.restarts += 1
@@ -170,6 +222,7 @@ class DraftModelSpeculator:
     def propose(self, ctx: DraftContext) -> Draft:
         t0 = time.perf_counter()
         self.proposals += 1
+        self._drop_grown()
         tail = [int(t) for t in ctx.history[max(ctx.position - 8, 0) : ctx.position]]
         if len(self._committed) != ctx.position or self._committed[-8:] != tail:
             # begin() was skipped or the sequence changed under us: take the history as committed
@@ -196,9 +249,14 @@ class DraftModelSpeculator:
         penalized = sampler is not None and sampler.params.has_penalties
         # the history only matters to the penalties: their window, only when they run
         hist = sampler.draft_history(ctx.history) if penalized else None
+        if self.tree and self.grows:
+            tokens, parents, proposed = self._grow(ctx, logits, k, hist)
+            self.drafted += len(tokens)
+            self.tree_nodes += len(tokens)
+            self.draft_ms += (time.perf_counter() - t0) * 1000.0
+            return Draft(tokens, proposed, setup_ms=setup_ms, parents=parents if tokens else None)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
-        chances: list[tuple[float, float, int]] = []  # per depth, for the tree's sibling leaves
         for i in range(k):
             if self.min_draft_prob > 0.0:
                 top = float(torch.softmax(logits.float(), dim=-1).max())
@@ -211,9 +269,6 @@ class DraftModelSpeculator:
                 probs.append(q)
             else:  # greedy: the trunk's own argmax rule, penalties included
                 tok = argmax(sampler.penalize(logits, hist) if penalized else logits)
-            if self.tree:
-                chances.append(best_other(q if sampling else torch.softmax(
-                    (sampler.penalize(logits, hist) if penalized else logits).float(), dim=-1), tok))
             tokens.append(tok)
             if hist is not None:
                 hist.append(tok)
@@ -221,13 +276,101 @@ class DraftModelSpeculator:
                 logits = self._forward([tok])
         self.drafted += len(tokens)
         self.draft_ms += (time.perf_counter() - t0) * 1000.0
-        if self.tree and tokens:
-            floor = ctx.min_prob if ctx.min_prob is not None else self.sibling_min
-            nodes, parents = sibling_leaves(tokens, chances, self.tree, floor)
-            if len(nodes) != len(tokens):  # siblings joined (or the chain was cut to the budget)
-                self.siblings += max(len(nodes) - len(tokens), 0)
-                return Draft(nodes, None, setup_ms=setup_ms, parents=parents)
         return Draft(tokens, torch.stack(probs) if probs else None, setup_ms=setup_ms)
+
+    def _grow(self, ctx: DraftContext, logits: torch.Tensor, k: int, hist: list[int] | None
+              ) -> tuple[list[int], list[int], torch.Tensor | None]:
+        """A tree of at most ``tree`` nodes and ``k`` depths, grown as EAGLE-2 grows one: each node
+        proposes the ``tree_branch`` tokens the drafter finds likeliest after its path (its own draw
+        first: the chain's token), scored by the chance of reaching it (the drafter's probabilities
+        down its path; under sampling its own draw scores as its parent does); at each depth the ``tree_width`` best new nodes go through the drafter
+        together, one forward whose rows attend to their ancestors' rows in the drafter's cache
+        (``ForwardItem.base``); the best-scored nodes are the draft (``tree.best_nodes``). A node
+        less likely than the governor's gate (``DraftContext.min_prob``, else ``sibling_min``) is
+        not proposed, save the root's first. The rows stay in the drafter's cache for ``commit`` to
+        keep the accepted path's. ``logits``: the drafter's row after the last emitted token.
+
+        -> (tokens, parents, proposals): ``proposals`` None, or, when the residual rule verifies a
+        sampled tree, each node's proposal distribution (``Draft.probs``): q for a node's own draw
+        (made on ``Stream.TREE_DRAFT``), a one-hot for the tokens picked beside it."""
+        sampler = ctx.sampler
+        sampling = sampler is not None and not sampler.greedy
+        residual = sampling and self.residual
+        stream = Stream.TREE_DRAFT if residual else DRAFT_STREAM
+        penalized = sampler is not None and sampler.params.has_penalties
+        floor = ctx.min_prob if ctx.min_prob is not None else self.sibling_min
+        drawn_from: list[torch.Tensor | None] = []  # per node: the q it was drawn from (None: picked)
+        toks: list[int] = []
+        pars: list[int] = []
+        scores: list[float] = []
+        base = self.cache.length
+        ftoks: list[int] = []  # the drafter's tree rows: tokens, parents (as rows)
+        fpars: list[int] = []
+        row_of: dict[int, int] = {}
+        frontier = [(-1, logits)]
+        for depth in range(k):
+            pos = ctx.position + 1 + depth  # the sequence position this depth's tokens take
+            fresh = []
+            for node, row in frontier:
+                if self.min_draft_prob > 0.0 and float(torch.softmax(row.float(), dim=-1).max()) < self.min_draft_prob:
+                    continue
+                h = None
+                if penalized:  # the penalties' window over this node's path
+                    path, at = [], node
+                    while at >= 0:
+                        path.append(toks[at])
+                        at = pars[at]
+                    h = list(hist) + path[::-1]
+                if sampling:
+                    q = sampler.probs(row, h)
+                    first = sampler.draw(q, pos, stream)
+                else:
+                    x = sampler.penalize(row, h) if penalized else row
+                    q = torch.softmax(x.float(), dim=-1)
+                    first = argmax(x)
+                top = torch.topk(q, min(self.tree_branch + 1, q.numel())).indices.tolist()
+                above = 1.0 if node < 0 else scores[node]
+                for t in [first, *(t for t in top if t != first)][: self.tree_branch]:
+                    # under sampling the trunk draws at the drafter's own uniform (``DRAFT_STREAM``),
+                    # so it takes the drafter's draw wherever their distributions are close, far
+                    # more often than q says: that node keeps its parent's score
+                    score = above if sampling and t == first else above * float(q[t])
+                    if toks and (score < floor or score <= 0.0):
+                        continue
+                    toks.append(int(t))
+                    pars.append(node)
+                    scores.append(score)
+                    drawn_from.append(q if sampling and t == first else None)
+                    fresh.append(len(toks) - 1)
+            if depth + 1 >= k or not fresh:
+                break
+            # a node scored below the budget's worst so far cannot bring a child into the tree
+            cut = sorted(scores, reverse=True)[self.tree - 1] if len(scores) >= self.tree else 0.0
+            grow = [i for i in sorted(fresh, key=lambda i: (-scores[i], i)) if scores[i] > cut][: self.tree_width]
+            if not grow:
+                break
+            for i in grow:
+                row_of[i] = len(ftoks)
+                fpars.append(row_of[pars[i]] if pars[i] >= 0 else -1)
+                ftoks.append(toks[i])
+            out = self.model.forward([toks[i] for i in grow], self.cache, all_logits=True, parents=list(fpars),
+                                     base=base)
+            self._grown = (base, ftoks, fpars)
+            self.forwards += 1
+            self.forward_rows += len(grow)
+            rows = self._fit(out.logits)
+            frontier = [(i, rows[r]) for r, i in enumerate(grow)]
+        keep = best_indices(pars, scores, self.tree)
+        tokens, parents = subtree(toks, pars, keep)
+        if not residual or not keep:
+            return tokens, parents, None
+        rows = torch.zeros(len(keep), self.vocab_size)
+        for j, i in enumerate(keep):
+            if drawn_from[i] is not None:
+                rows[j] = drawn_from[i]
+            else:
+                rows[j, toks[i]] = 1.0
+        return tokens, parents, rows
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         """``tokens`` landed in the trunk at ``start_pos``..: the drafter's cache keeps only those."""
@@ -236,10 +379,13 @@ class DraftModelSpeculator:
             return
         del self._committed[start_pos:]
         self._committed.extend(int(t) for t in tokens)
+        if self._grown is not None:
+            self._keep_grown()
         self._rewind_to_committed()
 
     def reset(self) -> None:
         self.cache.reset()
+        self._grown = None
         self._committed = []
         self._cached = []
         self._offset = 0

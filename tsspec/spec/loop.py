@@ -269,9 +269,11 @@ class DecodeState:
                                None if gov is None else gov.min_draft_prob())
             draft = spec.propose(ctx)
         if draft.parents is not None:  # a tree: as many nodes as the context holds, no deeper than k_max
-            toks, parents = tree.prune(draft.tokens, draft.parents, self.target.max_context - pos - 1, k_max,
-                                       self.drawable)
-            return Draft(toks, None, setup_ms=draft.setup_ms, parents=parents if toks else None)
+            keep = tree.prune_indices(draft.tokens, draft.parents, self.target.max_context - pos - 1, k_max,
+                                      self.drawable)
+            toks, parents = tree.subtree(draft.tokens, draft.parents, keep)
+            probs = None if draft.probs is None or not toks else draft.probs[keep]
+            return Draft(toks, probs, setup_ms=draft.setup_ms, parents=parents if toks else None)
         n = len(draft.tokens)
         if self.drawable is not None:  # a guess that is no token ends the draft: it cannot be accepted
             n = next((i for i, t in enumerate(draft.tokens) if not 0 <= t < self.drawable), n)
@@ -312,7 +314,11 @@ class DecodeState:
         the accepted path's cache rows into place (the rest dropped), commit them."""
         st = self.stats
         with st.phase("accept"):
-            path, token = tree.walk(out.logits, draft.tokens, draft.parents, self.sampler, pos + 1, self.history)
+            if self.accept_rule == "residual" and draft.probs is not None and not self.sampler.greedy:
+                path, token = tree.walk_residual(out.logits, draft.tokens, draft.parents, draft.probs, self.sampler,
+                                                 pos + 1, self.history)
+            else:
+                path, token = tree.walk(out.logits, draft.tokens, draft.parents, self.sampler, pos + 1, self.history)
         st.record_verify(len(draft.tokens), len(path))
         st.record_tree(len(draft.tokens), len(path))
         rows = [0, *(i + 1 for i in path)]

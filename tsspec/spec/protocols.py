@@ -56,7 +56,9 @@ class Draft:
     """A proposal: tokens, and optionally the drafter's distribution each was drawn from."""
 
     tokens: list[int] = field(default_factory=list)
-    # [len(tokens), vocab] probabilities after the sampler's transforms, for the residual rule
+    # [len(tokens), vocab] probabilities after the sampler's transforms, for the residual rule; in a
+    # tree, row i is the distribution token i was proposed from (a one-hot where it was picked, not
+    # drawn: ``tree.walk_residual``)
     probs: torch.Tensor | None = None
     # ms of one-off work inside this proposal, not part of what a draft costs step after step: a
     # drafter catching up on the tokens it missed while parked, or restarting its cache. The

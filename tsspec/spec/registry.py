@@ -227,14 +227,16 @@ def _draft_model(target, options, drafter):
         vocab_size=drafter.trunk_vocab,  # drafts and their probabilities live in the trunk's vocabulary
         max_draft_tokens=options.draft,
         min_draft_prob=options.pmin,
-        tree=_tree_budget(target, options, residual=options.accept == "residual"),
+        # its trees carry each node's proposal distribution: the residual rule verifies them too
+        tree=_tree_budget(target, options, residual=False),
+        residual=options.accept == "residual",
     )
 
 
 def _tree_budget(target, options, *, residual: bool) -> int:
     """The node budget a drafter may build trees with: 0 (chains) on a recurrent trunk, which cannot
-    share one forward among a tree's rows, and for drafts the residual rule verifies (``residual``),
-    whose tree form (recursive rejection over siblings) is not built."""
+    share one forward among a tree's rows, and for drafts the residual rule would verify without
+    each node's proposal distribution (``residual``: a head's or block drafter's sibling leaves)."""
     if not getattr(target, "batches_sequences", False) or residual:
         return 0
     return options.tree

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from ..sampling import Sampler, argmax_rows
+from ..sampling import Sampler, Stream, argmax_rows, keyed_uniform
 
 
 def check(tokens: Sequence[int], parents: Sequence[int]) -> None:
@@ -46,22 +46,33 @@ def depths(parents: Sequence[int]) -> list[int]:
     return d
 
 
+def prune_indices(tokens: Sequence[int], parents: Sequence[int], max_nodes: int, max_depth: int,
+                  drawable: int | None = None) -> list[int]:
+    """The nodes ``prune`` keeps, as indices into the tree (increasing)."""
+    keep: list[int] = []
+    kept: set[int] = set()
+    for i, (t, p, d) in enumerate(zip(tokens, parents, depths(parents))):
+        if len(keep) >= max_nodes:
+            break
+        if d > max_depth or (p >= 0 and p not in kept) or (drawable is not None and not 0 <= t < drawable):
+            continue
+        keep.append(i)
+        kept.add(i)
+    return keep
+
+
+def subtree(tokens: Sequence[int], parents: Sequence[int], keep: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The nodes ``keep`` (increasing, each one's parent kept too) as a tree, renumbered."""
+    at = {i: j for j, i in enumerate(keep)}
+    return [int(tokens[i]) for i in keep], [-1 if parents[i] < 0 else at[parents[i]] for i in keep]
+
+
 def prune(tokens: Sequence[int], parents: Sequence[int], max_nodes: int, max_depth: int,
           drawable: int | None = None) -> tuple[list[int], list[int]]:
     """The tree cut to its first ``max_nodes`` tokens of depth at most ``max_depth`` (parents first,
     so what remains is still a tree), renumbered; with ``drawable``, a node whose id has no token
     (at or past it) goes, and everything under it (it can never be accepted)."""
-    keep: dict[int, int] = {}
-    toks, pars = [], []
-    for i, (t, p, d) in enumerate(zip(tokens, parents, depths(parents))):
-        if len(toks) >= max_nodes:
-            break
-        if d > max_depth or (p >= 0 and p not in keep) or (drawable is not None and not 0 <= t < drawable):
-            continue
-        keep[i] = len(toks)
-        toks.append(int(t))
-        pars.append(-1 if p < 0 else keep[p])
-    return toks, pars
+    return subtree(tokens, parents, prune_indices(tokens, parents, max_nodes, max_depth, drawable))
 
 
 def path_tokens(tokens: Sequence[int], parents: Sequence[int], path: Sequence[int]) -> list[int]:
@@ -92,6 +103,56 @@ def walk(logits: torch.Tensor, tokens: Sequence[int], parents: Sequence[int], sa
         row = nxt + 1
 
 
+def accept_stream(j: int) -> int:
+    """The keyed stream of the residual rule's accept test for a node's child j (in order): a
+    chain's (``Stream.ACCEPT``) for the first, one stream apart for each later one, so that no two
+    tests of one position decide on the same number."""
+    return int(Stream.ACCEPT) if j == 0 else int(Stream.SIBLING_ACCEPT) + 16 * (j - 1)
+
+
+def walk_residual(logits: torch.Tensor, tokens: Sequence[int], parents: Sequence[int], probs: torch.Tensor,
+                  sampler: Sampler, position: int, history: Sequence[int]) -> tuple[list[int], int]:
+    """``walk`` under the residual rule, for sampling: recursive rejection over each node's
+    children (SpecInfer's rule). ``probs[i]`` is the distribution node i's token was proposed
+    from: the drafter's q where it was drawn from q, a one-hot where it was picked (a point mass).
+    At a node the target is the trunk's distribution r; child i is accepted with probability
+    min(1, r(x) / q_i(x)) (its own keyed number, ``accept_stream``), and on rejection r becomes
+    max(0, r - q_i), renormalised (a point mass: r without x). When every child is rejected the
+    token is drawn from what is left of r; at a leaf the bonus is a plain draw. Each token is then
+    distributed exactly as the trunk's: as long as a child's proposal was made with numbers apart
+    from the ones this rule and the trunk's plain draws use (``Stream.TREE_DRAFT``). A chain of one
+    child a node accepts exactly what ``verify.verify_residual`` accepts."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p + 1, []).append(i)
+    seed = sampler.params.seed
+    hist = list(history)
+    path: list[int] = []
+    row = 0
+    while True:
+        pos = position + len(path)
+        kids = children.get(row)
+        if not kids:
+            return path, sampler.sample(logits[row], pos, hist)
+        r = sampler.probs(logits[row], hist)
+        nxt = None
+        for j, i in enumerate(kids):
+            x, q = int(tokens[i]), probs[i]
+            qx = float(q[x])
+            if qx > 0 and keyed_uniform(seed, pos, accept_stream(j)) * qx < float(r[x]):
+                nxt = i
+                break
+            left = torch.clamp(r - q, min=0.0)
+            total = float(left.sum())
+            if total > 0.0:  # else r == q up to rounding: any draw from r is exact
+                r = left / total
+        if nxt is None:
+            return path, sampler.draw(r, pos, Stream.RESIDUAL)
+        path.append(nxt)
+        hist.append(int(tokens[nxt]))
+        row = nxt + 1
+
+
 # a sibling leaf's least chance of being the trunk's token, where the governor has no gate yet
 SIBLING_MIN = 0.05
 
@@ -115,6 +176,27 @@ def sibling_leaves(chain: Sequence[int], chances: Sequence[tuple[float, float, i
         tokens.append(other)
         parents.append(i - 1)
     return tokens, parents
+
+
+def best_indices(parents: Sequence[int], scores: Sequence[float], budget: int) -> list[int]:
+    """The ``budget`` best-scored nodes of a candidate tree, as increasing indices. A score is a
+    node's chance of being reached (its parent's times its own), so a child never outscores its
+    parent and the best nodes (ties to the earlier node) hold every ancestor of each: what EAGLE-2
+    keeps of a tree its drafter grew. Pure."""
+    keep: list[int] = []
+    kept: set[int] = set()
+    for i in sorted(sorted(range(len(parents)), key=lambda i: (-scores[i], i))[: max(budget, 0)]):
+        if parents[i] >= 0 and parents[i] not in kept:  # a child scored above its parent: not a chance
+            continue
+        keep.append(i)
+        kept.add(i)
+    return keep
+
+
+def best_nodes(tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float],
+               budget: int) -> tuple[list[int], list[int]]:
+    """``best_indices``' nodes as a tree draft ``(tokens, parents)`` in the candidates' order."""
+    return subtree(tokens, parents, best_indices(parents, scores, budget))
 
 
 class Trie:
