@@ -474,6 +474,22 @@ def test_sibling_leaves_rank_by_the_chance_of_reaching_them():
     assert sibling_leaves(chain, chances, nodes=3, floor=0.0) == (chain, [-1, 0, 1])
 
 
+def _accepted_per_verify(trunk, spec, params, window: int) -> float:
+    """Decode every prompt with ``spec`` (each output checked equal to plain decoding's, and with a
+    tree budget, trees verified); -> drafts accepted per verify over them all."""
+    total = verifies = 0
+    for prompt in PROMPTS:
+        sampler = Sampler(params)
+        plain = decode(trunk, sampler, prompt, N_TOKENS)
+        st = SpecStats()
+        assert decode(trunk, sampler, prompt, N_TOKENS, SpecPlan(spec, window=window), stats=st) == plain
+        total += st.accepted
+        verifies += st.verify_calls
+        if spec.tree:
+            assert st.tree_verifies > 0
+    return total / verifies
+
+
 class _SecondGuess:
     """A draft model (the trunk's own weights) whose top two logits are swapped at three positions
     in ten (scattered: at a fixed period a chain and a tree would emit as many tokens per verify):
@@ -508,17 +524,7 @@ def test_sibling_trees_equal_plain_and_take_the_second_guess(files, trunk, param
         # a tiny random model's distributions are flat: every sibling is let in, ranked
         spec = DraftModelSpeculator(_SecondGuess(drafter.model), vocab_size=trunk.vocab_size, max_draft_tokens=5,
                                     tree=tree_nodes, sibling_min=0.0)
-        total = verifies = 0
-        for prompt in PROMPTS:
-            sampler = Sampler(params)
-            plain = decode(trunk, sampler, prompt, N_TOKENS)
-            st = SpecStats()
-            assert decode(trunk, sampler, prompt, N_TOKENS, SpecPlan(spec, window=5), stats=st) == plain
-            total += st.accepted
-            verifies += st.verify_calls
-            if tree_nodes:
-                assert st.tree_verifies > 0
-        accepted[tree_nodes] = total / verifies
+        accepted[tree_nodes] = _accepted_per_verify(trunk, spec, params, 5)
     if params.greedy:
         assert accepted[12] > accepted[0] + 0.5, accepted  # the swapped positions no longer end a verify
     else:
@@ -592,15 +598,7 @@ def test_grown_trees_equal_plain_and_draft_past_a_second_guess(files, trunk, par
     for tree_nodes in (0, 16):
         spec = DraftModelSpeculator(_SwapAt(drafter.model, swapped), vocab_size=trunk.vocab_size,
                                     max_draft_tokens=6, tree=tree_nodes, sibling_min=0.0)
-        total = verifies = 0
-        for prompt in PROMPTS:
-            sampler = Sampler(params)
-            plain = decode(trunk, sampler, prompt, N_TOKENS)
-            st = SpecStats()
-            assert decode(trunk, sampler, prompt, N_TOKENS, SpecPlan(spec, window=6), stats=st) == plain
-            total += st.accepted
-            verifies += st.verify_calls
-        accepted[tree_nodes] = total / verifies
+        accepted[tree_nodes] = _accepted_per_verify(trunk, spec, params, 6)
         if tree_nodes:
             assert spec.tree_nodes > 0 and spec.forward_rows > spec.forwards  # several rows a depth
     if params.greedy:

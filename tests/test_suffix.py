@@ -144,3 +144,8 @@ def test_pmin_is_one_value_the_sequences_own_lookup_reads():
     assert spec.min_draft_prob == 0.5 and spec.own.required_order == 5  # orders 2..8: 2 + round(0.5 * 6)
     spec.min_draft_prob = None  # the default, as n-gram's
     assert spec.min_draft_prob == 0.0 and spec.own.required_order == 2
+    with pytest.raises(ValueError, match=r"--spec-pmin for suffix must be in \[0, 1\]"):
+        spec.min_draft_prob = 1.5
+    assert spec.min_draft_prob == 0.0
+    with pytest.raises(ValueError, match="for suffix"):
+        SuffixSpeculator(SuffixStore(), min_draft_prob=-0.1)

@@ -37,6 +37,15 @@ def path(parents, r):
     return out[::-1]
 
 
+def use_runner(model, runner: str) -> None:
+    """Run ``model`` on ``runner``: its native blocks (skipped where the kernels are not built) or
+    the torch reference."""
+    if runner == "native" and model.fused is None:
+        pytest.skip(f"native kernels: {kernels.unavailable_reason()}")
+    if runner == "torch":
+        model.runner = TorchRunner()
+
+
 @pytest.fixture(params=ARCHS, ids=lambda a: a[0])
 def model(request, tmp_path, one_thread):
     arch, quant = request.param
@@ -46,10 +55,7 @@ def model(request, tmp_path, one_thread):
 
 @pytest.mark.parametrize("runner", ["native", "torch"])
 def test_tree_rows_equal_chain_verifies_of_their_paths(model, runner):
-    if runner == "native" and model.fused is None:
-        pytest.skip(f"native kernels: {kernels.unavailable_reason()}")
-    if runner == "torch":
-        model.runner = TorchRunner()
+    use_runner(model, runner)
     rng = np.random.default_rng(3)
     prefix = [int(t) for t in rng.integers(0, 300, size=11)]  # past gemma3's window of 8
     tree = [int(t) for t in rng.integers(0, 300, size=len(TREE))]
@@ -74,10 +80,7 @@ GROWN = [[-1, -1], [0, 0, 1], [3, 4]]
 def test_a_tree_grown_over_several_forwards_gets_its_paths_chain_bits(model, runner):
     """Rows whose ancestors an earlier forward wrote (``base``): each row's logits equal, bit for
     bit, a chain verify of its path, and beside another sequence's chain in one forward too."""
-    if runner == "native" and model.fused is None:
-        pytest.skip(f"native kernels: {kernels.unavailable_reason()}")
-    if runner == "torch":
-        model.runner = TorchRunner()
+    use_runner(model, runner)
     rng = np.random.default_rng(6)
     prefix = [int(t) for t in rng.integers(0, 300, size=11)]  # past gemma3's window of 8
     other = [int(t) for t in rng.integers(0, 300, size=7)]

@@ -114,6 +114,32 @@ def test_ngram_trees_equal_plain(models, arch):
     assert tree_acc >= chain_acc  # a tree holds its chain, so it accepts at least as much
 
 
+def test_the_governor_hears_a_trees_depth(models):
+    """A tree's reach is its depth: the governor sizes depths and reads acceptance along them, so
+    it is told the depth, not the node count (a 16-node tree of depth 3 that accepts 3 is a full
+    draft, not 13 rejected tokens)."""
+    from tsspec.spec.governor import SpeculationCostGovernor
+    from tsspec.spec.protocols import Draft
+
+    assert Draft([1, 2, 3, 4], parents=[-1, 0, 0, 2]).depth == 3 and Draft([1, 2]).depth == 2
+    assert Draft().depth == 0
+    heard, depths = [], []
+
+    class Ear(SpeculationCostGovernor):
+        def record(self, speculative, ms, tokens, drafted=None, setup_ms=0.0):
+            heard.append(drafted)
+            super().record(speculative, ms, tokens, drafted, setup_ms)
+
+    spec = NGramSpeculator(max_draft_tokens=8, min_order=1, tree=16)
+    orig = spec.propose
+    spec.propose = lambda ctx: (lambda d: (depths.append((d.depth, len(d.tokens))), d)[1])(orig(ctx))
+    gov = Ear(enabled=False)
+    prompt = PROMPTS["repeat"] if "repeat" in PROMPTS else next(iter(PROMPTS.values()))
+    decode(models["llama"], GREEDY, prompt, N_NEW, SpecPlan(spec, window=8, governor=gov))
+    assert any(0 < d < n for d, n in depths)  # trees wider than a chain were drafted
+    assert [h for h in heard if h] == [d for d, _ in depths if d]
+
+
 def test_a_hybrid_trunk_refuses_a_tree(tmp_path):
     from tiny_hybrid import write_hybrid
     from tsspec.models import load_model

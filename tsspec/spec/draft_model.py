@@ -392,5 +392,6 @@ class DraftModelSpeculator:
 
     def report(self) -> str:
         per = self.forward_rows / self.forwards if self.forwards else 0.0
-        return (f"draft-model: {self.proposals} proposals, {self.drafted} tokens drafted, "
+        trees = f" ({self.tree_nodes} in trees)" if self.tree_nodes else ""
+        return (f"draft-model: {self.proposals} proposals, {self.drafted} tokens drafted{trees}, "
                 f"{self.forwards} drafter forwards ({per:.2f} rows each), {self.draft_ms:.0f} ms")

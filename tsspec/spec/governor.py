@@ -31,6 +31,10 @@ The same two measurements give a confidence gate for drafters whose confidences 
 where a drafted token costs 0.05 of a step and of 0.42 where it costs 0.3. The loop hands it to the
 speculator in ``DraftContext.min_prob``.
 
+A token tree is reported by its depth (``Draft.depth``): its length is how far it reaches, ``E(k)``
+reads acceptance along depths, and ``row`` becomes the price of one more depth with all the tree's
+rows at it; the confidence gate then prices a node as a depth, which errs towards smaller trees.
+
 Before any verify the first draft is short (``FIRST_DRAFT``): a long first draft that is rejected
 costs several steps, and there is no evidence yet. Without a cost measurement (no plain step yet, or
 a caller that does not report how many tokens it drafted) the length falls back to

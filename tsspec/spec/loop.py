@@ -249,8 +249,10 @@ class DecodeState:
             step_ms = rows.prepare_ms + forward_ms + _ms(t0)
             # a proposal that drafted nothing is still speculation's cost (a head's step costs a
             # sixth of smollm2's): reported as plain it made the plain baseline look that much slower
-            self.governor.record(rows.proposed, step_ms, len(emitted), len(draft.tokens),
-                                 setup_ms=draft.setup_ms)
+            # a tree's reach is its depth: the governor sizes depths (``draft_length``) and reads a
+            # verify's acceptance along them; its row cost is then the price of a depth, all of the
+            # tree's rows at that depth included
+            self.governor.record(rows.proposed, step_ms, len(emitted), draft.depth, setup_ms=draft.setup_ms)
             st.governor_state = self.governor.state
             st.governor_parks = self.governor.parks
         return emitted

@@ -72,6 +72,17 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def depth(self) -> int:
+        """How far the draft reaches past the last emitted token: a chain's length, a tree's
+        deepest node's depth (what a verify can accept at most)."""
+        if self.parents is None:
+            return len(self.tokens)
+        d: list[int] = []
+        for p in self.parents:
+            d.append(1 if p < 0 else d[p] + 1)
+        return max(d, default=0)
+
 
 class MinDraftProb:
     """The ``--spec-pmin`` attribute every speculator carries: validated on every assignment, and

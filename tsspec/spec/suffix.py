@@ -224,7 +224,8 @@ class SuffixSpeculator:
             raise ValueError(f"tree must be >= 0 nodes, got {tree}")
         self.store = store
         # the sequence in hand: n-gram's own index and its match-length rule (pmin), as n-gram keeps them
-        self.own = NGramSpeculator(max_draft_tokens, min_draft_prob, min_order, max_order)
+        self.own = NGramSpeculator(max_draft_tokens, None, min_order, max_order)
+        self.min_draft_prob = min_draft_prob  # checked here, so that a bad value names suffix
         self.max_draft_tokens = max_draft_tokens
         self.tree = tree
         self._ended = True
@@ -243,7 +244,10 @@ class SuffixSpeculator:
 
     @min_draft_prob.setter
     def min_draft_prob(self, value: float | None) -> None:
-        self.own.min_draft_prob = value
+        try:
+            self.own.min_draft_prob = value
+        except ValueError as e:  # the message names the speculator the user chose, not the one inside
+            raise ValueError(str(e).replace(f"for {self.own.name}", f"for {self.name}")) from None
 
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
         self.own.begin(prompt, hidden)
