@@ -653,3 +653,32 @@ def test_the_grown_rows_kept_after_a_commit_are_a_chains(files, trunk):
     prompt = PROMPTS[3]
     assert decode(trunk, Sampler(), prompt, N_TOKENS, SpecPlan(spec, window=6)) == decode(trunk, Sampler(), prompt, N_TOKENS)
     assert kept and all(kept)
+
+
+def test_a_drafter_that_cannot_forward_trees_drafts_chains(files, trunk):
+    """A recurrent drafter (its forward follows one chain of rows) gets no tree forward: with a tree
+    budget it drafts chains, and the output stays plain's."""
+    drafter = load_drafter(files["related"], trunk)
+
+    class Recurrent:
+        batches_sequences = False
+
+        def __init__(self, model):
+            self._m = model
+
+        def __getattr__(self, name):
+            return getattr(self._m, name)
+
+        def forward(self, tokens, cache, **kw):
+            assert kw.get("parents") is None and kw.get("base") is None, "a tree forward on a recurrent drafter"
+            return self._m.forward(tokens, cache, **kw)
+
+    spec = DraftModelSpeculator(Recurrent(drafter.model), vocab_size=trunk.vocab_size, max_draft_tokens=5, tree=12)
+    assert not spec.grows
+    drafts = []
+    real = spec.propose
+    spec.propose = lambda ctx: (lambda d: (drafts.append(d), d)[1])(real(ctx))
+    for prompt in PROMPTS[:3]:
+        assert decode(trunk, Sampler(), prompt, N_TOKENS, SpecPlan(spec, window=5)) == \
+            decode(trunk, Sampler(), prompt, N_TOKENS)
+    assert drafts and all(d.parents is None for d in drafts) and any(len(d) > 1 for d in drafts)
