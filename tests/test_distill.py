@@ -553,9 +553,9 @@ def test_compressed_docs_are_read_and_binary_files_are_not(tmp_path):
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=7)],
                          ids=["greedy", "seeded"])
 def test_trained_head_trees_equal_plain(world, trained, params):
-    """With a node budget the head adds its second guesses as sibling leaves: the output stays
-    plain's, trees are verified, and they accept at least what the chains accept where both verify
-    the same chains (greedy: a tree holds its chain)."""
+    """With a node budget the trained head grows its trees (its rows are independent: a depth's best
+    nodes step together): the output stays plain's, trees are verified, and greedy they accept more
+    a verify than the chains."""
     result, _ = trained
     target = load_model(world["trunk"], fmt="f32")
     head = load_drafter(result.out, target).draft_head
@@ -568,6 +568,7 @@ def test_trained_head_trees_equal_plain(world, trained, params):
             stats = SpecStats()
             spec = DraftHeadSpeculator(head, target.n_layers, max_draft_tokens=4, min_draft_prob=0.0, tree=tree,
                                        sibling_min=0.0)
+            assert spec.grows
             assert decode(target, Sampler(params), prompt, 40, SpecPlan(spec, window=4), stats=stats) == plain
             accepted, verifies, trees = accepted + stats.accepted, verifies + stats.verify_calls, trees + stats.tree_verifies
         got[tree] = (accepted / verifies, trees)

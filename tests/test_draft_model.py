@@ -369,6 +369,8 @@ def test_real_pair_greedy_equals_plain(real_model_path):
     drafter = load_drafter(real_model_path("qwen2.5-coder-0.5b"), target)
     assert not drafter.warnings
     spec = REGISTRY.create("draft-model", target, SpecOptions(draft=4), drafter)
+    grown = REGISTRY.create("draft-model", target, SpecOptions(draft=6, tree=16), drafter)
+    per = {"chain": [0, 0], "tree": [0, 0]}  # tokens emitted by verifies, verifies
     tok = Tokenizer.from_gguf(trunk_path)
     for name, text in REAL_PROMPTS.items():
         prompt = tok.encode(text)
@@ -377,6 +379,14 @@ def test_real_pair_greedy_equals_plain(real_model_path):
         out = decode(target, Sampler(), prompt, 48, SpecPlan(spec, window=4), stats=st)
         assert out == plain, name
         assert st.acceptance_rate > 0.4, (name, st.acceptance_rate)
+        ts = SpecStats()  # the grown tree
+        assert decode(target, Sampler(), prompt, 48, SpecPlan(grown, window=6), stats=ts) == plain, name
+        assert ts.tree_verifies > 0, name
+        for which, stats in (("chain", st), ("tree", ts)):
+            per[which][0] += stats.verify_emitted
+            per[which][1] += stats.verify_calls
+    # over the prompts, a depth-6 tree of 16 nodes emits more a verify than the depth-4 chain
+    assert per["tree"][0] / per["tree"][1] > per["chain"][0] / per["chain"][1], per
 
 
 @pytest.mark.real_model

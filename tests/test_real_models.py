@@ -29,7 +29,7 @@ import torch
 
 from tsspec.spec.plan import SpecPlan
 from tsspec.models import load_model
-from tsspec.sampling import Sampler
+from tsspec.sampling import Sampler, SamplingParams
 from tsspec.spec.loop import decode
 from tsspec.spec.ngram import NGramSpeculator
 from tsspec.spec.stats import SpecStats
@@ -118,3 +118,28 @@ def test_speculative_equals_plain(real):
         assert len(got) == stats.accepted + stats.verify_calls + stats.plain_steps + 1
         drafted += stats.drafted
     assert drafted > 0  # the grounded prompt really sent drafts to verification
+
+
+def test_token_trees_equal_plain(real):
+    """Trees on a real model, greedy and seeded: n-gram's trie of continuations on a grounded prompt,
+    and a grown tree (the model as its own draft model: a tree forward in the drafter every depth)
+    on free text; every tree verify's output is plain decoding's, token for token."""
+    from tsspec.spec.draft_model import DraftModelSpeculator
+
+    name, model = real
+    cases = reference(name)
+    code = next(c for c in cases if c["prompt"].startswith("def fibonacci"))
+    grounded = (code["prompt_ids"] + code["continuation_ids"]) * 2 + code["prompt_ids"]
+    trees = 0
+    for params in (SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=5)):
+        for prompt, spec in ((grounded, NGramSpeculator(tree=16)),
+                             (cases[0]["prompt_ids"], DraftModelSpeculator(model, vocab_size=model.vocab_size,
+                                                                            max_draft_tokens=4, tree=12,
+                                                                            sibling_min=0.0))):
+            want = decode(model, Sampler(params), prompt, 32)
+            stats = SpecStats()
+            got = decode(model, Sampler(params), prompt, 32, SpecPlan(spec, window=4), stats=stats)
+            assert got == want, f"{name}: {spec.name} tree output differs from plain ({params})"
+            trees += stats.tree_verifies
+    assert trees > 0
+

@@ -187,6 +187,22 @@ def test_spec_tree_from_the_cli_equals_plain(cli_model, how):
     assert out["spec"]["tree_verifies"] > 0 and out["spec"]["nodes_per_tree"] <= 12
 
 
+def test_a_draft_models_grown_tree_from_the_cli(cli_model):
+    """``--draft-model`` with ``--spec-tree``: greedy, the grown tree's output is plain's; seeded
+    under ``--spec-accept residual`` its trees are verified by the recursive rule (a seeded residual
+    run is the trunk's distribution, not plain's text, so only that it ran on trees is checked)."""
+    from clirun import run
+
+    base = ("generate", "-m", cli_model, "-p", CLI_PROMPT, "-n", "24", "--json", "--ignore-eos")
+    spec = ("--spec", "--spec-type", "draft-model", "--draft-model", cli_model, "--no-spec-adaptive",
+            "--spec-tree", "10")
+    plain_ids = _json(run(*base))["token_ids"]
+    out = _json(run(*base, *spec))
+    assert out["token_ids"] == plain_ids and out["spec"]["tree_verifies"] > 0
+    res = _json(run(*base, *spec, "--temp", "0.8", "--seed", "3", "--spec-accept", "residual"))
+    assert len(res["token_ids"]) == 24 and res["spec"]["tree_verifies"] > 0
+
+
 def test_spec_tree_out_of_range_is_one_line(cli_model):
     from clirun import entry
 

@@ -127,6 +127,9 @@ class EagleHead:
 
     kind = DraftHeadKind.PER_TOKEN
     block_size = 1
+    # a step reads its token and its parent's hidden row only (no cache, no position): a tree's
+    # nodes step together, several rows in one ``step_rows``
+    independent_rows = True
     # trained on the trunk's soft targets, its own softmax is calibrated (measured on held-out text:
     # drafts given 0.7-0.8 land ~71%, 0.9+ ~94%), so the gate reads it, cumulatively
     cumulative_gate = True

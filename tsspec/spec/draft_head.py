@@ -24,9 +24,12 @@ Contract:
   head forward over n_accepted + 1 rows, as llama.cpp runs its MTP block), so no separate catch-up
   call is made. ``head_len`` is how many head-cache rows are exact; it equals the trunk's committed
   length after every proposal.
-* Token trees (``tree`` nodes, ``--spec-tree``): as a draft model's, the head's row at each depth
-  also names its best other token (over the trunk's vocabulary), and the likeliest of those join
-  the chain as sibling leaves (``tree.sibling_leaves``), at no head step of their own.
+* Token trees (``tree`` nodes, ``--spec-tree``): a head whose step reads only its token and its
+  parent's hidden row (``independent_rows``: an EAGLE-shaped head) grows its tree as a draft model
+  does (``tree.grow``): the best new nodes of a depth step together in one ``step_rows``, a node
+  drafted while its chance of being reached is at least the gate. Another head (a NextN layer, with
+  its own cache) names at each depth its best other token (over the trunk's vocabulary), and the
+  likeliest of those join the chain as sibling leaves (``tree.sibling_leaves``).
 * It reads the residual after the trunk's last layer (``taps = (n_layers,)``) and cannot arm after a
   reused KV prefix: a head that never saw the prefix's hidden rows would chain garbage.
 """
@@ -41,10 +44,14 @@ from ..sampling import Stream, argmax, best_other
 
 DRAFT_STREAM = Stream.PLAIN  # common random numbers with the trunk's plain draw, as a draft model's
 from .protocols import Draft, DraftContext, DraftHeadKind, MinDraftProb
-from .tree import SIBLING_MIN, sibling_leaves
+from .tree import SIBLING_MIN, Growth, grow, sibling_leaves
 
 TOP_K_GATE = 10
 DEFAULT_PMIN = 0.75
+# a grown tree (a head whose rows are independent): the best TREE_WIDTH new nodes of a depth step
+# together, each proposing its TREE_BRANCH likeliest tokens (as a draft model's trees)
+TREE_WIDTH = 3
+TREE_BRANCH = 3
 
 
 def gate_confidence(logits: torch.Tensor) -> float:
@@ -92,6 +99,9 @@ class DraftHeadSpeculator:
         self._pick = getattr(head, "pick", pick_top)
         self._from_trunk = getattr(head, "from_trunk", lambda rows: rows)
         self._trunk_logits = getattr(head, "trunk_logits", lambda logits: logits)
+        # a head whose step reads only its token and its parent's row grows its trees (several
+        # nodes a step); another hangs its second guesses beside its chain as leaves
+        self.grows = bool(getattr(head, "independent_rows", False)) and hasattr(head, "step_rows")
         # counters one report line can print
         self.proposals = 0
         self.head_calls = 0
@@ -154,11 +164,14 @@ class DraftHeadSpeculator:
         sampler = ctx.sampler
         sampling = sampler is not None and not sampler.greedy
         hist = sampler.draft_history(ctx.history) if sampling else None
+        gate = ctx.min_prob if self.gate_follows_cost and ctx.min_prob is not None else self.min_draft_prob
+        if self.tree and self.grows and self._cumulative:
+            penalized = sampler is not None and sampler.params.has_penalties
+            return self._grow(ctx, logits, h, k, gate, sampler.draft_history(ctx.history) if penalized else None)
         out: list[int] = []
         probs: list[torch.Tensor] = []
         chances: list[tuple[float, float, int]] = []  # per depth, for the tree's sibling leaves
         chance = 1.0
-        gate = ctx.min_prob if self.gate_follows_cost and ctx.min_prob is not None else self.min_draft_prob
         while True:
             tok, p = self._pick(logits)
             chance = chance * p if self._cumulative else p
@@ -184,3 +197,27 @@ class DraftHeadSpeculator:
             if len(nodes) != len(out):  # siblings joined (or the chain was cut to the budget)
                 return Draft(nodes, None, parents=parents)
         return Draft(out, torch.stack(probs) if probs else None)
+
+    def _grow(self, ctx: DraftContext, logits: torch.Tensor, h: torch.Tensor, k: int, gate: float,
+              hist: list[int] | None) -> Draft:
+        """A tree grown as a draft model grows one (``tree.grow``): the best new nodes of a depth step
+        together (``step_rows`` on their tokens and their parents' hidden rows), a node drafted
+        while its chance of being reached is at least the gate, as the chain's cumulative gate
+        reads it."""
+        hs = {-1: h}
+
+        def expand(nodes: list[int], toks: list[int], pars: list[int]) -> torch.Tensor:
+            rows, hnew = self.head.step_rows([toks[i] for i in nodes], torch.stack([hs[pars[i]] for i in nodes]))
+            self.head_calls += 1
+            for r, i in enumerate(nodes):
+                hs[i] = hnew[r]
+            return torch.stack([self._trunk_logits(x) for x in rows])
+
+        how = Growth(self.tree, k, TREE_WIDTH, TREE_BRANCH, gate, keep_first=False)
+        tokens, parents, _ = grow(self._trunk_logits(logits), how, expand, ctx.sampler, ctx.position + 1, hist,
+                                  DRAFT_STREAM)
+        self.drafted += len(tokens)
+        if not tokens:
+            self.gated += 1
+            return Draft()
+        return Draft(tokens, None, parents=parents)

@@ -64,7 +64,7 @@ import torch
 from ..models.cache import common_prefix
 from ..sampling import Stream, argmax
 from .protocols import Draft, DraftContext, MinDraftProb
-from .tree import SIBLING_MIN, best_indices, subtree
+from .tree import SIBLING_MIN, Growth, grow, proposals
 
 PREFILL_CHUNK = 256
 # drafter rows a (re)start forwards at most. A catch-up over a whole prompt cost 10-20% of an
@@ -294,83 +294,29 @@ class DraftModelSpeculator:
         sampled tree, each node's proposal distribution (``Draft.probs``): q for a node's own draw
         (made on ``Stream.TREE_DRAFT``), a one-hot for the tokens picked beside it."""
         sampler = ctx.sampler
-        sampling = sampler is not None and not sampler.greedy
-        residual = sampling and self.residual
-        stream = Stream.TREE_DRAFT if residual else DRAFT_STREAM
-        penalized = sampler is not None and sampler.params.has_penalties
-        floor = ctx.min_prob if ctx.min_prob is not None else self.sibling_min
-        drawn_from: list[torch.Tensor | None] = []  # per node: the q it was drawn from (None: picked)
-        toks: list[int] = []
-        pars: list[int] = []
-        scores: list[float] = []
+        residual = sampler is not None and not sampler.greedy and self.residual
         base = self.cache.length
         ftoks: list[int] = []  # the drafter's tree rows: tokens, parents (as rows)
         fpars: list[int] = []
         row_of: dict[int, int] = {}
-        frontier = [(-1, logits)]
-        for depth in range(k):
-            pos = ctx.position + 1 + depth  # the sequence position this depth's tokens take
-            fresh = []
-            for node, row in frontier:
-                if self.min_draft_prob > 0.0 and float(torch.softmax(row.float(), dim=-1).max()) < self.min_draft_prob:
-                    continue
-                h = None
-                if penalized:  # the penalties' window over this node's path
-                    path, at = [], node
-                    while at >= 0:
-                        path.append(toks[at])
-                        at = pars[at]
-                    h = list(hist) + path[::-1]
-                if sampling:
-                    q = sampler.probs(row, h)
-                    first = sampler.draw(q, pos, stream)
-                else:
-                    x = sampler.penalize(row, h) if penalized else row
-                    q = torch.softmax(x.float(), dim=-1)
-                    first = argmax(x)
-                top = torch.topk(q, min(self.tree_branch + 1, q.numel())).indices.tolist()
-                above = 1.0 if node < 0 else scores[node]
-                for t in [first, *(t for t in top if t != first)][: self.tree_branch]:
-                    # under sampling the trunk draws at the drafter's own uniform (``DRAFT_STREAM``),
-                    # so it takes the drafter's draw wherever their distributions are close, far
-                    # more often than q says: that node keeps its parent's score
-                    score = above if sampling and t == first else above * float(q[t])
-                    if toks and (score < floor or score <= 0.0):
-                        continue
-                    toks.append(int(t))
-                    pars.append(node)
-                    scores.append(score)
-                    drawn_from.append(q if sampling and t == first else None)
-                    fresh.append(len(toks) - 1)
-            if depth + 1 >= k or not fresh:
-                break
-            # a node scored below the budget's worst so far cannot bring a child into the tree
-            cut = sorted(scores, reverse=True)[self.tree - 1] if len(scores) >= self.tree else 0.0
-            grow = [i for i in sorted(fresh, key=lambda i: (-scores[i], i)) if scores[i] > cut][: self.tree_width]
-            if not grow:
-                break
-            for i in grow:
+
+        def expand(nodes: list[int], toks: list[int], pars: list[int]) -> torch.Tensor:
+            for i in nodes:
                 row_of[i] = len(ftoks)
                 fpars.append(row_of[pars[i]] if pars[i] >= 0 else -1)
                 ftoks.append(toks[i])
-            out = self.model.forward([toks[i] for i in grow], self.cache, all_logits=True, parents=list(fpars),
+            out = self.model.forward([toks[i] for i in nodes], self.cache, all_logits=True, parents=list(fpars),
                                      base=base)
             self._grown = (base, ftoks, fpars)
             self.forwards += 1
-            self.forward_rows += len(grow)
-            rows = self._fit(out.logits)
-            frontier = [(i, rows[r]) for r, i in enumerate(grow)]
-        keep = best_indices(pars, scores, self.tree)
-        tokens, parents = subtree(toks, pars, keep)
-        if not residual or not keep:
-            return tokens, parents, None
-        rows = torch.zeros(len(keep), self.vocab_size)
-        for j, i in enumerate(keep):
-            if drawn_from[i] is not None:
-                rows[j] = drawn_from[i]
-            else:
-                rows[j, toks[i]] = 1.0
-        return tokens, parents, rows
+            self.forward_rows += len(nodes)
+            return self._fit(out.logits)
+
+        how = Growth(self.tree, k, self.tree_width, self.tree_branch,
+                     ctx.min_prob if ctx.min_prob is not None else self.sibling_min, pmin=self.min_draft_prob)
+        tokens, parents, drawn = grow(logits, how, expand, sampler, ctx.position + 1, hist,
+                                      Stream.TREE_DRAFT if residual else DRAFT_STREAM)
+        return tokens, parents, proposals(tokens, drawn, self.vocab_size) if residual and tokens else None
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         """``tokens`` landed in the trunk at ``start_pos``..: the drafter's cache keeps only those."""

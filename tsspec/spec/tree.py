@@ -18,11 +18,12 @@ Pure functions only: the loop (``loop.py``) drives them, the speculators build t
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
-from ..sampling import Sampler, Stream, argmax_rows, keyed_uniform
+from ..sampling import Sampler, Stream, argmax, argmax_rows, keyed_uniform
 
 
 def check(tokens: Sequence[int], parents: Sequence[int]) -> None:
@@ -197,6 +198,101 @@ def best_nodes(tokens: Sequence[int], parents: Sequence[int], scores: Sequence[f
                budget: int) -> tuple[list[int], list[int]]:
     """``best_indices``' nodes as a tree draft ``(tokens, parents)`` in the candidates' order."""
     return subtree(tokens, parents, best_indices(parents, scores, budget))
+
+
+@dataclass
+class Growth:
+    """How a drafter grows a tree (``grow``): at most ``budget`` nodes and ``depth`` levels; each node
+    proposes ``branch`` tokens, and the ``width`` best new nodes of a depth are expanded; a node less
+    likely than ``floor`` to be reached is not proposed (``keep_first``: save the root's first);
+    ``pmin`` > 0: a node whose drafter's top probability is below it proposes nothing."""
+
+    budget: int
+    depth: int
+    width: int
+    branch: int
+    floor: float
+    keep_first: bool = True
+    pmin: float = 0.0
+
+
+def grow(root: torch.Tensor, how: Growth, expand: Callable[[list[int], list[int], list[int]], torch.Tensor],
+         sampler: Sampler | None, position: int, history: list[int] | None, stream: int,
+         ) -> tuple[list[int], list[int], list[torch.Tensor | None]]:
+    """A tree grown as EAGLE-2 grows one, from ``root`` (the drafter's logits [vocab] after the last
+    emitted token). Each node proposes the ``branch`` tokens its drafter row finds likeliest (its own
+    draw first: greedy, the argmax after the sampler's penalties; sampling, a keyed draw on
+    ``stream`` at the node's position), each scored by the chance of reaching it (its parent's score
+    times its probability; under sampling a node's own draw keeps its parent's score: the trunk draws
+    at the same number on the plain stream and takes it wherever their distributions are close).
+    At each depth the ``width`` best new nodes, scored above the budget's worst so far, are expanded:
+    ``expand(nodes, tokens, parents)`` returns their drafter rows [len(nodes), vocab] (the tree so far
+    in ``tokens``/``parents``). The draft is the best-scored ``budget`` nodes (``best_indices``).
+
+    -> (tokens, parents, drawn_from) of the draft, ``drawn_from[i]`` the distribution node i was drawn
+    from (sampling, its parent's own draw), else None (picked)."""
+    sampling = sampler is not None and not sampler.greedy
+    penalized = sampler is not None and sampler.params.has_penalties
+    toks: list[int] = []
+    pars: list[int] = []
+    scores: list[float] = []
+    drawn: list[torch.Tensor | None] = []
+    frontier = [(-1, root)]
+    for depth in range(how.depth):
+        pos = position + depth  # the sequence position this depth's tokens take
+        fresh = []
+        for node, row in frontier:
+            if how.pmin > 0.0 and float(torch.softmax(row.float(), dim=-1).max()) < how.pmin:
+                continue
+            h = None
+            if penalized:  # the penalties' window over this node's path
+                path, at = [], node
+                while at >= 0:
+                    path.append(toks[at])
+                    at = pars[at]
+                h = list(history or ()) + path[::-1]
+            if sampling:
+                q = sampler.probs(row, h)
+                first = sampler.draw(q, pos, stream)
+            else:
+                x = sampler.penalize(row, h) if penalized else row
+                q = torch.softmax(x.float(), dim=-1)
+                first = argmax(x)
+            top = torch.topk(q, min(how.branch + 1, q.numel())).indices.tolist()
+            above = 1.0 if node < 0 else scores[node]
+            for t in [first, *(t for t in top if t != first)][: how.branch]:
+                score = above if sampling and t == first else above * float(q[t])
+                if (toks or not how.keep_first) and (score < how.floor or score <= 0.0):
+                    continue
+                toks.append(int(t))
+                pars.append(node)
+                scores.append(score)
+                drawn.append(q if sampling and t == first else None)
+                fresh.append(len(toks) - 1)
+        if depth + 1 >= how.depth or not fresh:
+            break
+        # a node scored below the budget's worst so far cannot bring a child into the tree
+        cut = sorted(scores, reverse=True)[how.budget - 1] if len(scores) >= how.budget else 0.0
+        nodes = [i for i in sorted(fresh, key=lambda i: (-scores[i], i)) if scores[i] > cut][: how.width]
+        if not nodes:
+            break
+        rows = expand(nodes, toks, pars)
+        frontier = [(i, rows[r]) for r, i in enumerate(nodes)]
+    keep = best_indices(pars, scores, how.budget)
+    tokens, parents = subtree(toks, pars, keep)
+    return tokens, parents, [drawn[i] for i in keep]
+
+
+def proposals(tokens: Sequence[int], drawn_from: Sequence[torch.Tensor | None], vocab: int) -> torch.Tensor:
+    """A grown tree's ``Draft.probs`` for the residual rule: row i the distribution node i was drawn
+    from, or a one-hot where it was picked (a point mass, ``walk_residual``)."""
+    rows = torch.zeros(len(tokens), vocab)
+    for i, (t, q) in enumerate(zip(tokens, drawn_from)):
+        if q is not None:
+            rows[i] = q
+        else:
+            rows[i, t] = 1.0
+    return rows
 
 
 class Trie:
