@@ -110,3 +110,22 @@ def test_interrupt_sweep(files):
     for i in range(0, len(SWEEP_DELAYS), 2):
         _interrupt_at(SWEEP_DELAYS[i:i + 2], *files)
     print(f"\ninterrupt sweep: {len(SWEEP_DELAYS)} delays, all exit 130 with one line")
+
+
+def test_the_guard_says_interrupted_while_fd_2_points_elsewhere():
+    """While the tokenizer builds, fd 2 points into a temporary file (its panic text is held there);
+    an interrupt then still ends the process with its one line on the stderr it started with (it
+    used to go into that file: exit 130 and nothing said, seen at 2.2 s under load)."""
+    script = (
+        "import os, signal, tempfile, time\n"
+        "from tsspec.interrupts import guard_startup\n"
+        "guard_startup()\n"
+        "held = tempfile.TemporaryFile()\n"
+        "os.dup2(held.fileno(), 2)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(10)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, timeout=60,
+                       preexec_fn=interruptible)
+    assert p.returncode == 130, p
+    assert p.stderr.decode().strip().splitlines() == ["interrupted"], p

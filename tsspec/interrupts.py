@@ -33,6 +33,10 @@ MESSAGE = "interrupted"
 TERM_EXIT_CODE = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 TERM_MESSAGE = "terminated"
 _installed = False  # guard_startup ran in this process: it is the command line, not a library user
+# the stderr the process started with, kept apart from fd 2: while the tokenizer builds, fd 2 points
+# into a temporary file (``tokenizer._panic_text_held``), and the guard's line written there was lost
+# with the process (exit 130 and nothing said: an interrupt under load, 2.2 s after start)
+_stderr_fd: int | None = None
 
 
 class Terminated(KeyboardInterrupt):
@@ -57,14 +61,15 @@ def _exit_now(signum, frame) -> None:  # noqa: ARG001 (signal handler signature)
     except BaseException:  # noqa: BLE001 (interrupted mid-write: a reentrant flush, a closed pipe)
         pass
     prefix = b""
+    fd = 2 if _stderr_fd is None else _stderr_fd
     try:
-        if os.isatty(2):  # a spinner may own the line and have hidden the cursor
+        if os.isatty(fd):  # a spinner may own the line and have hidden the cursor
             prefix = b"\r\x1b[2K\x1b[?25h"
     except OSError:
         pass
     term = signum == signal.SIGTERM
     try:
-        os.write(2, prefix + (TERM_MESSAGE if term else MESSAGE).encode() + b"\n")
+        os.write(fd, prefix + (TERM_MESSAGE if term else MESSAGE).encode() + b"\n")
     except OSError:
         pass
     os._exit(TERM_EXIT_CODE if term else EXIT_CODE)
@@ -75,7 +80,12 @@ def guard_startup() -> None:
 
     Left alone when SIGINT is ignored (``nohup``, a background job of a shell without job control),
     or when not on the main thread (only it may set handlers)."""
-    global _installed
+    global _installed, _stderr_fd
+    if _stderr_fd is None:
+        try:
+            _stderr_fd = os.dup(2)
+        except OSError:  # no fd 2: the guard writes where fd 2 points then, if anywhere
+            pass
     try:
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             signal.signal(signal.SIGINT, _exit_now)
