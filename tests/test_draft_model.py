@@ -310,12 +310,20 @@ def test_warnings_for_a_heavy_or_short_drafter(files, trunk):
     assert any("context (128) is shorter than the trunk's (256)" in w for w in short.warnings)
     assert not load_drafter(files["related"], trunk).warnings
     # drafting stops where the short drafter's context ends; output stays exact
-    spec = REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), short)
     prompt = list(range(40, 150))  # 110 tokens + 60 generated runs past 128
     plain = decode(trunk, Sampler(), prompt, 60)
+    spec = REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), short)
     st = SpecStats()
     assert decode(trunk, Sampler(), prompt, 60, SpecPlan(spec, window=4), stats=st) == plain
     assert st.plain_steps > 0 and st.verify_calls > 0
+    # a grown tree takes more of the drafter's context than a chain (three rows a depth): a full one
+    # at the short drafter's end overflowed its context ("129 tokens do not fit the context of 128")
+    for depth in (8, 64):
+        spec = DraftModelSpeculator(short.model, vocab_size=trunk.vocab_size, max_draft_tokens=depth, tree=64,
+                                    sibling_min=0.0)
+        st = SpecStats()
+        assert decode(trunk, Sampler(), prompt, 60, SpecPlan(spec, window=depth), stats=st) == plain
+        assert st.tree_verifies > 0 and spec.cache.length <= short.model.max_context
 
 
 def test_non_language_model_and_missing_files_are_refused(files, trunk, tmp_path):

@@ -112,10 +112,12 @@ class DraftModelSpeculator:
         self.residual = residual
         # a drafter that forwards token trees (not a recurrent one) grows them; another drafts chains
         self.grows = bool(getattr(model, "batches_sequences", False))
+        # room a (re)start leaves after its window: the rows of the longest draft, a grown tree's
+        # several a depth (a tree at a short drafter's end overflowed its context)
+        self.context = max(1, min(context, model.max_context - self._rows_after(max_draft_tokens) - 1))
         # the tree the last proposal grew in the drafter's cache, until its commit keeps the
         # accepted path's rows: (base slot, its nodes' tokens, their parents)
         self._grown: tuple[int, list[int], list[int]] | None = None
-        self.context = min(context, model.max_context - max_draft_tokens - 1)
         self.model = model  # the drafter LM (weights); its cache below is this speculator's state
         self.cache = model.make_cache()
         self.vocab_size = vocab_size  # the trunk's logit width: drafts and probs live in it
@@ -167,6 +169,11 @@ class DraftModelSpeculator:
         if rows.shape[1] < v:
             return torch.cat([rows, rows.new_full((rows.shape[0], v - rows.shape[1]), float("-inf"))], dim=1)
         return rows
+
+    def _rows_after(self, k: int) -> int:
+        """Drafter rows a draft of depth ``k`` may add after its catch-up: a chain's k, a grown tree's
+        ``tree_width`` a depth below its roots."""
+        return self.tree_width * max(k - 1, 0) if self.tree and self.grows else k
 
     def _drop_grown(self) -> None:
         """Forget a grown tree's rows (a proposal that no commit followed)."""
@@ -229,8 +236,11 @@ class DraftModelSpeculator:
             self._committed = [int(t) for t in ctx.history[: ctx.position]]
             self._rewind_to_committed()
         k = min(ctx.max_tokens, self.max_draft_tokens)
-        if len(self.pending) >= self.context or ctx.position - self._offset + k + 1 > self.model.max_context:
+        if len(self.pending) >= self.context or ctx.position - self._offset + self._rows_after(k) + 1 > self.model.max_context:
             self._restart(ctx.position)
+        room = self.model.max_context - (ctx.position - self._offset + 1)  # after the catch-up
+        while k > 0 and self._rows_after(k) > room:  # a drafter whose whole context is short
+            k -= 1
         if k <= 0:
             return Draft()
         # catch-up folded into the first step: pending committed tokens + last token, one forward
