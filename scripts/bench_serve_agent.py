@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve_concurrency import free_port, request, start_server, timed_clients  # noqa: E402
+from bench_serve_concurrency import free_port, request, server_bench_parser, start_server, timed_clients  # noqa: E402
 
 import http.client  # noqa: E402
 
@@ -101,11 +101,7 @@ def run_side(port: int, texts: list[str], args: argparse.Namespace) -> dict[str,
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("-m", "--model", default="qwen2.5-coder-0.5b", help="known model name or GGUF path")
-    ap.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
-    ap.add_argument("--rounds", type=int, default=3, help="paired, interleaved rounds (default 3)")
+    ap = server_bench_parser(__doc__, "concurrent clients")
     ap.add_argument("--tokens", type=int, default=96, help="max_tokens per request (default 96)")
     ap.add_argument("--threads", type=int, default=2, help="each server's threads (default 2)")
     ap.add_argument("--slots", type=int, default=4, help="each server's kept caches (default 4, serve's own): "

@@ -145,12 +145,18 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def server_bench_parser(doc: str | None, clients_help: str) -> argparse.ArgumentParser:
+    """The options every serve bench shares: the model, the clients and the rounds."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     ap.add_argument("-m", "--model", default="qwen2.5-coder-0.5b", help="known model name or GGUF path")
-    ap.add_argument("--clients", type=int, default=4, help="concurrent clients of the second side (default 4)")
+    ap.add_argument("--clients", type=int, default=4, help=f"{clients_help} (default 4)")
     ap.add_argument("--rounds", type=int, default=3, help="paired, interleaved rounds (default 3)")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = server_bench_parser(__doc__, "concurrent clients of the second side")
     ap.add_argument("--requests", type=int, default=2, help="requests per client per side (default 2)")
     ap.add_argument("--tokens", type=int, default=64, help="max_tokens per request (default 64)")
     ap.add_argument("--threads", type=int, default=2, help="the server's threads (default 2)")

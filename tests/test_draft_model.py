@@ -561,15 +561,18 @@ def test_a_tree_budget_reaches_the_draft_model_under_either_rule(files, trunk):
 def test_best_nodes_keep_the_likeliest_with_their_ancestors():
     from tsspec.spec import tree
 
+    def best_nodes(toks, pars, scores, budget):
+        return tree.subtree(toks, pars, tree.best_indices(pars, scores, budget))
+
     # a(.6) b(.3) under the root; c(.5) d(.06) under a; e(.2) under b; f(.25) under c
     toks, pars = [1, 2, 3, 4, 5, 6], [-1, -1, 0, 0, 1, 2]
     scores = [0.6, 0.3, 0.5, 0.06, 0.2, 0.25]
-    assert tree.best_nodes(toks, pars, scores, 4) == ([1, 2, 3, 6], [-1, -1, 0, 2])
-    assert tree.best_nodes(toks, pars, scores, 2) == ([1, 3], [-1, 0])
-    assert tree.best_nodes(toks, pars, scores, 10) == (toks, pars)
-    assert tree.best_nodes(toks, pars, scores, 0) == ([], [])
+    assert best_nodes(toks, pars, scores, 4) == ([1, 2, 3, 6], [-1, -1, 0, 2])
+    assert best_nodes(toks, pars, scores, 2) == ([1, 3], [-1, 0])
+    assert best_nodes(toks, pars, scores, 10) == (toks, pars)
+    assert best_nodes(toks, pars, scores, 0) == ([], [])
     # ties go to the earlier node, so a child scored as its parent never comes without it
-    assert tree.best_nodes([1, 2, 3], [-1, 0, -1], [0.5, 0.5, 0.5], 2) == ([1, 2], [-1, 0])
+    assert best_nodes([1, 2, 3], [-1, 0, -1], [0.5, 0.5, 0.5], 2) == ([1, 2], [-1, 0])
 
 
 class _SwapAt:

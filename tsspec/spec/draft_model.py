@@ -188,9 +188,9 @@ class DraftModelSpeculator:
         root, moved into place after the cached tokens), forget the rest."""
         base, toks, pars = self._grown
         self._grown = None
-        if self.cache.length != base + len(toks) or len(self._cached) != base:
-            self._grown = (base, toks, pars)
-            return self._drop_grown()
+        if self.cache.length != base + len(toks) or len(self._cached) != base:  # not the cache it grew in
+            self.cache.trim(max(self.cache.length - base, 0))
+            return
         rows, at = [], -1
         for t in self._committed[self._offset + base:]:
             nxt = next((j for j in range(at + 1, len(toks)) if pars[j] == at and toks[j] == t), None)
@@ -295,7 +295,7 @@ class DraftModelSpeculator:
         first: the chain's token), scored by the chance of reaching it (the drafter's probabilities
         down its path; under sampling its own draw scores as its parent does); at each depth the ``tree_width`` best new nodes go through the drafter
         together, one forward whose rows attend to their ancestors' rows in the drafter's cache
-        (``ForwardItem.base``); the best-scored nodes are the draft (``tree.best_nodes``). A node
+        (``ForwardItem.base``); the best-scored nodes are the draft (``tree.best_indices``). A node
         less likely than the governor's gate (``DraftContext.min_prob``, else ``sibling_min``) is
         not proposed, save the root's first. The rows stay in the drafter's cache for ``commit`` to
         keep the accepted path's. ``logits``: the drafter's row after the last emitted token.

@@ -30,6 +30,9 @@ __all__ = ["BatchedTarget", "Cache", "ForwardItem", "Draft", "DraftContext", "Dr
            "SpecTarget", "Speculator"]
 
 
+from .tree import depths  # noqa: E402 (spec.tree imports no protocol)
+
+
 # ----------------------------------------------------------------------------- layer 2: speculator
 
 
@@ -78,10 +81,7 @@ class Draft:
         deepest node's depth (what a verify can accept at most)."""
         if self.parents is None:
             return len(self.tokens)
-        d: list[int] = []
-        for p in self.parents:
-            d.append(1 if p < 0 else d[p] + 1)
-        return max(d, default=0)
+        return max(depths(self.parents), default=0)
 
 
 class MinDraftProb:

@@ -194,12 +194,6 @@ def best_indices(parents: Sequence[int], scores: Sequence[float], budget: int) -
     return keep
 
 
-def best_nodes(tokens: Sequence[int], parents: Sequence[int], scores: Sequence[float],
-               budget: int) -> tuple[list[int], list[int]]:
-    """``best_indices``' nodes as a tree draft ``(tokens, parents)`` in the candidates' order."""
-    return subtree(tokens, parents, best_indices(parents, scores, budget))
-
-
 @dataclass
 class Growth:
     """How a drafter grows a tree (``grow``): at most ``budget`` nodes and ``depth`` levels; each node
