@@ -107,7 +107,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--slots", type=int, default=4, help="each server's kept caches (default 4, serve's own): "
                     "the requests share the instruction, which a kept cache spares them forwarding again")
     ap.add_argument("--specs", default="ngram,suffix", help="speculators compared, the first the baseline "
-                    "(default ngram,suffix)")
+                    "(default ngram,suffix; plain: a server that does not speculate)")
     ap.add_argument("--start-timeout", type=float, default=600, help="seconds to wait for a server")
     ap.add_argument("--json", metavar="OUT", help="write every side's figures here")
     args = ap.parse_args(argv)
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         order = args.spec_list if r % 2 == 0 else list(reversed(args.spec_list))
         sides = {}
         for spec in order:
-            p, port = serving(args, spec)
+            p, port = serving(args, None if spec == "plain" else spec)
             try:
                 chat(port, "warm up", 4)  # the first forward's one-off costs; its answer feeds a store too
                 sides[spec] = run_side(port, texts, args)

@@ -6,7 +6,8 @@
 Runs the given ``tsspec`` command in this process with ``DecodeState.finish`` wrapped, so every decode
 step of every sequence is logged as one JSON line: the sequence's ordinal, the step's index within
 it, whether a draft was asked for (``proposed``), how many tokens it drafted and emitted, the
-forward's and the whole step's milliseconds, and the governor's state before and after. Then prints,
+forward's and the whole step's milliseconds, the governor's state before and after, and how many
+decoding sequences shared the step (``shared``: a server's or a batch's, 1 alone). Then prints,
 per step index, the median plain-step time over sequences: the shape of the first steps after a
 prompt's forward, which is what the governor's first probe measures.
 """
@@ -48,20 +49,20 @@ def main() -> None:
         seq_ids[id(self)] = (begun[0], 0)
         return orig_begin(self, prompt)
 
-    def finish(self, rows, out, forward_ms):
+    def finish(self, rows, out, forward_ms, shared=1):
         if rows.prefill:
-            return orig_finish(self, rows, out, forward_ms)
+            return orig_finish(self, rows, out, forward_ms, shared)
         gov = self.governor
         before = gov.state if gov is not None else None
         t0 = time.perf_counter()
-        emitted = orig_finish(self, rows, out, forward_ms)
+        emitted = orig_finish(self, rows, out, forward_ms, shared)
         n, i = seq_ids.get(id(self), (-1, 0))
         seq_ids[id(self)] = (n, i + 1)
         steps.append({
             "seq": n, "step": i, "proposed": rows.proposed, "drafted": len(rows.draft.tokens),
             "emitted": len(emitted), "forward_ms": round(forward_ms, 3),
             "step_ms": round(rows.prepare_ms + forward_ms + (time.perf_counter() - t0) * 1e3, 3),
-            "state": before, "after": gov.state if gov is not None else None,
+            "state": before, "after": gov.state if gov is not None else None, "shared": shared,
         })
         return emitted
 

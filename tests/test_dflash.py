@@ -706,7 +706,7 @@ class _ParkedFor:
     def min_draft_prob(self):
         return None
 
-    def record(self, speculative, ms, tokens, drafted=None, setup_ms=0.0):
+    def record(self, speculative, ms, tokens, drafted=None, setup_ms=0.0, shared=1):
         self.left -= 1
 
 

@@ -142,7 +142,7 @@ class EveryThird:
         self.step += 1
         return self.step % 3 == 0
 
-    def record(self, speculative, ms, emitted, drafted=None, setup_ms=0.0):
+    def record(self, speculative, ms, emitted, drafted=None, setup_ms=0.0, shared=1):
         pass
 
 

@@ -740,3 +740,81 @@ def test_declines_alone_park_once_they_have_cost_a_step(decline_ms, parks_after)
     assert gov.state == PARKED and kinds.count(True) == parks_after
     # the plain steps the probe needs come right after the first declines, not after all of them
     assert "".join("T" if k else "P" for k in kinds).startswith("TPPT" if parks_after > 1 else "TP")
+
+
+def test_a_shared_step_charges_its_excess_to_every_sequence_in_it():
+    from tsspec.spec.governor import shared_cost
+
+    assert shared_cost(14.0, 10.0, 4) == 26.0  # 4 ms over a plain step, paid by four sequences
+    assert shared_cost(14.0, 10.0, 1) == 14.0  # alone: its own time
+    assert shared_cost(9.0, 10.0, 4) == 9.0  # no excess, nothing to share
+    assert shared_cost(14.0, None, 4) == 14.0 and shared_cost(14.0, float("inf"), 4) == 14.0
+    with pytest.raises(ValueError):
+        SpeculationCostGovernor().record(True, 10.0, 1, shared=0)
+
+
+def _governed(shared: int, steps: int = 200) -> SpeculationCostGovernor:
+    """A drafter whose every 2-token draft lands 40% of the time, each drafted row 1.5 ms on a 10 ms
+    step: alone it pays (1.4 tokens for 1.3 steps' time), in a batch of four it does not (four
+    sequences each lose 3 ms for 0.4 of a token of one)."""
+    gov = SpeculationCostGovernor()
+    rng = random.Random(5)
+    for _ in range(steps):
+        if gov.should_draft():
+            k = 2
+            gov.draft_length(8)
+            acc = k if rng.random() < 0.4 else 0
+            gov.record(True, PLAIN_MS + 1.5 * k, acc + 1, k, shared=shared)
+        else:
+            gov.record(False, PLAIN_MS, 1, shared=shared)
+    return gov
+
+
+def test_the_governor_weighs_a_draft_by_what_it_costs_the_sequences_beside_it():
+    alone, batched = _governed(1), _governed(4)
+    assert alone.state == HOLDING and batched.state == PARKED and batched.parks >= 2
+    assert alone.drafted_steps > 5 * batched.drafted_steps
+    # the cost model reads the charge too: a drafted row is priced four times over in the batch
+    assert batched.predicted_rate() < 1.0 < alone.predicted_rate()
+
+
+def _park(gov: SpeculationCostGovernor) -> None:
+    while gov.state != PARKED:
+        if gov.should_draft():
+            gov.record(True, *LOSER(0), 1)
+        else:
+            gov.record(False, PLAIN_MS, 1)
+
+
+def test_a_server_sequence_begins_parked_while_another_of_its_engine_is():
+    from tsspec.spec.governor import SharedParks
+
+    parks = SharedParks()
+    first, second, alone = (SpeculationCostGovernor(shared_parks=parks), SpeculationCostGovernor(shared_parks=parks),
+                            SpeculationCostGovernor())
+    _park(first)
+    for _ in range(3):
+        first.record(False, PLAIN_MS, 1)  # three steps into its park
+    left = first.steps_left
+    second.begin_sequence()
+    assert second.state == PARKED and second.steps_left == left and not second.should_draft()
+    alone.begin_sequence()  # no shared parks: a new sequence probes
+    assert alone.state == PROBING and alone.should_draft()
+    # a win is newer evidence than the park: sequences begun after it probe again
+    third = SpeculationCostGovernor(shared_parks=parks)
+    for _ in range(left):
+        second.record(False, PLAIN_MS, 1)
+    assert second.state == PROBING
+    while second.state == PROBING:
+        second.record(*((True, *WINNER(0), 2) if second.should_draft() else (False, PLAIN_MS, 1)))
+    assert second.state == HOLDING
+    third.begin_sequence()
+    assert third.state == PROBING
+    # the backoff carries with the park: a re-probe that loses parks twice as long
+    fourth = SpeculationCostGovernor(shared_parks=parks)
+    while first.state == PARKED:
+        first.record(False, PLAIN_MS, 1)
+    _park(first)  # its re-probe loses: parked again, for longer
+    assert first.steps_left > left + 3
+    fourth.begin_sequence()
+    assert fourth.state == PARKED and fourth.steps_left == first.steps_left

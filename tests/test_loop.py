@@ -349,7 +349,7 @@ class AlternatingGovernor:
     def begin_sequence(self):
         pass
 
-    def record(self, speculative, ms, tokens, drafted=None, setup_ms=0.0):
+    def record(self, speculative, ms, tokens, drafted=None, setup_ms=0.0, shared=1):
         self.records.append((speculative, tokens, drafted))
 
 
@@ -550,3 +550,47 @@ def test_real_model_batched_equals_each_alone(real_model_path, real_model_thread
     alone = [decode(m, s, p, 40, SpecPlan(sp, window=6)) for p, s, sp in zip(prompts, samplers, specs())]
     seqs = [DecodeState(m, s, SpecPlan(sp, window=6)) for s, sp in zip(samplers, specs())]
     assert decode_batched(seqs, prompts, 40) == alone
+
+
+class SharedSpy(SpeculationCostGovernor):
+    """A governor that keeps the ``shared`` count of every step reported to it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared: list[int] = []
+
+    def record(self, *a, shared: int = 1, **kw):
+        self.shared.append(shared)
+        super().record(*a, shared=shared, **kw)
+
+
+def test_steps_taken_together_tell_each_governor_how_many_sequences_shared_them(models):
+    """A draft's rows delay every sequence stepping beside it, so ``step_together`` reports to each
+    governor how many runs were decoding in the step (prompt chunks riding along are not counting);
+    a run decoding alone reports 1."""
+    m = models["llama"]
+    rng = random.Random(3)
+    long_prompt = [rng.randrange(300) for _ in range(PREFILL_CHUNK + 10)]
+    jobs = [(PROMPTS["periodic"], 24), (PROMPTS["phrase"], 24), (long_prompt, 12)]
+    spies = [SharedSpy() for _ in jobs]
+    runs = [Run(DecodeState(m, GREEDY, SpecPlan(NGramSpeculator(max_draft_tokens=4), spy, window=4)), p, n)
+            for (p, n), spy in zip(jobs, spies)]
+    expected: list[list[int]] = [[] for _ in jobs]
+    runs[0].begin()
+    runs[1].begin()
+    for _ in range(3):
+        step_together([r for r in runs[:2] if not r.done])
+    runs[2].begin()
+    while any(not r.done for r in runs):
+        live = [r for r in runs if not r.done]
+        decoding = sum(1 for r in live if not r.seq.prefilling)
+        for r in live:
+            if not r.seq.prefilling:
+                expected[runs.index(r)].append(decoding)
+        step_together(live)
+    for spy, want in zip(spies, expected):
+        assert spy.shared[-len(want):] == want
+    assert {2, 3} <= set(expected[0])  # beside one run, then beside two
+    alone = SharedSpy()
+    decode(m, GREEDY, PROMPTS["periodic"], 16, SpecPlan(NGramSpeculator(max_draft_tokens=4), alone, window=4))
+    assert alone.shared and set(alone.shared) == {1}

@@ -463,6 +463,11 @@ def test_a_server_drafts_from_earlier_requests_by_default_and_each_text_is_its_o
     assert isinstance(session.speculation().plan.speculator, NGramSpeculator)  # one-shot runs keep n-gram
     spec = session.speculation(long_lived=True)
     assert isinstance(spec.plan.speculator, SuffixSpeculator)
+    # every request's governor leaves its parks where the others' see them (one engine's), and no other's
+    another = spec.new_plan()
+    assert another.governor is not spec.plan.governor
+    assert another.governor.shared_parks is spec.plan.governor.shared_parks is not None
+    assert session.speculation(long_lived=True).plan.governor.shared_parks is not spec.plan.governor.shared_parks
     server = Server(session.engine(spec), model_id="m", parallel=4, slots=2)
     client = TestClient(create_app(server))
     plain = Engine(session.target, session.tokenizer)

@@ -29,6 +29,7 @@ def test_the_trace_has_every_step_and_its_kind(tmp_path):
         assert s["state"] == s["after"] == "disabled"  # --no-spec-adaptive: drafting every step
         assert s["proposed"] and s["step_ms"] >= s["forward_ms"] > 0
         assert 1 <= s["emitted"] <= s["drafted"] + 1
+        assert s["shared"] == 1  # one sequence: its steps are its own
     assert "plain steps by index" in r.stderr
 
 

@@ -126,7 +126,7 @@ def test_the_governor_hears_a_trees_depth(models):
     heard, depths = [], []
 
     class Ear(SpeculationCostGovernor):
-        def record(self, speculative, ms, tokens, drafted=None, setup_ms=0.0):
+        def record(self, speculative, ms, tokens, drafted=None, setup_ms=0.0, shared=1):
             heard.append(drafted)
             super().record(speculative, ms, tokens, drafted, setup_ms)
 

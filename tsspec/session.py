@@ -128,7 +128,7 @@ class Session:
         ``options`` (default: the configuration's), or ``SpeculatorDeclined`` with the reason.
         ``long_lived``: the engine serves requests for its lifetime (``tsspec serve``): ``auto``
         takes the suffix speculator where it would take n-gram."""
-        from .spec.governor import SpeculationCostGovernor
+        from .spec.governor import SharedParks, SpeculationCostGovernor
         from .spec.registry import REGISTRY
 
         opts = self.for_this_trunk(self.config.spec if options is None else options)
@@ -146,11 +146,13 @@ class Session:
         accept_rule = None if opts.accept == "auto" else opts.accept
 
         shared: dict = {}  # what a speculator keeps across this engine's sequences (the suffix store)
+        parks = SharedParks()  # and what their governors do: a park holds for the engine's new sequences
 
         def new_plan(o: SpecOptions = opts) -> SpecPlan:
             speculator = REGISTRY.create(o.type, self.target, o, drafter, shared, long_lived=long_lived)
             window = min(o.draft, speculator.max_draft_tokens) if speculator.max_draft_tokens else o.draft
-            return SpecPlan(speculator, SpeculationCostGovernor(enabled=o.adaptive), window, accept_rule)
+            governor = SpeculationCostGovernor(enabled=o.adaptive, shared_parks=parks)
+            return SpecPlan(speculator, governor, window, accept_rule)
 
         plan = new_plan()  # this sequence's; a server makes one per request
         return Speculation(plan=plan, options=replace(opts, draft=plan.window), notes=tuple(notes), new_plan=new_plan,

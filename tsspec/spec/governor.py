@@ -31,6 +31,16 @@ The same two measurements give a confidence gate for drafters whose confidences 
 where a drafted token costs 0.05 of a step and of 0.42 where it costs 0.3. The loop hands it to the
 speculator in ``DraftContext.min_prob``.
 
+Sequences that share a forward (a server's, ``spec.loop.step_together``) share its price: a drafted
+row delays the step of every sequence in it, while its gain is one sequence's. So a speculative step
+reported with ``shared`` sequences in its forward is charged its time over a plain step's that many
+times (``shared_cost``), and the row cost, the confidence gate and the verdict all read that charge:
+a draft is judged by what it does to the server's throughput, not to one request's (with four
+sequences in a step, a request's governor otherwise weighed its own tokens gained against a quarter
+of the time its rows cost). And a server's governors, one per request, share their parks
+(``SharedParks``): a request that begins while another is parked starts parked, so short requests
+do not each pay a probe to relearn a loss.
+
 A token tree is reported by its depth (``Draft.depth``): its length is how far it reaches, ``E(k)``
 reads acceptance along depths, and ``row`` becomes the price of one more depth with all the tree's
 rows at it; the confidence gate then prices a node as a depth, which errs towards smaller trees.
@@ -284,6 +294,15 @@ def cost_gate(row: float, rate: float) -> float:
     return min(max(row * max(rate, 1.0), GATE_FLOOR), GATE_CAP)
 
 
+def shared_cost(ms: float, plain_ms: float | None, shared: int) -> float:
+    """What a speculative step of ``ms`` costs when ``shared`` decoding sequences' rows went through
+    its forward: what it took over a plain step (``plain_ms``) delayed each of them, so that excess
+    is counted ``shared`` times; ``ms`` itself alone, or without a plain time."""
+    if shared <= 1 or plain_ms is None or plain_ms == float("inf") or ms <= plain_ms:
+        return ms
+    return plain_ms + shared * (ms - plain_ms)
+
+
 def park_length(streak: int, base: int, cap: int) -> int:
     """Steps to park after ``streak`` earlier parks without a win in between: base * 2**streak, capped."""
     return min(base << min(streak, 30), cap)
@@ -338,12 +357,23 @@ class GovernorConfig:
             raise ValueError("need 0 < probe_budget <= 1 and setup_park_cap >= park_cap")
 
 
+class SharedParks:
+    """What the governors of one engine's sequences share: the one that parked last, until one of
+    them holds (a win is newer evidence). A sequence that begins while that one is still parked starts
+    parked (``begin_sequence``). Read and written by the thread that steps the sequences."""
+
+    def __init__(self) -> None:
+        self.latest: "SpeculationCostGovernor | None" = None
+
+
 class SpeculationCostGovernor:
     """Parks drafting while it is losing; see the module docstring for the policy."""
 
-    def __init__(self, config: GovernorConfig | None = None, *, enabled: bool = True) -> None:
+    def __init__(self, config: GovernorConfig | None = None, *, enabled: bool = True,
+                 shared_parks: "SharedParks | None" = None) -> None:
         self.config = config or GovernorConfig()
         self.enabled = enabled
+        self.shared_parks = shared_parks  # where the engine's governors leave their parks
         self.reset()
 
     # -- what the loop calls
@@ -355,9 +385,15 @@ class SpeculationCostGovernor:
         probe (for a draft model: its catch-up too) to relearn a loss; with it a losing drafter is
         retried once per park, across sequences as within one. (A park longer than a sequence
         carries over; it does not start again, or a drafter parked longer than one sequence would
-        never be retried.)"""
-        parked = self.enabled and self._state == PARKED
-        streak, left = self._streak, self._steps_left
+        never be retried.) With ``shared_parks`` (``SharedParks``: a server's governors, one per request, in
+        step together) a sequence that begins while another governor of the engine is parked starts
+        parked for the rest of that park: a server's short requests otherwise each paid a probe."""
+        source = self
+        other = self.shared_parks.latest if self.shared_parks is not None else None
+        if self._state != PARKED and other is not None and other is not self and other._state == PARKED:
+            source = other
+        parked = self.enabled and source._state == PARKED
+        streak, left = source._streak, source._steps_left
         self.reset()
         if parked:
             self._streak = streak
@@ -431,13 +467,17 @@ class SpeculationCostGovernor:
         return not (self.enabled and self._state == PARKED and self._steps_left > steps)
 
     def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None,
-               setup_ms: float = 0.0) -> None:
+               setup_ms: float = 0.0, shared: int = 1) -> None:
         """One step: what kind it was, its wall time, the tokens it emitted, (speculative) how many
         tokens it drafted (None: unknown, and the draft length falls back to the accepted-run rule)
         and how much of ``ms`` was one-off setup (module docstring: left out of the samples, and
-        budgeted through the park that follows a losing probe)."""
+        budgeted through the park that follows a losing probe). ``shared``: the decoding sequences
+        whose rows went through this step's forward, this one included (module docstring: a
+        speculative step's time over a plain step's is charged to it that many times)."""
         if ms < 0 or tokens < 0 or (drafted is not None and drafted < 0) or not 0 <= setup_ms:
             raise ValueError(f"need ms, tokens, drafted, setup_ms >= 0, got {ms}, {tokens}, {drafted}, {setup_ms}")
+        if shared < 1:
+            raise ValueError(f"need shared >= 1, got {shared}")
         c = self.config
         self.steps += 1
         proposed = bool(speculative)
@@ -453,6 +493,7 @@ class SpeculationCostGovernor:
         self.setup_ms += setup_ms
         ms = float(ms) - setup_ms
         if speculative:
+            ms = shared_cost(ms, ms_per_token(self._plain), shared)
             if drafted != 0:  # 0: asked, drafted nothing; its time counts, its tokens say nothing of acceptance
                 self.drafted_steps += 1
                 accepted = max(int(tokens) - 1, 0)  # a verify emits its accepted drafts + 1
@@ -599,6 +640,8 @@ class SpeculationCostGovernor:
         self._steps_left = self.config.hold_steps
         if reset_backoff:
             self._streak = 0
+        if self.shared_parks is not None:  # newer evidence than any park: new sequences probe again
+            self.shared_parks.latest = None
 
     def _park(self) -> None:
         c = self.config
@@ -609,6 +652,8 @@ class SpeculationCostGovernor:
                                                  self._streak))
         self._streak += 1
         self.parks += 1
+        if self.shared_parks is not None:
+            self.shared_parks.latest = self
 
     def _losing_now(self) -> bool:
         c = self.config

@@ -220,15 +220,17 @@ class DecodeState:
             item = ForwardItem([self.last], self.cache, False, taps)
         return Rows(pos, draft, item, _ms(t0), proposed=draft is not NO_DRAFT)
 
-    def finish(self, rows: Rows, out: ForwardOutput, forward_ms: float) -> list[int]:
+    def finish(self, rows: Rows, out: ForwardOutput, forward_ms: float, shared: int = 1) -> list[int]:
         """The second half of a step, given the forward of ``rows``: accept, trim, commit; -> the
         tokens emitted (none for a prompt chunk but the last). ``forward_ms``: the forward's wall
-        time (a shared one's whole time). The stats' rollback memory is then what the cache holds."""
-        emitted = self._complete(rows, out, forward_ms)
+        time (a shared one's whole time); ``shared``: the decoding sequences whose rows it carried,
+        this one included (the governor charges a draft's rows to each of them). The stats'
+        rollback memory is then what the cache holds."""
+        emitted = self._complete(rows, out, forward_ms, shared)
         self.stats.rollback_bytes = self.cache.rollback_bytes()  # as held: the live panel and --json show it
         return emitted
 
-    def _complete(self, rows: Rows, out: ForwardOutput, forward_ms: float) -> list[int]:
+    def _complete(self, rows: Rows, out: ForwardOutput, forward_ms: float, shared: int) -> list[int]:
         if self.drawable is not None and out.logits.shape[-1] > self.drawable:
             with torch.inference_mode():  # in place (a forward's rows are inference tensors): no copy of [rows, vocab]
                 out.logits[..., self.drawable:] = float("-inf")
@@ -252,7 +254,8 @@ class DecodeState:
             # a tree's reach is its depth: the governor sizes depths (``draft_length``) and reads a
             # verify's acceptance along them; its row cost is then the price of a depth, all of the
             # tree's rows at that depth included
-            self.governor.record(rows.proposed, step_ms, len(emitted), draft.depth, setup_ms=draft.setup_ms)
+            self.governor.record(rows.proposed, step_ms, len(emitted), draft.depth, setup_ms=draft.setup_ms,
+                                 shared=shared)
             st.governor_state = self.governor.state
             st.governor_parks = self.governor.parks
         return emitted
@@ -434,8 +437,11 @@ def step_together(runs: list[Run]) -> None:
         t = _ms(t0)
         for i, o in zip(idx, got):
             outs[i], ms[i] = o, t
+    # the runs step in lock step: rows one of them adds (batched with the others' or forwarded after
+    # them) delay the step of every run decoding beside it
+    shared = max(1, sum(1 for row in rows if not row.prefill))
     for r, row, out, t in zip(runs, rows, outs, ms):
-        r.absorb(r.seq.finish(row, out, t))
+        r.absorb(r.seq.finish(row, out, t, shared))
 
 
 def decode(

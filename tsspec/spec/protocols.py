@@ -151,7 +151,9 @@ class Governor(Protocol):
     def min_draft_prob(self) -> float | None: ...
 
     def record(self, speculative: bool, ms: float, tokens: int, drafted: int | None = None,
-               setup_ms: float = 0.0) -> None: ...
+               setup_ms: float = 0.0, shared: int = 1) -> None:
+        """``shared``: the decoding sequences whose rows the step's forward carried, this one included."""
+        ...
 
 
 def tap_horizon(speculator) -> int | None:
