@@ -4,6 +4,7 @@ environment variables, and one clear line (never a traceback) for every kind of 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -300,3 +301,36 @@ def test_python_dash_m_runs_the_cli():
     r = subprocess.run([sys.executable, "-m", "tsspec", "models"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "smollm2-135m" in r.stdout
+
+
+def test_the_process_ends_without_teardown_once_its_output_is_flushed(tmp_path):
+    """``tsspec``'s entry point flushes what the command wrote and ends the process with its status
+    at once (``__main__.quick_exit``); ``cli.main`` called as a function still raises SystemExit, so a
+    script that wraps it goes on; a flush that fails takes the ordinary exit."""
+    import subprocess
+
+    code = ("import sys, tsspec.__main__ as m, tsspec.cli as c\n"
+            "c.main = lambda: (print('out', end=''), print('err', end='', file=sys.stderr), sys.exit(3))\n"
+            "m.main()\n"
+            "print('never')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "out", "err")
+    wrapped = ("import tsspec.cli as c\n"
+               "try:\n    c.main(['info', '--help'])\nexcept SystemExit as e:\n    print('went on', e.code)\n")
+    r = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("went on 0"), r.stdout + r.stderr
+
+    class Refuses:
+        def flush(self):
+            raise OSError("no space left")
+
+    from tsspec.__main__ import quick_exit
+
+    real = sys.stdout
+    sys.stdout = Refuses()
+    try:
+        with pytest.raises(SystemExit) as e:
+            quick_exit(5)
+    finally:
+        sys.stdout = real
+    assert e.value.code == 5
