@@ -212,8 +212,50 @@ def test_fast_metadata_reader_equals_gguf_py(tmp_path):
     assert isinstance(g.metadata["tokenizer.ggml.tokens"], list) and len(g.metadata["tokenizer.ggml.tokens"]) == 300
 
 
+def _string_array(strings: list[bytes], lead: bytes = b"\x07" * 5) -> tuple[bytes, int]:
+    """GGUF's layout of a string array's values after ``lead`` bytes: -> (data, offset of the first)."""
+    import struct
+
+    return lead + b"".join(struct.pack("<Q", len(x)) + x for x in strings) + b"tail", len(lead)
+
+
+def test_string_arrays_decoded_in_one_piece_equal_the_one_at_a_time_reference():
+    """``gguf_strings`` (the lengths walked, the bytes decoded once) gives the reference's strings and
+    end offset on every kind of string: empty, multi-byte, invalid UTF-8 at either end (each run
+    replaced as the one-at-a-time decode replaces it), NULs inside (then the reference decodes), and
+    a cut array (the reference's own result or error)."""
+    import random
+    import struct
+
+    from tsspec.gguf_file import gguf_strings, gguf_strings_reference
+
+    rng = random.Random(7)
+    tricky = [b"", b"a", "é€😀".encode(), b"\xe2\x82", b"\x82abc", b"ab\xe2", b"\xc0\xaf", b"\xff\xfe", b"\xf0\x9f\x98",
+              "Ġthe".encode(), b" ", b"\n\t"]
+    for trial in range(300):
+        strings = [rng.choice(tricky) if rng.random() < 0.5 else bytes(rng.randrange(1, 256) for _ in range(rng.randrange(9)))
+                   for _ in range(rng.randrange(0, 40))]
+        data, offs = _string_array(strings)
+        want = gguf_strings_reference(data, offs, len(strings))
+        assert gguf_strings(data, offs, len(strings)) == want, strings
+        assert want[1] == len(data) - 4
+    for strings in ([b"a\x00b", b"c"], [b"\x00"], [b"", b"\x00\x00", b"x"]):  # NULs inside
+        data, offs = _string_array(strings)
+        assert gguf_strings(data, offs, len(strings)) == gguf_strings_reference(data, offs, len(strings))
+        assert gguf_strings(data, offs, len(strings))[0] == [x.decode() for x in strings]
+    data, offs = _string_array([b"abc", b"defgh"])
+    cut = data[: offs + 8 + 3 + 8 + 2]  # the last string runs past the data
+    assert gguf_strings(cut, offs, 2) == gguf_strings_reference(cut, offs, 2)
+    with pytest.raises(struct.error):
+        gguf_strings(data[: offs + 8 + 3 + 4], offs, 2)  # a length field cut in two
+    with pytest.raises(struct.error):
+        gguf_strings_reference(data[: offs + 8 + 3 + 4], offs, 2)
+    with pytest.raises(struct.error):  # a damaged count is refused, never a list of 2**60 places
+        gguf_strings(data, offs, 1 << 60)
+
+
 @pytest.mark.real_model
-@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"])
 def test_fast_metadata_reader_equals_gguf_py_on_real_files(real_model_path, name):
     path = real_model_path(name)
     assert GGUFFile(path).metadata == _plain_metadata(path)
