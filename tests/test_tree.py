@@ -165,3 +165,25 @@ def test_bad_parents_are_refused_before_the_cache_changes(model):
         assert c.length == 3
     with pytest.raises(ValueError, match="keep_path"):
         c.keep_path(0, [2, 1])
+
+
+def test_a_growth_floor_every_row_passes_grows_the_tree_grown_without_one():
+    """``tree.grow`` with ``pmin`` reuses the softmax its test took for a greedy node's proposals: where
+    every drafter row passes the test, the tree is the one grown without it, token for token; a root
+    below it proposes nothing."""
+    from tsspec.sampling import Sampler
+    from tsspec.spec.tree import Growth, grow
+
+    vocab = 40
+    table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(11)) * 3.0
+
+    def expand(nodes, toks, pars):
+        return table[[toks[i] for i in nodes]]
+
+    root = table[0]
+    least = float(torch.softmax(table, dim=-1).max(dim=-1).values.min())
+    plain = grow(root, Growth(12, 4, 3, 3, 0.0), expand, Sampler(), 5, None, 0)
+    gated = grow(root, Growth(12, 4, 3, 3, 0.0, pmin=least * 0.99), expand, Sampler(), 5, None, 0)
+    assert len(plain[0]) == 12 and gated[:2] == plain[:2]
+    top = float(torch.softmax(root, dim=-1).max())
+    assert grow(root, Growth(12, 4, 3, 3, 0.0, pmin=top * 1.01), expand, Sampler(), 5, None, 0)[0] == []

@@ -130,9 +130,11 @@ def catchable() -> Iterator[None]:
 
 
 def exiting() -> None:
-    """The command is over and its exit status decided: SIGINT is ignored for the interpreter's
-    teardown (torch's takes about half a second), during which Python puts back the default action
-    and a Ctrl-C would kill the finished process without a word. Only in the command line's process."""
+    """The command is over and its exit status decided: SIGINT is ignored from here to the end (the
+    ``tsspec`` entry point then exits at once, ``__main__.quick_exit``; where it cannot, the
+    interpreter's teardown, torch's about half a second, during which Python puts back the default
+    action and a Ctrl-C would kill the finished process without a word). Only in the command line's
+    process."""
     if _installed:
         try:
             signal.signal(signal.SIGINT, signal.SIG_IGN)

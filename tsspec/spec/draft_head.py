@@ -163,11 +163,11 @@ class DraftHeadSpeculator:
         k = min(ctx.max_tokens, self.max_draft_tokens)
         sampler = ctx.sampler
         sampling = sampler is not None and not sampler.greedy
-        hist = sampler.draft_history(ctx.history) if sampling else None
         gate = ctx.min_prob if self.gate_follows_cost and ctx.min_prob is not None else self.min_draft_prob
         if self.tree and self.grows and self._cumulative:
             penalized = sampler is not None and sampler.params.has_penalties
             return self._grow(ctx, logits, h, k, gate, sampler.draft_history(ctx.history) if penalized else None)
+        hist = sampler.draft_history(ctx.history) if sampling else None
         out: list[int] = []
         probs: list[torch.Tensor] = []
         chances: list[tuple[float, float, int]] = []  # per depth, for the tree's sibling leaves

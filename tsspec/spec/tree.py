@@ -236,8 +236,11 @@ def grow(root: torch.Tensor, how: Growth, expand: Callable[[list[int], list[int]
         pos = position + depth  # the sequence position this depth's tokens take
         fresh = []
         for node, row in frontier:
-            if how.pmin > 0.0 and float(torch.softmax(row.float(), dim=-1).max()) < how.pmin:
-                continue
+            plain_q = None  # the row's own softmax, where the pmin test takes it (greedy reuses it)
+            if how.pmin > 0.0:
+                plain_q = torch.softmax(row.float(), dim=-1)
+                if float(plain_q.max()) < how.pmin:
+                    continue
             h = None
             if penalized:  # the penalties' window over this node's path
                 path, at = [], node
@@ -250,7 +253,7 @@ def grow(root: torch.Tensor, how: Growth, expand: Callable[[list[int], list[int]
                 first = sampler.draw(q, pos, stream)
             else:
                 x = sampler.penalize(row, h) if penalized else row
-                q = torch.softmax(x.float(), dim=-1)
+                q = plain_q if plain_q is not None and not penalized else torch.softmax(x.float(), dim=-1)
                 first = argmax(x)
             top = torch.topk(q, min(how.branch + 1, q.numel())).indices.tolist()
             above = 1.0 if node < 0 else scores[node]
