@@ -241,3 +241,26 @@ def test_a_level_that_fails_to_build_costs_that_level_only(monkeypatch):
     assert kernels.level() == HERE[1]
     line = kernels.products_line()
     assert f"native, {kernels.LEVELS[HERE[1]].label}" in line and f"{best.label}: " in line and "not built" in line
+
+
+# Each x86 level with a -march that gives it its instructions, whatever this CPU has: the code of a
+# level that this machine does not run (the AVX-512 branches on an AMD AVX2 CPU, the AVX2-only ones
+# on an AVX-512 one) is otherwise never even compiled here.
+X86_SYNTAX_MARCH = {"avx512": "-march=sapphirerapids", "avx2": "-march=x86-64-v3", "scalar": "-march=x86-64"}
+
+
+@pytest.mark.skipif(os.uname().machine.lower() not in ("x86_64", "amd64"),
+                    reason="x86 compiler flags: this is not an x86 machine (ARM's levels: tests/test_arm_check.py)")
+@pytest.mark.parametrize("level", sorted(X86_SYNTAX_MARCH))
+def test_every_x86_level_compiles_on_any_x86(level, tmp_path):
+    cc = kernels._compiler()
+    assert cc is not None  # the module is skipped where no native library loads
+    for name, data in kernels.sources().items():
+        (tmp_path / name).write_bytes(data)
+    for name in sorted(kernels.sources()):
+        if not name.endswith(".c"):
+            continue
+        r = subprocess.run([cc, "-fsyntax-only", "-fopenmp", "-std=c11", X86_SYNTAX_MARCH[level],
+                            f"-DTSQ_ISA={kernels.LEVELS[level].isa}", str(tmp_path / name)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, f"{level}: {name}: {r.stderr.strip()[:2000]}"

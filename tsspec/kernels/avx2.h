@@ -78,7 +78,7 @@ static inline __attribute__((always_inline)) void dot_avx2_t(const int type, con
             const __m256i m4 = _mm256_set1_epi8(0x0F);
             for (long sb = 0; sb < ng / 2; sb++) {
                 const uint8_t *p = w + sb * 144;
-                _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0);
+                pf_ahead(p, 144);
                 __m128i sc0, sc1;
                 __m256 mw8;
                 float d1;

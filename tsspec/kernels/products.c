@@ -594,6 +594,20 @@ static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
 #ifndef PF_AHEAD
 #define PF_AHEAD 16384
 #endif
+/* Ask for the `bytes` weight bytes at p, PF_AHEAD further on. On the AVX2 level every 64-byte line
+ * of them: one request per super-block or group (144 bytes of Q4_K, 105 of a Q6_K half, 72-136 of a
+ * legacy record) left the other lines to the hardware, and on an AMD EPYC (Zen 3) a one-row decode
+ * step then stalled on those loads: qwen2.5-coder-1.5b 43.1 -> 32.4 ms a step with every line asked
+ * for (scripts/ab_kernels.py, paired in one process). Intel's adjacent-line prefetcher fetches 128
+ * bytes for one request; the AVX-512 level keeps the one request it was measured with there. */
+static inline __attribute__((always_inline)) void pf_ahead(const void *p, const int bytes) {
+#if TSQ_SIMD
+    (void)bytes;
+    _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0);
+#else
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
+#endif
+}
 /* (44 KiB of input rows in a 48 KiB L1: qwen2.5-coder-1.5b's 1536-wide rows fit 16 to a tile; with
  * 32 KiB they went 8 to a tile and 32-row Q4_K products took 1.2-1.3x longer) */
 static inline int one_q_tile(long m, long ng) {
@@ -653,7 +667,7 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
     if (type == T_Q6_K) {
         const uint8_t *p = w + (g >> 1) * 210;
         const int gi = (int)(g & 1);
-        _mm_prefetch((const char *)p + PF_AHEAD + 105 * gi, _MM_HINT_T0);
+        pf_ahead(p + 105 * gi, 105);
         const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * gi));
         const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(p + 64 * gi + 32));
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * gi));
@@ -671,7 +685,7 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
         *mw = _mm256_setzero_ps();
     } else if (packed && group_major(type) && 4 * g + 4 <= nblocks) { /* a record (tsq_repack) */
         const uint8_t *rec = w + g * 4L * BLOCK_BYTES[type];
-        _mm_prefetch((const char *)rec + PF_AHEAD, _MM_HINT_T0);
+        pf_ahead(rec, 4 * BLOCK_BYTES[type]);
         /* lanes 0-3 and 4-7 both take blocks 0..3: the record's 8 bytes of scales, loaded twice */
         *a = _mm256_cvtph_ps(_mm_castpd_si128(_mm_loaddup_pd((const double *)rec)));
         /* Q4_1's offsets in lanes 0-3 only (xgroup.fs: lanes 4-7 belong to the next group) */
@@ -695,7 +709,7 @@ wgroup_simd(const int type, const uint8_t *w, long g, long nblocks, int packed, 
          * than Q4_K there.) The values are those of the block-by-block gather. */
         uint64_t hs = 0, ho = 0;
         const int bb = BLOCK_BYTES[type];
-        _mm_prefetch((const char *)w + 4 * g * bb + PF_AHEAD, _MM_HINT_T0);
+        pf_ahead(w + 4 * g * bb, 4 * bb);
         const __m256i hi4 = _mm256_setr_epi64x(0, 0, 4, 4);
 #define LEGACY_BLOCK(b)                                                                               \
     do {                                                                                              \
