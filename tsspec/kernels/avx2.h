@@ -30,6 +30,11 @@
  * weight rows in blocks that stay in L2 while its tiles pass. Threads take contiguous shares of the
  * weight rows. None of this changes the operations an output element goes through. */
 
+#ifndef AVX2_TILE
+#define AVX2_TILE 8 /* the tallest tile of input rows (TSQ_TILES8) */
+#endif
+#define AVX2_TILES TSQ_TILES8
+
 /* each lane's sum of four byte products (unsigned w, signed x) */
 static inline __attribute__((always_inline)) __m256i dot4_avx2(__m256i w, __m256i x) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
@@ -72,7 +77,7 @@ static inline __attribute__((always_inline)) void dot_avx2_t(const int type, con
     const long ng = n_groups(k), nblocks = k / QB;
     const int sh = offset_shift(type), mg = type == T_Q4_1;
     for (long n = 0; n < nrows; n++, w += rb, y++) {
-        __m256 acc[TILE], accm[TILE];
+        __m256 acc[AVX2_TILE], accm[AVX2_TILE];
         for (int r = 0; r < tr; r++) acc[r] = accm[r] = _mm256_setzero_ps();
         if (type == T_Q4_K) { /* a super-block (two groups) at a time, its scales unpacked once */
             const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -115,7 +120,7 @@ static inline __attribute__((always_inline)) void dot_avx2_t(const int type, con
 static void dot_avx2(int type, int tr, const uint8_t *w, long k, int pk, const xgroup *x, long xs, float *y, long ldy,
                      long nrows, long rb) {
 #define A2(T, n) dot_avx2_t(T, n, w, k, pk, x, xs, y, ldy, nrows, rb)
-    TSQ_DISPATCH4(type, tr, A2)
+    TSQ_DISPATCH(type, tr, AVX2_TILES, A2)
 #undef A2
 }
 
@@ -125,5 +130,5 @@ static void dot_avx2(int type, int tr, const uint8_t *w, long k, int pk, const x
 
 static int matmul_avx2(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
                        const xgroup *xq, long m, float *y, long ldy, int n_threads) {
-    return tsq_matmul_tiles4(dot_avx2, AVX2_BLOCK_BYTES, type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
+    return tsq_matmul_tiles4(dot_avx2, AVX2_BLOCK_BYTES, AVX2_TILE, type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
 }

@@ -190,8 +190,8 @@ static inline int offset_shift(int type) {
 static inline int group_major(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0; }
 static inline int gm_codes_at(int type) { return type == T_Q4_1 ? 16 : 8; }
 
-/* CALL(T, n) with the runtime quantized type `type` and tile height `tr` (1..4) as compile-time
- * constants: the dispatch of the kernels specialised for both (avx2.h, neon.c) */
+/* CALL(T, n) with the runtime quantized type `type` and tile height `tr` (1..4, or 1..8) as
+ * compile-time constants: the dispatch of the kernels specialised for both (avx2.h, neon.c) */
 #define TSQ_TILES4(T, tr, CALL)                                                                   \
     switch (tr) {                                                                                 \
     case 1: CALL(T, 1); break;                                                                    \
@@ -199,27 +199,42 @@ static inline int gm_codes_at(int type) { return type == T_Q4_1 ? 16 : 8; }
     case 3: CALL(T, 3); break;                                                                    \
     default: CALL(T, 4); break;                                                                   \
     }
-#define TSQ_DISPATCH4(type, tr, CALL)                                                             \
-    switch (type) {                                                                               \
-    case T_Q4_0: TSQ_TILES4(T_Q4_0, tr, CALL) break;                                              \
-    case T_Q4_1: TSQ_TILES4(T_Q4_1, tr, CALL) break;                                              \
-    case T_Q5_0: TSQ_TILES4(T_Q5_0, tr, CALL) break;                                              \
-    case T_Q8_0: TSQ_TILES4(T_Q8_0, tr, CALL) break;                                              \
-    case T_Q4_K: TSQ_TILES4(T_Q4_K, tr, CALL) break;                                              \
-    default: TSQ_TILES4(T_Q6_K, tr, CALL) break;                                                  \
+#define TSQ_TILES8(T, tr, CALL)                                                                   \
+    switch (tr) {                                                                                 \
+    case 1: CALL(T, 1); break;                                                                    \
+    case 2: CALL(T, 2); break;                                                                    \
+    case 3: CALL(T, 3); break;                                                                    \
+    case 4: CALL(T, 4); break;                                                                    \
+    case 5: CALL(T, 5); break;                                                                    \
+    case 6: CALL(T, 6); break;                                                                    \
+    case 7: CALL(T, 7); break;                                                                    \
+    default: CALL(T, 8); break;                                                                   \
     }
+#define TSQ_DISPATCH(type, tr, TILES, CALL)                                                       \
+    switch (type) {                                                                               \
+    case T_Q4_0: TILES(T_Q4_0, tr, CALL) break;                                                   \
+    case T_Q4_1: TILES(T_Q4_1, tr, CALL) break;                                                   \
+    case T_Q5_0: TILES(T_Q5_0, tr, CALL) break;                                                   \
+    case T_Q8_0: TILES(T_Q8_0, tr, CALL) break;                                                   \
+    case T_Q4_K: TILES(T_Q4_K, tr, CALL) break;                                                   \
+    default: TILES(T_Q6_K, tr, CALL) break;                                                       \
+    }
+#define TSQ_DISPATCH4(type, tr, CALL) TSQ_DISPATCH(type, tr, TSQ_TILES4, CALL)
 
 /* y[m, n_rows] = the quantized input xq against W's rows (tsq_matmul's contract) through `dot`,
- * which multiplies up to 4 input rows against a run of weight rows (avx2.h, neon.c): tiles of 4
- * input rows pass over blocks of weight rows that stay in L2 (block_bytes); threads take contiguous
- * shares of the weight rows. No output element's operations depend on the tiling. */
+ * which multiplies up to `tmax` input rows against a run of weight rows (avx2.h, neon.c): the m
+ * rows go as the fewest tiles of at most tmax rows, of heights that differ by one at most, over
+ * blocks of weight rows that stay in L2 (block_bytes); threads take contiguous shares of the weight
+ * rows. Each tile pays a pass over the weights and their unpacking, which costs about what a
+ * one-row product does, so a 5-row verify as tiles of 4 and 1 paid nearly two steps' unpacking.
+ * No output element's operations depend on the tiling. */
 typedef void (*tsq_dot4)(int type, int tr, const uint8_t *w, long k, int packed, const xgroup *x, long xstride,
                          float *y, long ldy, long nrows, long rb);
-static inline int tsq_matmul_tiles4(tsq_dot4 dot, long block_bytes, int type, const uint8_t *w, int packed,
+static inline int tsq_matmul_tiles4(tsq_dot4 dot, long block_bytes, int tmax, int type, const uint8_t *w, int packed,
                                     long row_bytes, long n_rows, long k, const xgroup *xq, long m, float *y, long ldy,
                                     int n_threads) {
-    const long ng = n_groups(k);
-    long nb = m <= 4 ? n_rows : block_bytes / row_bytes;
+    const long ng = n_groups(k), ntiles = (m + tmax - 1) / tmax;
+    long nb = m <= tmax ? n_rows : block_bytes / row_bytes;
     if (nb < 4) nb = 4;
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
     {
@@ -227,9 +242,12 @@ static inline int tsq_matmul_tiles4(tsq_dot4 dot, long block_bytes, int type, co
         thread_share(n_rows, &n0, &n1);
         for (long b0 = n0; b0 < n1; b0 += nb) {
             const long b1 = n1 - b0 < nb ? n1 : b0 + nb;
-            for (long r = 0; r < m; r += 4)
-                dot(type, (int)(m - r < 4 ? m - r : 4), w + b0 * row_bytes, k, packed, xq + r * ng, ng,
-                    y + r * ldy + b0, ldy, b1 - b0, row_bytes);
+            for (long t = 0, r = 0; t < ntiles; t++) {
+                const int tr = (int)(m / ntiles + (t < m % ntiles));
+                dot(type, tr, w + b0 * row_bytes, k, packed, xq + r * ng, ng, y + r * ldy + b0, ldy, b1 - b0,
+                    row_bytes);
+                r += tr;
+            }
         }
     }
     return 0;
