@@ -15,8 +15,14 @@
 #include <sys/mman.h>
 
 int main(int argc, char **argv) {
-    const size_t n = (size_t)(argc > 1 ? atol(argv[1]) : 1024) << 20;
-    char *b = aligned_alloc(1 << 21, n);
+    const long mib = argc > 1 ? atol(argv[1]) : 1024;
+    if (mib < 1) {
+        fprintf(stderr, "read_bandwidth: the size must be a positive number of MiB\n");
+        return 2;
+    }
+    const size_t huge = (size_t)1 << 21; /* aligned_alloc wants a multiple of the alignment */
+    const size_t n = (((size_t)mib << 20) + huge - 1) / huge * huge;
+    char *b = aligned_alloc(huge, n);
     if (!b) return 1;
     madvise(b, n, MADV_HUGEPAGE);
     memset(b, 1, n);

@@ -26,12 +26,15 @@
  * The int32 lane sums are at most 16 * 128 * 127 in magnitude. tests/test_isa.py multiplies the
  * extreme codes against inputs of +-127 on every level against the reference.
  *
- * Tiles of up to TILE input rows share each unpacked weight group; a longer product goes over the
- * weight rows in blocks that stay in L2 while its tiles pass. Threads take contiguous shares of the
+ * Tiles of up to AVX2_TILE input rows share each unpacked weight group; a longer product goes over
+ * the weight rows in blocks that stay in L2 while its tiles pass. Threads take contiguous shares of the
  * weight rows. None of this changes the operations an output element goes through. */
 
 #ifndef AVX2_TILE
-#define AVX2_TILE 8 /* the tallest tile of input rows (TSQ_TILES8) */
+/* The tallest tile of input rows (TSQ_TILES8). Each tile re-reads and unpacks the weights, so taller
+ * is cheaper until the accumulators leave the 16 registers: on qwen2.5-coder-1.5b (ab_kernels.py)
+ * tiles of up to 16 ran a 9-row product 0.96x but 16 rows 1.30x and 64 rows 1.25x the time of 8. */
+#define AVX2_TILE 8
 #endif
 #define AVX2_TILES TSQ_TILES8
 
@@ -130,5 +133,5 @@ static void dot_avx2(int type, int tr, const uint8_t *w, long k, int pk, const x
 
 static int matmul_avx2(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
                        const xgroup *xq, long m, float *y, long ldy, int n_threads) {
-    return tsq_matmul_tiles4(dot_avx2, AVX2_BLOCK_BYTES, AVX2_TILE, type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
+    return tsq_matmul_rowtiles(dot_avx2, AVX2_BLOCK_BYTES, AVX2_TILE, type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy, n_threads);
 }

@@ -249,7 +249,7 @@ static void dot_neon(int type, int tr, const uint8_t *w, long k, int pk, const x
 /* y[m, n_rows] = the quantized input xq against W's rows (tsq_matmul's contract) */
 TSQ_INTERNAL int tsq_matmul_neon(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
                                  const xgroup *xq, long m, float *y, long ldy, int n_threads) {
-    return tsq_matmul_tiles4(dot_neon, NEON_BLOCK_BYTES, NTILE, type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy,
+    return tsq_matmul_rowtiles(dot_neon, NEON_BLOCK_BYTES, NTILE, type, w, packed, row_bytes, n_rows, k, xq, m, y, ldy,
                              n_threads);
 }
 

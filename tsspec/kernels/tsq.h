@@ -228,9 +228,9 @@ static inline int gm_codes_at(int type) { return type == T_Q4_1 ? 16 : 8; }
  * rows. Each tile pays a pass over the weights and their unpacking, which costs about what a
  * one-row product does, so a 5-row verify as tiles of 4 and 1 paid nearly two steps' unpacking.
  * No output element's operations depend on the tiling. */
-typedef void (*tsq_dot4)(int type, int tr, const uint8_t *w, long k, int packed, const xgroup *x, long xstride,
+typedef void (*tsq_dot_tile)(int type, int tr, const uint8_t *w, long k, int packed, const xgroup *x, long xstride,
                          float *y, long ldy, long nrows, long rb);
-static inline int tsq_matmul_tiles4(tsq_dot4 dot, long block_bytes, int tmax, int type, const uint8_t *w, int packed,
+static inline int tsq_matmul_rowtiles(tsq_dot_tile dot, long block_bytes, int tmax, int type, const uint8_t *w, int packed,
                                     long row_bytes, long n_rows, long k, const xgroup *xq, long m, float *y, long ldy,
                                     int n_threads) {
     const long ng = n_groups(k), ntiles = (m + tmax - 1) / tmax;
