@@ -255,9 +255,10 @@ X86_SYNTAX_MARCH = {"avx512": "-march=sapphirerapids", "avx2": "-march=x86-64-v3
 def test_every_x86_level_compiles_on_any_x86(level, tmp_path):
     cc = kernels._compiler()
     assert cc is not None  # the module is skipped where no native library loads
-    for name, data in kernels.sources().items():
+    srcs = kernels.sources()
+    for name, data in srcs.items():
         (tmp_path / name).write_bytes(data)
-    for name in sorted(kernels.sources()):
+    for name in sorted(srcs):
         if not name.endswith(".c"):
             continue
         r = subprocess.run([cc, "-fsyntax-only", "-fopenmp", "-std=c11", X86_SYNTAX_MARCH[level],

@@ -586,8 +586,8 @@ static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
 /* Weight bytes ahead of the one being read that each step asks the cache to fetch. The hardware
  * prefetchers stop at every 4 KiB page and a verify's small matrices are a few pages per thread,
  * so without it a one-row product over smollm2's blocks read ~10 GB/s from memory on an Intel
- * core (with 2 KiB ahead ~15). One fetch per group or super-block; past a row's end it fetches the
- * next row. 16 KiB ahead against 2 KiB (paired in one process, builds alternating per 8 steps,
+ * core (with 2 KiB ahead ~15). Every product asks through pf_ahead (below): one fetch per group or
+ * super-block on the AVX-512 level, every line on AVX2; past a row's end it fetches the next row. 16 KiB ahead against 2 KiB (paired in one process, builds alternating per 8 steps,
  * Intel Xeon, 2 threads): decode step 0.83x the time on qwen2.5-coder-1.5b, 0.86x on gemma3-270m,
  * 0.94x on smollm2-135m; 5-row verify 0.94-0.96x; a 64-row prefill chunk 0.99x. 32 KiB was slower
  * on smollm2 (1.07x of 16), 8 KiB the same on qwen-1.5b. */
@@ -858,7 +858,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
         const __m256i m4 = _mm256_set1_epi8(0x0F);
         for (long sb = g0 / 2; sb < g1 / 2; sb++) {
             const uint8_t *p = w + sb * 144;
-            _mm_prefetch((const char *)p + PF_AHEAD, _MM_HINT_T0);
+            pf_ahead(p, 144);
             __m128i sc0, sc1;
             __m256 mw8;
             float d1;
@@ -904,7 +904,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
             if (np && packed && group_major(type) && 4 * g + 4 <= nblocks) {
                 /* a record (tsq_repack) in 512 bits from broadcast loads, as wgroup_simd reads it */
                 const uint8_t *rec = w + g * 4L * BLOCK_BYTES[type];
-                _mm_prefetch((const char *)rec + PF_AHEAD, _MM_HINT_T0);
+                pf_ahead(rec, 4 * BLOCK_BYTES[type]);
                 uint64_t sc8, mn8;
                 memcpy(&sc8, rec, 8);
                 memcpy(&mn8, rec + 8, 8);
@@ -927,7 +927,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
                  * codes wgroup_simd makes; its scales made there and broadcast */
                 const uint8_t *p = w + (g >> 1) * 210;
                 const int gi = (int)(g & 1);
-                _mm_prefetch((const char *)p + PF_AHEAD + 105 * gi, _MM_HINT_T0);
+                pf_ahead(p + 105 * gi, 105);
                 const __m512i ql0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 64 * gi)));
                 const __m512i ql1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 64 * gi + 32)));
                 const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 128 + 32 * gi)));
@@ -1065,8 +1065,8 @@ dot_pairw_t(const int type, const uint8_t *w, long k, const xgroup *x, const xpa
         __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
         for (long g = 0; g < nrec; g++) {
             const uint8_t *ra = wa + g * 4L * bb, *rc = wb + g * 4L * bb;
-            _mm_prefetch((const char *)ra + PF_AHEAD, _MM_HINT_T0);
-            _mm_prefetch((const char *)rc + PF_AHEAD, _MM_HINT_T0);
+            pf_ahead(ra, 4 * bb);
+            pf_ahead(rc, 4 * bb);
             /* qwords: row a's scales, its offsets (Q4_1; else codes, unused), row b's, its offsets */
             const __m256i hd = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)ra)),
                                                        _mm_loadu_si128((const __m128i *)rc), 1);

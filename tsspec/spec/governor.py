@@ -492,14 +492,14 @@ class SpeculationCostGovernor:
         setup_ms = min(float(setup_ms), float(ms))
         self.setup_ms += setup_ms
         ms = float(ms) - setup_ms
-        if speculative and shared > 1:  # alone (every one-sequence run): its own time, nothing summed
-            ms = shared_cost(ms, ms_per_token(self._plain), shared)
         if speculative:
+            if shared > 1:  # alone (every one-sequence run): its own time, nothing summed
+                ms = shared_cost(ms, ms_per_token(self._plain), shared)
             if drafted != 0:  # 0: asked, drafted nothing; its time counts, its tokens say nothing of acceptance
                 self.drafted_steps += 1
                 accepted = max(int(tokens) - 1, 0)  # a verify emits its accepted drafts + 1
                 self._accepted.append(accepted)
-                if drafted:
+                if drafted is not None:  # None: a caller that does not say how many it drafted
                     self._verifies.append((int(drafted), min(accepted, int(drafted))))
             self._seen_spec += 1
             if self._seen_spec > c.warmup:
