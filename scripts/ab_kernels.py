@@ -16,6 +16,10 @@ Before timing, both builds must give the same logits bit for bit (a kernel chang
 no output bit; --allow-different times a deliberate numerics change anyway). The two sources must
 share the C structures' layouts (tsq_sizeof_*): a change to those is compared with ab_revisions.py.
 ``--new`` defaults to the working tree's source.
+
+``--amx`` pairs the AMX tiles against the VNNI products instead, in one build (``--new``'s source):
+base is TSSPEC_AMX=0's path, new is every quantized product of the forward on the hardware tiles
+(needs a CPU with AMX); the logits must be identical here too.
 """
 
 from __future__ import annotations
@@ -140,11 +144,18 @@ class Stepper:
 
 
 def compare(model: str, rows: int, libs: list, rounds: int, steps: int, head: bool, threads: int,
-            allow_different: bool) -> dict:
+            allow_different: bool, modes: tuple[int, int] | None = None) -> dict:
+    """``modes``: the tile mode (tsq_amx_use) each side runs under, where both sides are one build."""
     import torch
 
     st = Stepper(model, rows, head, threads, steps)
-    outs = [st.step(lib, st.context) for lib in libs]
+
+    def side(j: int):
+        if modes is not None:
+            libs[j].tsq_amx_use(modes[j], 1)
+        return libs[j]
+
+    outs = [st.step(side(j), st.context) for j in (0, 1)]
     same = torch.equal(outs[0], outs[1])
     if not same and not allow_different:
         raise ScriptError(f"{model}, {rows} rows: the builds' outputs differ (--allow-different to time them anyway)")
@@ -152,8 +163,9 @@ def compare(model: str, rows: int, libs: list, rounds: int, steps: int, head: bo
     for i in range(rounds):
         for j in ((0, 1) if i % 2 == 0 else (1, 0)):
             t0 = time.perf_counter()
+            lib = side(j)
             for s in range(steps):
-                st.step(libs[j], st.context + s * rows)
+                st.step(lib, st.context + s * rows)
             ms[j].append((time.perf_counter() - t0) * 1000 / steps)
     ratios = sorted(n / b for b, n in zip(ms[0], ms[1]))
     q = statistics.quantiles(ratios, n=4)
@@ -164,7 +176,8 @@ def compare(model: str, rows: int, libs: list, rounds: int, steps: int, head: bo
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", required=True, help="git revision of the base source")
+    ap.add_argument("--base", help="git revision of the base source (not with --amx)")
+    ap.add_argument("--amx", action="store_true", help="VNNI (base) against the AMX tiles (new), one build")
     ap.add_argument("--new", help="git revision of the new source (default: the working tree)")
     ap.add_argument("--models", nargs="+", default=["smollm2-135m"], help="catalogue names or GGUF paths")
     ap.add_argument("--rows", default="1", help="rows per forward, e.g. 1,5,9 (decode, verify)")
@@ -179,12 +192,21 @@ def main() -> None:
         rows = [int(r) for r in args.rows.split(",") if r.strip()]
         if not rows or min(rows) < 1 or args.rounds < 4 or args.steps < 1 or args.threads < 1:
             raise ScriptError("--rows must be positive integers, --rounds at least 4, --steps and --threads at least 1")
-        libs = [build(source_at(args.base)), build(source_at(args.new))]
+        if args.amx == (args.base is not None):
+            raise ScriptError("give --base REV, or --amx (the tiles against VNNI in one build), not both")
+        modes = None
+        if args.amx:
+            lib = build(source_at(args.new))
+            if lib.tsq_isa() != 2 or lib.tsq_amx_init() != 0:
+                raise ScriptError("--amx needs the AVX-512 level and AMX tiles this process may use")
+            libs, modes = [lib, lib], (0, 1)
+        else:
+            libs = [build(source_at(args.base)), build(source_at(args.new))]
         results = []
         for model in args.models:
             for r in rows:
                 res = compare(model, r, libs, args.rounds, args.steps, not args.no_head, args.threads,
-                              args.allow_different)
+                              args.allow_different, modes)
                 results.append(res)
                 print(f"{model} rows={r}{'' if res['head'] else ' (blocks)'}: base {res['base_ms']:.3f} ms, "
                       f"new {res['new_ms']:.3f} ms, new/base {res['ratio']:.3f} "
@@ -193,7 +215,9 @@ def main() -> None:
     except ScriptError as e:
         sys.exit(f"ab_kernels: {e}")
     if args.json:
-        args.json.write_text(json.dumps({"base": args.base, "new": args.new or "working tree", "results": results},
+        args.json.write_text(json.dumps({"base": "VNNI" if args.amx else args.base,
+                                         "new": ("AMX tiles, " if args.amx else "") + (args.new or "working tree"),
+                                         "results": results},
                                         indent=1) + "\n")
 
 

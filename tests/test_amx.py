@@ -157,7 +157,7 @@ def test_bad_tsspec_amx_is_one_line(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.skipif(kernels.amx_status() == "in use", reason="this machine runs the AMX tiles")
+@pytest.mark.skipif(kernels.amx_usable(), reason="this machine can run the AMX tiles (auto leaves them off)")
 def test_forcing_amx_where_it_cannot_run_is_one_line(tmp_path):
     path = write_tiny_model(tmp_path / "m.gguf", "llama", quant="Q4_0", d_model=64, ffn_dim=128, vocab_size=320)
     r = run_cli(["generate", "-m", str(path), "-p", "hi", "-n", "2"], {"TSSPEC_AMX": "1"}, tmp_path)
@@ -199,6 +199,29 @@ def test_hardware_tiles_equal_the_emulation(type_name):
         kernels.matmul_tiles(type_name, raw, k, xq, hw, threads=threads, emulate=False)
         kernels.matmul_tiles(type_name, raw, k, xq, emu, threads=threads)
         assert torch.equal(bits(hw), bits(emu))
+
+
+@pytest.mark.parametrize("type_name", QUANT_TYPES)
+@pytest.mark.parametrize("packed", [False, True], ids=["stored", "repacked"])
+def test_tiles_equal_the_simd_path_up_to_256_rows(type_name, packed):
+    """Rows 1..256 (every count up to 17, then tiles and short tiles up to 256), 1 and 2 threads: the
+    tiles (the hardware where this CPU has AMX, else their emulation) against the level's own SIMD
+    product, bit for bit."""
+    n, k = 35, 512
+    raw = random_blocks(type_name, n, k, seed=31)
+    w = kernels.repack(type_name, raw, k) if packed else raw
+    x = torch.randn(256, k, generator=torch.Generator().manual_seed(32)) * 2
+    xq_all = kernels.quantize(x)
+    row = xq_all.numel() // 256
+    for m in (*range(1, 18), 31, 48, 100, 129, 256):
+        xq = xq_all[: m * row]
+        simd = torch.zeros(m, n)
+        kernels.matmul(type_name, w, k, x[:m], xq, simd, packed=packed)
+        for threads in (1, 2):
+            tiles = torch.full((m, n), float("nan"))
+            kernels.matmul_tiles(type_name, w, k, xq, tiles, packed=packed, threads=threads,
+                                 emulate=not kernels.amx_usable())
+            assert torch.equal(bits(tiles), bits(simd)), (type_name, m, threads)
 
 
 @HW

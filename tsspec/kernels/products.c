@@ -1111,6 +1111,52 @@ static void dot_pairw(int type, const uint8_t *w, long k, const xgroup *x, const
     }
 }
 
+/* A weight row's ng groups for the tile backend's AVX-512 panels (amx.c), unpacked as its tiles take
+ * them: group g's lane L (elements 16h..16h+15 of block b, L = 4h + b; Q8_0's codes unsigned, as the
+ * products multiply them) at codes + L * lane_stride + g * group_stride, 16 bytes; the group's eight
+ * lane scales at a + g * ab_stride and its offsets at m + g * ab_stride. The values are
+ * tsq_weight_group's (a test compares them), read in registers. The stored layout (tsq_repack)
+ * holds each group's code words transposed, which transpose4 undoes. */
+TSQ_INTERNAL void tsq_weight_row_simd(int type, const uint8_t *w, long ng, long nblocks, int packed, uint8_t *codes,
+                                      long lane_stride, long group_stride, float *a, float *m, long ab_stride) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m128i sc[2] = {_mm_setzero_si128(), _mm_setzero_si128()};
+    __m256 mw8 = _mm256_setzero_ps();
+    float d1 = 0.f;
+    for (long g = 0; g < ng; g++) {
+        __m256i W[4], B[4];
+        __m256 av, mv;
+        if (type == T_Q4_K) {
+            const uint8_t *p = w + (g >> 1) * 144;
+            if (!(g & 1)) q4k_header(p, &sc[0], &sc[1], &mw8, &d1);
+            const __m128 a4 = _mm_mul_ps(_mm_set1_ps(d1), _mm_cvtepi32_ps(sc[g & 1]));
+            av = _mm256_set_m128(a4, a4);
+            mv = mw8;
+            const uint8_t *q = p + 16 + 64 * (g & 1);
+            const __m256i q0 = _mm256_loadu_si256((const __m256i *)q), q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
+            W[0] = _mm256_and_si256(q0, m4);
+            W[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
+            W[2] = _mm256_and_si256(q1, m4);
+            W[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
+            if (packed) {
+                transpose4(W[0], W[1], W[2], W[3], B);
+            } else {
+                for (int j = 0; j < 4; j++) B[j] = W[j];
+            }
+        } else {
+            wgroup_simd(type, w, g, nblocks, packed, W, &av, &mv);
+            transpose4(W[0], W[1], W[2], W[3], B);
+        }
+        uint8_t *c = codes + g * group_stride;
+        for (int b = 0; b < 4; b++) { /* block b: lane b (its first half), lane 4 + b (its second) */
+            _mm_storeu_si128((__m128i *)(c + b * lane_stride), _mm256_castsi256_si128(B[b]));
+            _mm_storeu_si128((__m128i *)(c + (4 + b) * lane_stride), _mm256_extracti128_si256(B[b], 1));
+        }
+        _mm256_storeu_ps(a + g * ab_stride, av);
+        _mm256_storeu_ps(m + g * ab_stride, mv);
+    }
+}
+
 #endif /* TSQ_SIMD */
 
 #if TSQ_ISA == TSQ_ISA_AVX2

@@ -293,6 +293,10 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
 TSQ_INTERNAL void tsq_weight_group(int type, const uint8_t *w, long g, long nblocks, int packed, uint8_t lanes[QG],
                                    float a[8], float m[8]);
 TSQ_INTERNAL int tsq_offset_shift(int type);
+#if TSQ_SIMD
+TSQ_INTERNAL void tsq_weight_row_simd(int type, const uint8_t *w, long ng, long nblocks, int packed, uint8_t *codes,
+                                      long lane_stride, long group_stride, float *a, float *m, long ab_stride);
+#endif
 
 /* amx.c: the AMX-INT8 tile products (tsq_matmul hands them the multi-row quantized products while
  * tsq_amx_use has switched them on) */
