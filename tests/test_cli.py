@@ -235,10 +235,9 @@ def test_no_prompt(model):
 
 
 def test_bad_kernels_switch_is_one_line(model, monkeypatch):
-    from tsspec import kernels
+    from test_kernels import fresh_kernels
 
-    monkeypatch.setattr(kernels, "_tried", False)  # the value is read when the library is first wanted
-    monkeypatch.setattr(kernels, "_lib", None)
+    fresh_kernels(monkeypatch)  # the value is read when the library is first wanted
     r = run("generate", "-m", model, "-n", "2", "-p", "hi", env={"TSSPEC_KERNELS": "maybe"})
     one_error_line(r, 2, "TSSPEC_KERNELS")
 
@@ -246,12 +245,11 @@ def test_bad_kernels_switch_is_one_line(model, monkeypatch):
 def test_absurd_omp_num_threads_is_one_line_not_a_segfault(model, monkeypatch):
     """OMP_NUM_THREADS=100000: the native kernels' repack (an OpenMP region in a loader thread)
     segfaulted, exit 139. A count the runtime can hold still runs."""
-    from tsspec import kernels
+    from test_kernels import fresh_kernels
     from tsspec.settings import MAX_THREADS_PER_CPU, check_omp_threads
 
     for value in ("100000", "2,100000"):
-        monkeypatch.setattr(kernels, "_tried", False)  # the value is read when the library is first wanted
-        monkeypatch.setattr(kernels, "_lib", None)
+        fresh_kernels(monkeypatch)  # the value is read when the library is first wanted
         r = run("generate", "-m", model, "-n", "2", "-p", "hi", env={"OMP_NUM_THREADS": value})
         one_error_line(r, 2, f"OMP_NUM_THREADS={value!r}: at most")
     for fine in ("1", "abc", "", str(MAX_THREADS_PER_CPU)):

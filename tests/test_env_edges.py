@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 from clirun import entry
+from test_kernels import fresh_kernels
 from tiny import write_tiny_model
 from tsspec import kernels
 from tsspec.options import FAMILIES
@@ -63,10 +64,7 @@ def test_every_edge_value(name, model, tmp_path, monkeypatch):
         if name.startswith(FAMILIES) and not name.endswith("_SPEC"):
             env[name[:name.index("_", 3) + 1] + "SPEC"] = "1"  # speculation on, so the setting is live
         if name in ("TSSPEC_KERNELS", "TSSPEC_AMX", "TSSPEC_ISA"):  # read once per process: start each case afresh
-            monkeypatch.setattr(kernels, "_tried", False)
-            monkeypatch.setattr(kernels, "_lib", None)
-            monkeypatch.setattr(kernels, "_reason", None)
-            monkeypatch.setattr(kernels, "_amx_error", None)
+            fresh_kernels(monkeypatch)
         args = ("models",) if name == "TSSPEC_CACHE" else ("generate", "-m", model, "-p", "the cat", "-n", "2", "-q")
         code, out, err = entry(*args, env=env)
         what = f"{name}={value!r}: exit {code}, stderr {err[-400:]!r}"

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_kernels import FLOAT_TYPES, QUANT_TYPES, random_blocks
+from test_kernels import FLOAT_TYPES, QUANT_TYPES, fresh_kernels, random_blocks
 from tiny import write_tiny_model
 from tsspec import kernels
 
@@ -230,10 +230,7 @@ def test_a_level_that_fails_to_build_costs_that_level_only(monkeypatch):
     best = kernels.LEVELS[HERE[0]]
     broken = kernels.Level(best.name, best.isa, (("-march=no-such-cpu-xyz",),), best.label)
     monkeypatch.setitem(kernels.LEVELS, best.name, broken)
-    monkeypatch.setattr(kernels, "_tried", False)
-    monkeypatch.setattr(kernels, "_lib", None)
-    monkeypatch.setattr(kernels, "_skipped", [])
-    monkeypatch.setattr(kernels, "_level", None)
+    fresh_kernels(monkeypatch)
     if len(HERE) < 2:
         assert kernels.lib() is None
         return

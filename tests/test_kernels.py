@@ -33,6 +33,17 @@ FLOAT_TYPES = ["F32", "F16", "BF16"]
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}
 
 
+def fresh_kernels(monkeypatch) -> None:
+    """Make the next ``kernels.lib()`` load the library afresh (TSSPEC_* read again), and put ALL of
+    the loader's state back afterwards: with ``_level`` left as a forced level had set it, a later
+    test in the same process read "avx2" beside the AVX-512 library in use (an AVX-512 machine
+    only: on an AVX2 one the forced level is the best one)."""
+    for name in ("_tried", "_lib", "_reason", "_amx_error", "_level", "_openmp", "_amx"):
+        monkeypatch.setattr(kernels, name, getattr(kernels, name))
+    monkeypatch.setattr(kernels, "_skipped", [])
+    kernels._tried, kernels._lib, kernels._reason, kernels._amx_error, kernels._level = False, None, None, None, None
+
+
 def random_blocks(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     """A random weight [n, row_bytes] of a GGUF type with sane scales (uint8)."""
     rng = np.random.default_rng(seed)
@@ -413,9 +424,7 @@ def test_taps_copied_by_the_one_native_call_equal_runs_split_at_each_tap(tiny_q)
 
 
 def test_no_compiler_falls_back_with_a_reason(monkeypatch, tmp_path):
-    monkeypatch.setattr(kernels, "_tried", False)
-    monkeypatch.setattr(kernels, "_lib", None)
-    monkeypatch.setattr(kernels, "_reason", None)
+    fresh_kernels(monkeypatch)
     monkeypatch.setattr(kernels.shutil, "which", lambda name: None)
     monkeypatch.delenv("CC", raising=False)
     assert kernels.lib() is None

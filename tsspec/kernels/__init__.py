@@ -270,11 +270,11 @@ SIGNATURES: dict[str, tuple] = {
     "tsq_matmul_amx": (_I, [_I, _P, _I, _L, _L, _L, _P, _L, _P, _L, _I, _I]),
 }
 
-# Input rows from which the tiles take a product under TSSPEC_AMX=1. The tile backend unpacks
-# each weight group with the reference's scalar reader (products.c tsq_weight_group), once per
-# product whatever its rows: about 3 instructions a weight against VNNI's ~0.025 a weight and row,
-# so on estimate it pays from about a hundred rows (prefill chunks), not yet for a 9-row verify.
-# Not measured: this machine has no AMX. A SIMD unpack moves this down.
+# Input rows from which the tiles take a product under TSSPEC_AMX=1. Measured on a Sapphire Rapids
+# Xeon (docs/RESULTS.md, AMX tiles): a whole qwen2.5-coder-1.5b forward on the tiles took 2.3x
+# VNNI's time at 9 rows and 1.2-1.4x at 64-512 (only the 8960-wide down projection ran faster, at
+# 128 rows and more: 0.86-0.93x), so no row count is faster and auto leaves them off; 128 keeps
+# TSSPEC_AMX=1 to prefill chunks, where they cost least.
 AMX_MIN_ROWS = 128
 # tsq_amx_init's codes -> what ``amx_status`` says
 AMX_REASONS = {1: "not on this CPU", 2: "not enabled by the operating system", 3: "permission refused",
@@ -310,10 +310,12 @@ def _enabled() -> bool:
 
 
 # What ``amx_status`` says under TSSPEC_AMX=auto where the tiles could run: auto takes them only
-# where they are measured faster than the SIMD path for a row count, and that is nowhere yet (the
-# tiles unpack every weight group with the reference's scalar reader: 10-31x slower than VNNI,
-# measured single-threaded on a Sapphire Rapids Xeon).
-AMX_AUTO_OFF = "off under auto (the tiles are not yet measured faster than VNNI at any row count; TSSPEC_AMX=1 forces them)"
+# where they are measured faster than the SIMD path for a row count, and that is nowhere yet (on a
+# Sapphire Rapids Xeon, 2 threads, a qwen2.5-coder-1.5b forward took 1.2-2.3x VNNI's time at 9-512
+# rows: the exact arithmetic's float step after every 16-element lane sends each 16x16 tile product
+# through memory, and the tile stores stall; docs/RESULTS.md).
+AMX_AUTO_OFF = ("off under auto (measured slower than VNNI at every row count on this CPU kind; "
+                "TSSPEC_AMX=1 forces them)")
 
 
 def _setup_amx(h: ctypes.CDLL) -> None:

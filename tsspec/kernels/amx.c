@@ -102,13 +102,14 @@ typedef struct {
  * compiler cannot drop its stores as dead. Every byte not set here is zero, reserved ones too. */
 static const tilecfg TILE_CFG = {
     .palette_id = 1,
-    .colsb = {4 * TR, 16, 4 * TR, 4 * TR, 16, 4 * TR},
-    .rows = {TR, TR, 4, TR, TR, 4},
+    .colsb = {4 * TR, 16, 4 * TR, 4 * TR, 16, 4 * TR, 4 * TR, 16},
+    .rows = {TR, TR, 4, TR, TR, 4, TR, TR},
 };
 /* Tile configuration is per thread: every thread that issues a tile instruction calls this first
  * (tsq_matmul_tiles does, inside its parallel region). */
 static AMX_TARGET void tiles_begin(void) { _tile_loadconfig(&TILE_CFG); }
 static AMX_TARGET void tiles_end(void) { _tile_release(); }
+#if !TSQ_SIMD /* the scalar panel's (the AVX-512 level's panel_simd takes tile_ss_0/3/6) */
 /* c[16][16] = A (16 rows x 16 codes, `as` bytes apart) . B (4 rows x 64 bytes) */
 static AMX_TARGET void tile_dp_hw(const uint8_t *A, long as, const int8_t *B, int32_t *c) {
     _tile_zero(0);
@@ -117,18 +118,28 @@ static AMX_TARGET void tile_dp_hw(const uint8_t *A, long as, const int8_t *B, in
     _tile_dpbusd(0, 1, 2);
     _tile_stored(0, c, 4 * TR);
 }
-/* the same on the second set of tiles (tmm3-5): panel_simd alternates the two, so one product's
- * tile work runs while the float steps of the one before it do (with one set, each float step
- * waited for its TDPBUSD and tile store: 40% of the panel's time, sampled) */
-static AMX_TARGET void tile_dp_hw1(const uint8_t *A, long as, const int8_t *B, int32_t *c) {
-    _tile_zero(3);
-    _tile_loadd(4, A, as);
-    _tile_loadd(5, B, 4 * TR);
-    _tile_dpbusd(3, 4, 5);
-    _tile_stored(3, c, 4 * TR);
-}
+#endif
+/* panel_simd's products: signed codes (c - 2^sh) against the signed input codes, TDPBSSD. A
+ * product's result waits for its TDPBSSD and tile store (sampled: half the panel's time sat on
+ * the store while one product was in flight), so panel_simd keeps PIPE products in flight: product
+ * j takes accumulator tile C = j % 3 (tmm0, 3, 6), A = j % 3 (tmm1, 4, 7) and B = j % 2 (tmm2, 5). */
+#define PIPE 3
+#define XT_BLOCK_BYTES (2L << 20) /* input tiles a panel takes in one pass (tsq_matmul_tiles) */
+#define TILE_SS(C, A, B)                                                                           \
+    static inline AMX_TARGET void tile_ss_##C(const int8_t *a, const int8_t *b, int32_t *c) {     \
+        _tile_zero(C);                                                                             \
+        _tile_loadd(A, a, 16);                                                                     \
+        _tile_loadd(B, b, 4 * TR);                                                                 \
+        _tile_dpbssd(C, A, B);                                                                     \
+        _tile_stored(C, c, 4 * TR);                                                                \
+    }
+TILE_SS(0, 1, 2)
+TILE_SS(3, 4, 5)
+TILE_SS(6, 7, 2)
+#undef TILE_SS
 #endif
 
+#if !TSQ_SIMD
 /* TDPBUSD on zeroed accumulators, in C: c[r][n] = sum over kk < 16 of A[r][kk] (unsigned) times
  * B[kk / 4][4 n + kk % 4] (signed); integer sums, so the same as the instruction's. */
 static void tile_dp_emu(const uint8_t *A, long as, const int8_t *B, int32_t *c) {
@@ -136,6 +147,17 @@ static void tile_dp_emu(const uint8_t *A, long as, const int8_t *B, int32_t *c) 
         for (int n = 0; n < TR; n++) {
             int32_t s = 0;
             for (int kk = 0; kk < 16; kk++) s += (int32_t)A[r * as + kk] * (int32_t)B[(kk / 4) * 4 * TR + 4 * n + kk % 4];
+            c[r * TR + n] = s;
+        }
+}
+#endif
+
+/* TDPBSSD on zeroed accumulators, in C: tile_dp_emu with A signed */
+static void tile_ss_emu(const int8_t *A, const int8_t *B, int32_t *c) {
+    for (int r = 0; r < TR; r++)
+        for (int n = 0; n < TR; n++) {
+            int32_t s = 0;
+            for (int kk = 0; kk < 16; kk++) s += (int32_t)A[r * 16 + kk] * (int32_t)B[(kk / 4) * 4 * TR + 4 * n + kk % 4];
             c[r * TR + n] = s;
         }
 }
@@ -239,41 +261,59 @@ static void panel(int type, const uint8_t *w, int packed, long row_bytes, long r
  * one element at a time: 10 to 31 times slower than VNNI on real tiles. */
 /* one lane's tile product (A: TR rows of 16 codes, contiguous; B: an xtile's lane) into c, on the
  * tile set `set` (0 or 1), or emulated */
-static inline void lane_product(const uint8_t *A, const int8_t *B, int32_t *c, int set, int emulate) {
+static inline __attribute__((always_inline)) void lane_product(const int8_t *A, const int8_t *B, int32_t *c, long j,
+                                                                const int emulate) {
 #if TSQ_AMX_BUILD
     if (!emulate) {
-        if (set) tile_dp_hw1(A, 16, B, c);
-        else tile_dp_hw(A, 16, B, c);
+        switch (j % 3) {
+        case 0: tile_ss_0(A, B, c); break;
+        case 1: tile_ss_3(A, B, c); break;
+        default: tile_ss_6(A, B, c); break;
+        }
         return;
     }
 #endif
-    (void)set;
+    (void)j;
     (void)emulate;
-    tile_dp_emu(A, 16, B, c);
+    tile_ss_emu(A, B, c);
 }
-
-static void panel_simd(int type, const uint8_t *w, int packed, long row_bytes, long r0, long r1, long k,
-                       const xtile *xt, long ntile, long m, uint8_t *codes, float *wa, float *wm, float *acc,
-                       float *y, long ldy, int emulate) {
+static inline __attribute__((always_inline)) void
+panel_simd_body(int type, const uint8_t *w, int packed, long row_bytes, long r0, long r1, long k, const xtile *xt,
+                long t0, long t1, long m, uint8_t *codes, float *wa, float *wm, float *acc, float *y, long ldy,
+                const int emulate) {
     const long ng = n_groups(k), nblocks = k / QB, nr = r1 - r0;
-    const int mg = type == T_Q4_1, kq = type == T_Q4_K;
+    const int mg = type == T_Q4_1, kq = type == T_Q4_K, sh = tsq_offset_shift(type);
     for (long r = 0; r < nr; r++)
         tsq_weight_row_simd(type, w + (r0 + r) * row_bytes, ng, nblocks, packed, codes + r * 16, ng * TR * 16, TR * 16,
-                            wa + r * 8, wm + r * 8, TR * 8);
+                            wa + r * 8, wm + r * 8, TR * 8, sh ? 1 << sh : 0);
     if (nr < TR) /* a short panel's missing rows: zero codes and scales (their sums are not stored) */
         for (long g = 0; g < ng; g++) {
             for (int L = 0; L < 8; L++) memset(codes + ((L * ng + g) * TR + nr) * 16, 0, (TR - nr) * 16);
             memset(wa + (g * TR + nr) * 8, 0, sizeof(float) * (TR - nr) * 8);
             memset(wm + (g * TR + nr) * 8, 0, sizeof(float) * (TR - nr) * 8);
         }
-    int32_t c[2][TR * TR] __attribute__((aligned(64)));
-    for (long t = 0; t < ntile; t++) {
+    int32_t c[PIPE][TR * TR] __attribute__((aligned(64)));
+    /* The tile products in one sequence, j = ((t - t0) * 8 + L) * ng + g, each issued PIPE - 1
+     * ahead of its float steps, across lanes and input tiles (restarting the pipeline at every
+     * lane left a 12-group lane of a 1536-wide row waiting at its start) */
+    const long nj = (t1 - t0) * 8 * ng;
+    long it = t0, iL = 0, ig = 0, j = 0; /* it, iL, ig: the next product to issue */
+#define ISSUE_NEXT(J)                                                                              \
+    do {                                                                                           \
+        lane_product((const int8_t *)codes + (iL * ng + ig) * TR * 16, &xt[it * ng + ig].B[iL][0][0], \
+                     c[(J) % PIPE], (J), emulate);                                                 \
+        if (++ig == ng) {                                                                          \
+            ig = 0;                                                                                \
+            if (++iL == 8) { iL = 0; it++; }                                                       \
+        }                                                                                          \
+    } while (0)
+    for (long q = 0; q < PIPE - 1 && q < nj; q++) ISSUE_NEXT(q);
+    for (long t = t0; t < t1; t++) {
         const xtile *xt_t = xt + t * ng;
         for (int L = 0; L < 8; L++) {
             __m512 ac[TR];
             for (int r = 0; r < TR; r++) ac[r] = _mm512_setzero_ps();
-            lane_product(codes + L * ng * TR * 16, &xt_t[0].B[L][0][0], c[0], 0, emulate);
-            for (long g = 0; g < ng; g++) {
+            for (long g = 0; g < ng; g++, j++) {
                 const xtile *x = xt_t + g;
                 const float *a = wa + g * TR * 8 + L; /* row r's scale at a[8 r] */
                 if (kq && g % 2 == 0) { /* a super-block's offsets, ahead of its products */
@@ -281,14 +321,11 @@ static void panel_simd(int type, const uint8_t *w, int packed, long row_bytes, l
                     const float *mn = wm + g * TR * 8 + L;
                     for (int r = 0; r < TR; r++) ac[r] = _mm512_fmadd_ps(_mm512_set1_ps(mn[8 * r]), fs, ac[r]);
                 }
-                if (g + 1 < ng) /* the next group's tile product, into the other buffer */
-                    lane_product(codes + (L * ng + g + 1) * TR * 16, &xt_t[g + 1].B[L][0][0], c[(g + 1) & 1],
-                                 (int)((g + 1) & 1), emulate);
-                const int32_t *cg = c[g & 1];
-                const __m512i s = _mm512_load_si512(x->s[L]);
+                if (j + PIPE - 1 < nj) ISSUE_NEXT(j + PIPE - 1); /* into its own buffer */
+                const int32_t *cg = c[j % PIPE];
                 const __m512 d = _mm512_load_ps(x->d[L]);
-                for (int r = 0; r < TR; r++)
-                    ac[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(cg + r * TR), s)),
+                for (int r = 0; r < TR; r++) /* cg: the exact isum - 2^sh s (the codes came signed) */
+                    ac[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cg + r * TR)),
                                             _mm512_mul_ps(_mm512_set1_ps(a[8 * r]), d), ac[r]);
             }
             for (int r = 0; r < TR; r++) _mm512_store_ps(acc + (r * 8 + L) * TR, ac[r]);
@@ -312,6 +349,32 @@ static void panel_simd(int type, const uint8_t *w, int packed, long row_bytes, l
             for (long n = 0; n < nn; n++) y[(t * TR + n) * ldy + r0 + r] = out[n];
         }
     }
+}
+#undef ISSUE_NEXT
+
+/* the body with the tile instructions inlined (the hardware) or emulated, each its own function */
+static void panel_simd_emu(int type, const uint8_t *w, int packed, long row_bytes, long r0, long r1, long k,
+                           const xtile *xt, long t0, long t1, long m, uint8_t *codes, float *wa, float *wm, float *acc,
+                           float *y, long ldy) {
+    panel_simd_body(type, w, packed, row_bytes, r0, r1, k, xt, t0, t1, m, codes, wa, wm, acc, y, ldy, 1);
+}
+#if TSQ_AMX_BUILD
+static AMX_TARGET void panel_simd_hw(int type, const uint8_t *w, int packed, long row_bytes, long r0, long r1, long k,
+                                     const xtile *xt, long t0, long t1, long m, uint8_t *codes, float *wa, float *wm,
+                                     float *acc, float *y, long ldy) {
+    panel_simd_body(type, w, packed, row_bytes, r0, r1, k, xt, t0, t1, m, codes, wa, wm, acc, y, ldy, 0);
+}
+#endif
+static void panel_simd(int type, const uint8_t *w, int packed, long row_bytes, long r0, long r1, long k,
+                       const xtile *xt, long t0, long t1, long m, uint8_t *codes, float *wa, float *wm, float *acc,
+                       float *y, long ldy, int emulate) {
+#if TSQ_AMX_BUILD
+    if (!emulate) {
+        panel_simd_hw(type, w, packed, row_bytes, r0, r1, k, xt, t0, t1, m, codes, wa, wm, acc, y, ldy);
+        return;
+    }
+#endif
+    panel_simd_emu(type, w, packed, row_bytes, r0, r1, k, xt, t0, t1, m, codes, wa, wm, acc, y, ldy);
 }
 #endif
 
@@ -359,14 +422,23 @@ TSQ_INTERNAL int tsq_matmul_tiles(int type, const uint8_t *w, int packed, long r
 #if TSQ_AMX_BUILD
             if (!emulate) tiles_begin();
 #endif
+#if TSQ_SIMD
+            /* the input tiles in blocks whose quantized rows stay in L2 (each panel re-reads its
+             * block's tiles once per lane): over a 512-row prefill of qwen2.5-coder-1.5b's
+             * 8960-wide down projection they were 7.8 MB, streamed from L3 for every panel */
+            const long tb = XT_BLOCK_BYTES / (ng * (long)sizeof(xtile)) > 1 ? XT_BLOCK_BYTES / (ng * (long)sizeof(xtile)) : 1;
+            for (long t0 = 0; t0 < ntile; t0 += tb)
+                for (long p = p0; p < p1; p++) {
+                    const long r0 = p * TR, r1 = r0 + TR < n_rows ? r0 + TR : n_rows;
+                    panel_simd(type, w, packed, row_bytes, r0, r1, k, xt, t0, t0 + tb < ntile ? t0 + tb : ntile, m,
+                               codes, wa, wm, acc, y, ldy, emulate);
+                }
+#else
             for (long p = p0; p < p1; p++) {
                 const long r0 = p * TR, r1 = r0 + TR < n_rows ? r0 + TR : n_rows;
-#if TSQ_SIMD
-                panel_simd(type, w, packed, row_bytes, r0, r1, k, xt, ntile, m, codes, wa, wm, acc, y, ldy, emulate);
-#else
                 panel(type, w, packed, row_bytes, r0, r1, k, xt, ntile, m, acc, accm, y, ldy, emulate);
-#endif
             }
+#endif
 #if TSQ_AMX_BUILD
             if (!emulate) tiles_end();
 #endif

@@ -1115,11 +1115,13 @@ static void dot_pairw(int type, const uint8_t *w, long k, const xgroup *x, const
  * them: group g's lane L (elements 16h..16h+15 of block b, L = 4h + b; Q8_0's codes unsigned, as the
  * products multiply them) at codes + L * lane_stride + g * group_stride, 16 bytes; the group's eight
  * lane scales at a + g * ab_stride and its offsets at m + g * ab_stride. The values are
- * tsq_weight_group's (a test compares them), read in registers. The stored layout (tsq_repack)
- * holds each group's code words transposed, which transpose4 undoes. */
+ * tsq_weight_group's (a test compares them), read in registers, less `off` per code (mod 256): the
+ * type's offset 2^offset_shift, so that the codes are the signed values c - 2^sh, or 0. The stored
+ * layout (tsq_repack) holds each group's code words transposed, which transpose4 undoes. */
 TSQ_INTERNAL void tsq_weight_row_simd(int type, const uint8_t *w, long ng, long nblocks, int packed, uint8_t *codes,
-                                      long lane_stride, long group_stride, float *a, float *m, long ab_stride) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
+                                      long lane_stride, long group_stride, float *a, float *m, long ab_stride,
+                                      int off) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), offv = _mm256_set1_epi8((char)off);
     __m128i sc[2] = {_mm_setzero_si128(), _mm_setzero_si128()};
     __m256 mw8 = _mm256_setzero_ps();
     float d1 = 0.f;
@@ -1147,6 +1149,8 @@ TSQ_INTERNAL void tsq_weight_row_simd(int type, const uint8_t *w, long ng, long 
             wgroup_simd(type, w, g, nblocks, packed, W, &av, &mv);
             transpose4(W[0], W[1], W[2], W[3], B);
         }
+        if (off)
+            for (int b = 0; b < 4; b++) B[b] = _mm256_sub_epi8(B[b], offv);
         uint8_t *c = codes + g * group_stride;
         for (int b = 0; b < 4; b++) { /* block b: lane b (its first half), lane 4 + b (its second) */
             _mm_storeu_si128((__m128i *)(c + b * lane_stride), _mm256_castsi256_si128(B[b]));

@@ -295,7 +295,8 @@ TSQ_INTERNAL void tsq_weight_group(int type, const uint8_t *w, long g, long nblo
 TSQ_INTERNAL int tsq_offset_shift(int type);
 #if TSQ_SIMD
 TSQ_INTERNAL void tsq_weight_row_simd(int type, const uint8_t *w, long ng, long nblocks, int packed, uint8_t *codes,
-                                      long lane_stride, long group_stride, float *a, float *m, long ab_stride);
+                                      long lane_stride, long group_stride, float *a, float *m, long ab_stride,
+                                      int off);
 #endif
 
 /* amx.c: the AMX-INT8 tile products (tsq_matmul hands them the multi-row quantized products while
