@@ -68,3 +68,24 @@ def test_an_older_build_gets_every_function_it_has_declared():
         kernels._declare(old)
     assert old.tsq_output.argtypes == kernels.SIGNATURES["tsq_output"][1]
     assert old.tsq_eagle_step.restype is kernels.SIGNATURES["tsq_eagle_step"][0]
+
+
+def test_base_and_amx_are_one_or_the_other():
+    for args in ([], ["--base", "HEAD", "--amx"]):
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_kernels.py"), *args], capture_output=True,
+                           text=True)
+        assert r.returncode != 0, args
+        assert "give --base REV, or --amx" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tile_modes_pair_in_one_build(tmp_path):
+    """compare's ``modes`` (what --amx pairs: VNNI against the hardware tiles) run here with the
+    emulated tiles (mode 2), so the switching and the identity check run on every CPU."""
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", quant="Q4_0", d_model=64, ffn_dim=128, vocab_size=320)
+    lib = ab_kernels.build(ab_kernels.source_at(None))
+    try:
+        res = ab_kernels.compare(str(path), 3, [lib, lib], rounds=4, steps=1, head=True, threads=2,
+                                 allow_different=False, modes=(0, 2))
+    finally:
+        kernels.use_tiles(1 if kernels.amx_status() == "in use" else 0)
+    assert res["identical"] and res["base_ms"] > 0 and res["new_ms"] > 0
