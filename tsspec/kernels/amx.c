@@ -8,10 +8,12 @@
  * eight lanes reduced by sum8. Only the integer sums move to the tiles: a tile product's int32 sums
  * are exact, so the result is the reference's and the VNNI path's bit for bit.
  *
- * One TDPBUSD per (16 weight rows, 16 input rows, lane): A = 16 weight rows x the lane's 16 unsigned
+ * One tile product per (16 weight rows, 16 input rows, lane): A = 16 weight rows x the lane's 16
  * codes (K = 16), B = the 16 input rows' 16 signed codes in the four-byte groups the instruction
  * reads, C = the 16 x 16 int32 lane sums. The sums are taken per lane, not over whole rows of 64,
- * because each lane has its own pair of scales.
+ * because each lane has its own pair of scales. The scalar panel (levels below AVX-512, emulated
+ * only) takes the codes unsigned with TDPBUSD and subtracts the offset's integer; the AVX-512
+ * panel takes them signed, c - 2^sh, with TDPBSSD: the same integer, one step less per lane.
  *
  * emulate = 1 runs the same sequence with the tile instructions done in C (tile_dp below), bit for
  * bit what the hardware computes (integer sums), so the backend's data movement and float steps are
@@ -120,9 +122,11 @@ static AMX_TARGET void tile_dp_hw(const uint8_t *A, long as, const int8_t *B, in
 }
 #endif
 /* panel_simd's products: signed codes (c - 2^sh) against the signed input codes, TDPBSSD. A
- * product's result waits for its TDPBSSD and tile store (sampled: half the panel's time sat on
- * the store while one product was in flight), so panel_simd keeps PIPE products in flight: product
- * j takes accumulator tile C = j % 3 (tmm0, 3, 6), A = j % 3 (tmm1, 4, 7) and B = j % 2 (tmm2, 5). */
+ * product's float steps wait for its TDPBSSD and tile store, so panel_simd issues each product
+ * PIPE - 1 ahead, product j on tile set j % 3: C tmm0/3/6, A tmm1/4/7, B tmm2/5/2 (sets 0 and 2
+ * share tmm2, so a load into it waits until the product two before has read it). Measured: one,
+ * two or three products in flight ran alike (perf: ~45% of the panel's time on tile stores
+ * retiring either way); kept at three, the most the eight tiles allow. */
 #define PIPE 3
 #define XT_BLOCK_BYTES (2L << 20) /* input tiles a panel takes in one pass (tsq_matmul_tiles) */
 #define TILE_SS(C, A, B)                                                                           \
@@ -253,14 +257,15 @@ static void panel(int type, const uint8_t *w, int packed, long row_bytes, long r
  *   wa[g][r][L] its scales and wm[g][r][L] its offsets;
  * - per input tile and lane, the TR weight rows' accumulators (one 512-bit register per row: the
  *   tile's sixteen inputs) stay in registers across all groups; after each group's tile product,
- *   one fma per row: fma(isum - s, a * d, acc), the scalar panel's step element for element. An
+ *   one fma per row: fma(isum - 2^sh s, a * d, acc), the scalar panel's step element for element
+ *   (the tile gives isum - 2^sh s directly, the codes taken signed). An
  *   accumulator (row, lane, input) sees the same steps in the same order as there: Q4_K's offsets
  *   at each even group ahead of its product, then the product. Q4_1's offsets, a separate sum,
  *   are taken at the end, group by group, as the scalar panel's second accumulators take them.
  * The scalar panel unpacked with the reference's byte reader and kept its accumulators in memory,
  * one element at a time: 10 to 31 times slower than VNNI on real tiles. */
-/* one lane's tile product (A: TR rows of 16 codes, contiguous; B: an xtile's lane) into c, on the
- * tile set `set` (0 or 1), or emulated */
+/* one lane's tile product (A: TR rows of 16 signed codes, contiguous; B: an xtile's lane) into c,
+ * product j of a sequence on tile set j % 3, or emulated */
 static inline __attribute__((always_inline)) void lane_product(const int8_t *A, const int8_t *B, int32_t *c, long j,
                                                                 const int emulate) {
 #if TSQ_AMX_BUILD
