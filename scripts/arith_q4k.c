@@ -34,22 +34,31 @@ static float XF[NP][NSB][16] __attribute__((aligned(64)));
 static int32_t XB[NP][NSB][16] __attribute__((aligned(64)));
 static float out[N][NP];
 static inline __m512i bcast256(const void *p){ return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)p)); }
-__attribute__((noinline)) static void run_a(void){
+/* a super-block's two groups of 4-bit codes, both rows' halves (the same in both variants) */
+static inline __attribute__((always_inline)) void unpack_sb(const uint8_t *b, __m512i Z[2][4]){
   const __m512i m4=_mm512_set1_epi8(15);
+  for(int g=0;g<2;g++){ __m512i q0=bcast256(b+16+64*g), q1=bcast256(b+48+64*g);
+    Z[g][0]=_mm512_and_si512(q0,m4); Z[g][1]=_mm512_and_si512(_mm512_srli_epi16(q0,4),m4);
+    Z[g][2]=_mm512_and_si512(q1,m4); Z[g][3]=_mm512_and_si512(_mm512_srli_epi16(q1,4),m4);}
+}
+/* the exact integer sums of one group and pair of input rows: four VPDPBUSD (the same in both) */
+static inline __attribute__((always_inline)) __m512i group_sums(const __m512i Z[4], const int8_t *x){
+  __m512i i=_mm512_setzero_si512();
+  for(int j=0;j<4;j++) i=_mm512_dpbusd_epi32(i,Z[j],_mm512_load_si512(x+64*j));
+  return i;
+}
+__attribute__((noinline)) static void run_a(void){
   for(int r=0;r<N;r++){
     __m512 acc[NP]; for(int p=0;p<NP;p++) acc[p]=_mm512_setzero_ps();
     for(int sb=0;sb<NSB;sb++){
       const uint8_t *b=W[r][sb];
       __m512i Z[2][4];
-      for(int g=0;g<2;g++){ __m512i q0=bcast256(b+16+64*g), q1=bcast256(b+48+64*g);
-        Z[g][0]=_mm512_and_si512(q0,m4); Z[g][1]=_mm512_and_si512(_mm512_srli_epi16(q0,4),m4);
-        Z[g][2]=_mm512_and_si512(q1,m4); Z[g][3]=_mm512_and_si512(_mm512_srli_epi16(q1,4),m4);}
+      unpack_sb(b,Z);
       const __m512 a0=_mm512_set1_ps((float)(b[4]&63)*0.01f), a1=_mm512_set1_ps((float)(b[5]&63)*0.01f);
       const __m512 mn=_mm512_set1_ps(-(float)(b[8]&63)*0.02f);
       for(int p=0;p<NP;p++){
         acc[p]=_mm512_fmadd_ps(mn,_mm512_load_ps(XF[p][sb]),acc[p]);
-        for(int g=0;g<2;g++){ const int8_t *x=X[p][sb][g]; __m512i i=_mm512_setzero_si512();
-          for(int j=0;j<4;j++) i=_mm512_dpbusd_epi32(i,Z[g][j],_mm512_load_si512(x+64*j));
+        for(int g=0;g<2;g++){ const __m512i i=group_sums(Z[g],X[p][sb][g]);
           acc[p]=_mm512_fmadd_ps(_mm512_cvtepi32_ps(i),_mm512_mul_ps(g?a1:a0,_mm512_load_ps(XD[p][sb][g])),acc[p]);}
       }
     }
@@ -57,21 +66,17 @@ __attribute__((noinline)) static void run_a(void){
   }
 }
 __attribute__((noinline)) static void run_b(void){
-  const __m512i m4=_mm512_set1_epi8(15);
   for(int r=0;r<N;r++){
     __m512 acc[NP]; for(int p=0;p<NP;p++) acc[p]=_mm512_setzero_ps();
     for(int sb=0;sb<NSB;sb++){
       const uint8_t *b=W[r][sb];
       __m512i Z[2][4];
-      for(int g=0;g<2;g++){ __m512i q0=bcast256(b+16+64*g), q1=bcast256(b+48+64*g);
-        Z[g][0]=_mm512_and_si512(q0,m4); Z[g][1]=_mm512_and_si512(_mm512_srli_epi16(q0,4),m4);
-        Z[g][2]=_mm512_and_si512(q1,m4); Z[g][3]=_mm512_and_si512(_mm512_srli_epi16(q1,4),m4);}
+      unpack_sb(b,Z);
       const __m512i s0=_mm512_set1_epi32(b[4]&63), s1=_mm512_set1_epi32(b[5]&63), m8=_mm512_set1_epi32(b[8]&63);
       const __m512 dd=_mm512_set1_ps(0.01f), dm=_mm512_set1_ps(-0.02f);
       for(int p=0;p<NP;p++){
         __m512i is=_mm512_setzero_si512();
-        for(int g=0;g<2;g++){ const int8_t *x=X[p][sb][g]; __m512i i=_mm512_setzero_si512();
-          for(int j=0;j<4;j++) i=_mm512_dpbusd_epi32(i,Z[g][j],_mm512_load_si512(x+64*j));
+        for(int g=0;g<2;g++){ const __m512i i=group_sums(Z[g],X[p][sb][g]);
           is=_mm512_add_epi32(is,_mm512_mullo_epi32(i,g?s1:s0));}
         const __m512i ms=_mm512_mullo_epi32(_mm512_load_si512(XB[p][sb]),m8);
         acc[p]=_mm512_fmadd_ps(_mm512_cvtepi32_ps(is),_mm512_mul_ps(dd,_mm512_load_ps(XD[p][sb][0])),acc[p]);
