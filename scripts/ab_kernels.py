@@ -196,8 +196,10 @@ def main() -> None:
             raise ScriptError("give --base REV, or --amx (the tiles against VNNI in one build), not both")
         modes = None
         if args.amx:
+            from tsspec import kernels
+
             lib = build(source_at(args.new))
-            if lib.tsq_isa() != 2 or lib.tsq_amx_init() != 0:
+            if lib.tsq_isa() != kernels.LEVELS["avx512"].isa or lib.tsq_amx_init() != 0:
                 raise ScriptError("--amx needs the AVX-512 level and AMX tiles this process may use")
             libs, modes = [lib, lib], (0, 1)
         else:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from test_kernels import tiles_as_loaded
 from tiny import write_tiny_model
 from tsspec import kernels
 
@@ -87,5 +88,5 @@ def test_tile_modes_pair_in_one_build(tmp_path):
         res = ab_kernels.compare(str(path), 3, [lib, lib], rounds=4, steps=1, head=True, threads=2,
                                  allow_different=False, modes=(0, 2))
     finally:
-        kernels.use_tiles(1 if kernels.amx_status() == "in use" else 0)
+        tiles_as_loaded()
     assert res["identical"] and res["base_ms"] > 0 and res["new_ms"] > 0

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_kernels import QUANT_TYPES, random_blocks
+from test_kernels import QUANT_TYPES, random_blocks, tiles_as_loaded
 from tiny import write_tiny_model
 from tsspec import kernels
 from tsspec.models import load_model
@@ -93,7 +93,7 @@ def emulated_tiles():
     """Every quantized product of 2 rows or more through the emulated tiles, then back."""
     kernels.use_tiles(2, min_rows=2)
     yield
-    kernels.use_tiles(1 if kernels.amx_status() == "in use" else 0)
+    tiles_as_loaded()
 
 
 def test_self_check_runs_on_every_cpu():
@@ -167,12 +167,17 @@ def test_forcing_amx_where_it_cannot_run_is_one_line(tmp_path):
 
 
 def test_status_says_why(tmp_path):
-    """In this process (TSSPEC_AMX unset or auto): in use exactly where the CPU has AMX and it was
-    granted; 'not on this CPU' where CPUID has none. TSSPEC_AMX=0 says it is off, in a fresh process."""
+    """In this process: 'not on this CPU' where CPUID has none; where it has AMX, auto's reason for
+    leaving the tiles off (or why they cannot run), and "in use" when the suite runs under
+    TSSPEC_AMX=1. TSSPEC_AMX=0 says it is off, in a fresh process."""
+    from tsspec.env import amx_mode
+
     status = kernels.amx_status()
     if not HAS_AMX:
         assert status == "not on this CPU"
-    else:  # auto leaves the tiles off until they are measured faster than VNNI somewhere
+    elif amx_mode() == "1":
+        assert status == "in use"
+    else:  # auto leaves the tiles off: they are measured slower than VNNI at every row count
         assert status in (kernels.AMX_AUTO_OFF, "permission refused", "not enabled by the operating system")
     code = "from tsspec import kernels; print(kernels.amx_status())"
     env = {**os.environ, "TSSPEC_AMX": "0"}

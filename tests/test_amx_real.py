@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from test_kernels import tiles_as_loaded
 from tsspec import kernels
 
 pytestmark = [
@@ -59,7 +60,7 @@ def test_tiles_give_the_vnni_logits_on_a_long_prompt(name, real_model_path):
         kernels.use_tiles(1, min_rows=2)  # every product of 2 rows or more on the tiles
         tiles = logits_through(m, ids)
     finally:
-        kernels.use_tiles(1 if kernels.amx_status() == "in use" else 0)  # as TSSPEC_AMX set it
+        tiles_as_loaded()
         torch.set_num_threads(threads)
     assert np.isfinite(vnni).all()
     assert np.array_equal(tiles.argmax(-1), vnni.argmax(-1))

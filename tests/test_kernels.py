@@ -44,6 +44,12 @@ def fresh_kernels(monkeypatch) -> None:
     kernels._tried, kernels._lib, kernels._reason, kernels._amx_error, kernels._level = False, None, None, None, None
 
 
+def tiles_as_loaded() -> None:
+    """The AMX tile routing back as TSSPEC_AMX set it when the library loaded (after a test that
+    switched the tiles, real or emulated, on or off)."""
+    kernels.use_tiles(1 if kernels.amx_status() == "in use" else 0)
+
+
 def random_blocks(type_name: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     """A random weight [n, row_bytes] of a GGUF type with sane scales (uint8)."""
     rng = np.random.default_rng(seed)

@@ -127,7 +127,7 @@ static AMX_TARGET void tile_dp_hw(const uint8_t *A, long as, const int8_t *B, in
  * share tmm2, so a load into it waits until the product two before has read it). Measured: one,
  * two or three products in flight ran alike (perf: ~45% of the panel's time on tile stores
  * retiring either way); kept at three, the most the eight tiles allow. */
-#define PIPE 3
+#define PIPE 3 /* lane_product's switch names the three sets */
 #define XT_BLOCK_BYTES (2L << 20) /* input tiles a panel takes in one pass (tsq_matmul_tiles) */
 #define TILE_SS(C, A, B)                                                                           \
     static inline AMX_TARGET void tile_ss_##C(const int8_t *a, const int8_t *b, int32_t *c) {     \
@@ -184,7 +184,11 @@ static void make_xtile(const xgroup *xq, long ng, long g, long n0, long nr, int 
         for (int L = 0; L < 8; L++) {
             for (int j = 0; j < 4; j++) memcpy(&t->B[L][j][4 * n], x->q + 32 * j + 4 * L, 4);
             t->d[L][n] = x->d[L];
+#if !TSQ_SIMD /* the AVX-512 panel takes the codes signed: the offset is inside its tile sums */
             t->s[L][n] = sh ? x->s[L] * (1 << sh) : 0; /* the reference subtracts no offset where sh is 0 */
+#else
+            (void)sh;
+#endif
             t->fs[L][n] = x->fs[L];
         }
     }

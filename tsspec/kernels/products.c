@@ -1121,7 +1121,7 @@ static void dot_pairw(int type, const uint8_t *w, long k, const xgroup *x, const
 TSQ_INTERNAL void tsq_weight_row_simd(int type, const uint8_t *w, long ng, long nblocks, int packed, uint8_t *codes,
                                       long lane_stride, long group_stride, float *a, float *m, long ab_stride,
                                       int off) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), offv = _mm256_set1_epi8((char)off);
+    const __m256i offv = _mm256_set1_epi8((char)off);
     __m128i sc[2] = {_mm_setzero_si128(), _mm_setzero_si128()};
     __m256 mw8 = _mm256_setzero_ps();
     float d1 = 0.f;
@@ -1134,12 +1134,8 @@ TSQ_INTERNAL void tsq_weight_row_simd(int type, const uint8_t *w, long ng, long 
             const __m128 a4 = _mm_mul_ps(_mm_set1_ps(d1), _mm_cvtepi32_ps(sc[g & 1]));
             av = _mm256_set_m128(a4, a4);
             mv = mw8;
-            const uint8_t *q = p + 16 + 64 * (g & 1);
-            const __m256i q0 = _mm256_loadu_si256((const __m256i *)q), q1 = _mm256_loadu_si256((const __m256i *)(q + 32));
-            W[0] = _mm256_and_si256(q0, m4);
-            W[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
-            W[2] = _mm256_and_si256(q1, m4);
-            W[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
+            __m512i Z[4];
+            nibbles2(p + 16 + 64 * (g & 1), Z, W); /* the VNNI path's nibble reader */
             if (packed) {
                 transpose4(W[0], W[1], W[2], W[3], B);
             } else {
