@@ -100,14 +100,17 @@ void bf16_prepare(const int8_t *x, const float *dx, long k, long valid, uint16_t
  * ceil(m / 16) input tiles from bf16_prepare, one after another. One thread. */
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 void bf16_matmul(const wblock *W, long n, long k, const uint16_t *Bt, const uint16_t *Bm, const float *dxv, long m,
-                 float *y) {
+                 float *y, int nth) {
     long nsb = k / QK, nt = (m + 15) / 16;
+#pragma omp parallel num_threads(nth)
+    {
     uint16_t *A = aligned_alloc(64, 2 * 8 * 1024 + 512);
     uint16_t *Am = A + 2 * 8 * 512;
     float *acc = aligned_alloc(64, nt * 16 * 16 * sizeof(float));
     float C[3][16][16] __attribute__((aligned(64)));
     _tile_loadconfig(&CFG);
     const __m256i m4 = _mm256_set1_epi8(15);
+#pragma omp for schedule(static)
     for (long r0 = 0; r0 < n; r0 += 16) {
         memset(acc, 0, nt * 16 * 16 * sizeof(float));
         for (long sb = 0; sb < nsb; sb++) {
@@ -166,6 +169,7 @@ void bf16_matmul(const wblock *W, long n, long k, const uint16_t *Bt, const uint
     _tile_release();
     free(A);
     free(acc);
+    }
 }
 
 /* ---- the same arithmetic on INT8 tiles (TDPBSSD), for the unpack's sake: A_hi = q sh and A_lo = q sl
@@ -173,6 +177,7 @@ void bf16_matmul(const wblock *W, long n, long k, const uint16_t *Bt, const uint
  * the bf16 operands take; the minimums ride the same B tiles with A_m = m_j spread over the 32
  * codes of sub-block j (M = sum_k m_j(k) x_k). Integer sums are exact in any order: C_hi, C_lo and
  * C_m are S's halves and M, and the float steps are the BF16 route's, so bf16_reference checks both.
+ * Both matmuls split the weight rows' 16-row panels over nth OpenMP threads, each with its own tiles.
  * B tiles: Bq[sb][c][p][n][4] = x[n][256 sb + 64 c + 4 p + (0..3)], 16 input rows. */
 static const tilecfg CFG8 = {
     .palette_id = 1,
@@ -197,8 +202,13 @@ void i8_prepare(const int8_t *x, const float *dx, long k, long valid, int8_t *Bq
 }
 
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
-void i8_matmul(const wblock *W, long n, long k, const int8_t *Bq, const float *dxv, long m, float *y) {
+/* unpack_only: the weights' A operands only, no tile product or float step (y is left as it was):
+ * what the unpack alone costs */
+void i8_matmul(const wblock *W, long n, long k, const int8_t *Bq, const float *dxv, long m, float *y, int nth,
+               int unpack_only) {
     long nsb = k / QK, nt = (m + 15) / 16;
+#pragma omp parallel num_threads(nth)
+    {
     int8_t *A = aligned_alloc(64, 3 * 4 * 1024); /* [hi, lo, m][chunk][row][64] */
     float *acc = aligned_alloc(64, nt * 16 * 16 * sizeof(float));
     int32_t C[3][16][16] __attribute__((aligned(64)));
@@ -209,6 +219,7 @@ void i8_matmul(const wblock *W, long n, long k, const int8_t *Bq, const float *d
     __m512i spread[4];
     for (int c4 = 0; c4 < 4; c4++)
         spread[c4] = _mm512_inserti64x4(_mm512_set1_epi8((char)(2 * c4)), _mm256_set1_epi8((char)(2 * c4 + 1)), 1);
+#pragma omp for schedule(static)
     for (long r0 = 0; r0 < n; r0 += 16) {
         memset(acc, 0, nt * 16 * 16 * sizeof(float));
         for (long sb = 0; sb < nsb; sb++) {
@@ -231,7 +242,7 @@ void i8_matmul(const wblock *W, long n, long k, const int8_t *Bq, const float *d
                     _mm512_store_si512(A + (2 * 4 + c4) * 1024 + r * 64, _mm512_shuffle_epi8(mv, spread[c4]));
                 }
             }
-            for (long t = 0; t < nt; t++) {
+            for (long t = 0; t < (unpack_only ? 0 : nt); t++) {
                 const int8_t *bq = Bq + (t * nsb + sb) * 4 * 1024;
                 _tile_zero(0);
                 _tile_zero(1);
@@ -262,13 +273,14 @@ void i8_matmul(const wblock *W, long n, long k, const int8_t *Bq, const float *d
                 }
             }
         }
-        for (long t = 0; t < nt; t++)
+        for (long t = 0; t < (unpack_only ? 0 : nt); t++)
             for (int r = 0; r < 16 && r0 + r < n; r++)
                 for (int c = 0; c < 16 && t * 16 + c < m; c++) y[(t * 16 + c) * n + r0 + r] = acc[(t * 16 + r) * 16 + c];
     }
     _tile_release();
     free(A);
     free(acc);
+    }
 }
 
 /* The same products in exact integers and the same float steps, one element at a time. */

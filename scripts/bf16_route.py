@@ -9,14 +9,14 @@ per 256-element super-block, in a BF16 and an INT8 form; its header says the ari
 1. checks both forms against their exact integer reference bit for bit (random blocks, rows 1..40,
    the extreme codes and scales included): this is what says the route is exact on the hardware,
    not only on paper;
-2. times them, one thread, against tsspec's own products on the same shapes (qwen2.5-coder-1.5b's
+2. times them (one thread, or --threads), against tsspec's own products on the same shapes (qwen2.5-coder-1.5b's
    layer matrices, random Q4_K rows, repacked as tsspec stores them): the VNNI path, and the
    present tile panel on the hardware. Paired: the sides take turns within a round, the order
    rotated each round; medians over rounds. The inputs' B operands are prepared beforehand and not
    timed (their cost is per input row: the same place tsspec's own input quantization sits, which
    is also left out of its timing here).
 
-Reports per shape and row count the median ms of each path, the routes' time against VNNI at the
+Reports per shape and row count the median ms of each path (and of the INT8 form's unpack alone), the routes' time against VNNI at the
 same rows, and against VNNI's one-row product: the verify-cost question of issue 47. A layer's
 figure sums qwen2.5-coder-1.5b's seven matrices (all taken as Q4_K; the file keeps some in Q6_K).
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import json
 import statistics
 import subprocess
@@ -52,7 +53,10 @@ class ScriptError(Exception):
 def build() -> ctypes.CDLL:
     src = ROOT / "scripts" / "bf16_q4k.c"
     out = Path(tempfile.mkdtemp()) / "bf16_q4k.so"
-    r = subprocess.run(["gcc", "-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", str(src), "-o", str(out)],
+    importlib.import_module("torch")  # first: the model's OpenMP is then torch's libgomp, as tsspec's kernels' is
+
+    r = subprocess.run(["gcc", "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", str(src), "-o",
+                        str(out)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise ScriptError(f"cannot build {src.name}: {r.stderr.strip()[:400]}")
@@ -60,10 +64,10 @@ def build() -> ctypes.CDLL:
     P, L = ctypes.c_void_p, ctypes.c_long
     h.bf16_init.restype = ctypes.c_int
     h.bf16_prepare.argtypes = [P, P, L, L, P, P, P]
-    h.bf16_matmul.argtypes = [P, L, L, P, P, P, L, P]
+    h.bf16_matmul.argtypes = [P, L, L, P, P, P, L, P, ctypes.c_int]
     h.bf16_reference.argtypes = [P, L, L, P, P, L, P]
     h.i8_prepare.argtypes = [P, P, L, L, P, P]
-    h.i8_matmul.argtypes = [P, L, L, P, P, L, P]
+    h.i8_matmul.argtypes = [P, L, L, P, P, L, P, ctypes.c_int, ctypes.c_int]
     for f in (h.bf16_prepare, h.bf16_matmul, h.bf16_reference, h.i8_prepare, h.i8_matmul):
         f.restype = None
     if h.bf16_init() != 0:
@@ -107,8 +111,8 @@ class Prepared:
             h.bf16_prepare(ptr(xs), ptr(ds), k, xs.shape[0], ptr(self.bt[t * nsb * 4096:]), ptr(self.bm[t * nsb * 256:]),
                            ptr(self.dxv[t * nsb * 16:]))
 
-    def run(self, h: ctypes.CDLL, w: np.ndarray, y: np.ndarray) -> None:
-        h.bf16_matmul(ptr(w), w.shape[0], self.k, ptr(self.bt), ptr(self.bm), ptr(self.dxv), self.m, ptr(y))
+    def run(self, h: ctypes.CDLL, w: np.ndarray, y: np.ndarray, threads: int = 1) -> None:
+        h.bf16_matmul(ptr(w), w.shape[0], self.k, ptr(self.bt), ptr(self.bm), ptr(self.dxv), self.m, ptr(y), threads)
 
 
 class Prepared8:
@@ -124,8 +128,8 @@ class Prepared8:
             xs, ds = np.ascontiguousarray(x[16 * t:16 * t + 16]), np.ascontiguousarray(dx[16 * t:16 * t + 16])
             h.i8_prepare(ptr(xs), ptr(ds), k, xs.shape[0], ptr(self.bq[t * nsb * 4096:]), ptr(self.dxv[t * nsb * 16:]))
 
-    def run(self, h: ctypes.CDLL, w: np.ndarray, y: np.ndarray) -> None:
-        h.i8_matmul(ptr(w), w.shape[0], self.k, ptr(self.bq), ptr(self.dxv), self.m, ptr(y))
+    def run(self, h: ctypes.CDLL, w: np.ndarray, y: np.ndarray, threads: int = 1, unpack_only: bool = False) -> None:
+        h.i8_matmul(ptr(w), w.shape[0], self.k, ptr(self.bq), ptr(self.dxv), self.m, ptr(y), threads, int(unpack_only))
 
 
 def check(h: ctypes.CDLL) -> dict:
@@ -146,7 +150,7 @@ def check(h: ctypes.CDLL) -> dict:
         h.bf16_reference(ptr(w), n, k, ptr(x), ptr(dx), m, ptr(ref))
         for form, prep in (("bf16", Prepared), ("int8", Prepared8)):
             y = np.full((m, n), np.nan, dtype=np.float32)
-            prep(h, x, dx).run(h, w, y)
+            prep(h, x, dx).run(h, w, y, threads=1 + m % 2)
             same = bool(np.array_equal(y.view(np.int32), ref.view(np.int32)))
             cases.append({"form": form, "rows": m, "n": n, "k": k, "bit_equal": same})
             if not same:
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--rows", default="1,9,16,64,512")
+    ap.add_argument("--threads", type=int, default=1, help="threads for every side (default 1)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     try:
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tsspec import kernels
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     if kernels.lib() is None:
         print(f"error: tsspec's kernels are unavailable: {kernels.unavailable_reason()}", file=sys.stderr)
         return 1
@@ -203,13 +208,14 @@ def main(argv: list[str] | None = None) -> int:
             y = np.zeros((m, n), dtype=np.float32)
             yt = torch.zeros(m, n)
             sides = {
-                "route": lambda: prep.run(h, w_route, y),
-                "route8": lambda: prep8.run(h, w_route, y),
-                "vnni": lambda: kernels.matmul("Q4_K", w_gguf, k, xf, xq, yt, packed=True, threads=1),
+                "route": lambda: prep.run(h, w_route, y, a.threads),
+                "route8": lambda: prep8.run(h, w_route, y, a.threads),
+                "unpack8": lambda: prep8.run(h, w_route, y, a.threads, unpack_only=True),
+                "vnni": lambda: kernels.matmul("Q4_K", w_gguf, k, xf, xq, yt, packed=True, threads=a.threads),
             }
             if tiles and m > 1:
-                sides["tiles"] = lambda: kernels.matmul_tiles("Q4_K", w_gguf, k, xq, yt, packed=True, threads=1,
-                                                              emulate=False)
+                sides["tiles"] = lambda: kernels.matmul_tiles("Q4_K", w_gguf, k, xq, yt, packed=True,
+                                                              threads=a.threads, emulate=False)
             times: dict[str, list[float]] = {s: [] for s in sides}
             order = list(sides)
             for s in order:
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:8s} {n:5d}x{k:<5d} rows {m:4d}: bf16 {med['route']:7.2f} ms  int8 {med['route8']:7.2f}"
                   f"  vnni {med['vnni']:7.2f}{extra}  bf16/vnni {med['route'] / med['vnni']:.2f}"
                   f"  int8/vnni {med['route8'] / med['vnni']:.2f}", flush=True)
-    print("\none layer of qwen2.5-coder-1.5b (all Q4_K), ms at 1 thread, and against VNNI's one row:")
+    print(f"\none layer of qwen2.5-coder-1.5b (all Q4_K), ms at {a.threads} thread(s), and against VNNI's one row:")
     one = sum(r["ms"]["vnni"] * r["count"] for r in results if r["rows"] == 1) if 1 in rows else None
     layer = []
     for m in rows:
@@ -237,9 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rows {m:4d}: bf16 {tot['route']:8.2f}  int8 {tot['route8']:8.2f}  vnni {tot['vnni']:8.2f}"
               + (f"   against vnni@1: bf16 {tot['route'] / one:5.2f}  int8 {tot['route8'] / one:5.2f}"
                  f"  vnni {tot['vnni'] / one:5.2f}" if one else ""))
+    unpack = {m: sum(r["ms"]["unpack8"] * r["count"] for r in results if r["rows"] == m) for m in rows}
+    print("the INT8 form's unpack alone (no tile product, no float step), ms a layer:",
+          ", ".join(f"{m} rows {v:.2f}" + (f" ({v / one:.2f}x VNNI@1)" if one else "") for m, v in unpack.items()))
     if a.json:
-        a.json.write_text(json.dumps({"check": verdict, "shapes": results, "layer": layer, "rounds": a.rounds,
-                                      "threads": 1, "cpu_flags_amx": tiles}, indent=1) + "\n")
+        a.json.write_text(json.dumps({"check": verdict, "shapes": results, "layer": layer, "int8_unpack_only_ms": unpack, "rounds": a.rounds,
+                                      "threads": a.threads, "cpu_flags_amx": tiles}, indent=1) + "\n")
     return 0
 
 
