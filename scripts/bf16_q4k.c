@@ -1,5 +1,6 @@
 /* Issue 47's untried routes, measured before anyone builds them: Q4_K products on the AMX tiles with
- * one float step per 256-element super-block, exact, in two forms (BF16 tiles, INT8 tiles). A
+ * one float step per 256-element super-block, exact, in three forms (BF16 tiles, INT8 tiles, INT8
+ * scheduled). A
  * stand-alone model, not a kernel of tsspec's: it takes its own layout (a load-time repack would
  * give it) and checks itself against an exact integer reference. scripts/bf16_route.py builds it,
  * checks it and times it beside tsspec's own VNNI product and tile panel on the same shapes.
@@ -21,6 +22,8 @@
  *   bf16 tables (VPERMW).
  * - INT8 (TDPBSSD), further down: A_hi and A_lo fit a signed byte, a byte-table lookup (VPSHUFB)
  *   makes them, and the int32 sums are exact by construction.
+ * - INT8 scheduled (i8b_*): the same with the minimums on VPDPWSSD, input tiles in pairs and the
+ *   unpack and float steps one step ahead of or behind the tile products.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -36,6 +39,7 @@ typedef struct { /* one weight row's super-block, as a load-time repack would st
     uint8_t qs[128]; /* GGUF order: 32-byte groups, low nibbles sub-block 2g, high 2g+1 */
     uint8_t sh[8], sl[8], m[8];
     float d, dmin;
+    int16_t m16[8]; /* the minimums again as int16 pairs, for VPDPWSSD (the INT8 form's second schedule) */
 } wblock;
 
 typedef struct {
@@ -279,6 +283,141 @@ void i8_matmul(const wblock *W, long n, long k, const int8_t *Bq, const float *d
     }
     _tile_release();
     free(A);
+    free(acc);
+    }
+}
+
+/* ---- the INT8 form, scheduled: the minimums leave the tiles (M by four VPDPWSSD a weight row, from the
+ * inputs' 32-element sums packed as int16 pairs, Xp[sb][q][c] = (xs_2q, xs_2q+1) of input c), so the
+ * unpack writes 2 bytes a weight; and input tiles go in pairs, each A tile loaded once for both,
+ * four independent accumulator chains (C_hi and C_lo of two input tiles). */
+static const tilecfg CFG8B = {
+    .palette_id = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
+
+void i8b_prepare(const int8_t *x, const float *dx, long k, long valid, int8_t *Bq, int32_t *Xp, float *dxv) {
+    long nsb = k / QK;
+    i8_prepare(x, dx, k, valid, Bq, dxv);
+    for (long sb = 0; sb < nsb; sb++)
+        for (int q = 0; q < 4; q++)
+            for (int c = 0; c < 16; c++) {
+                int xs[2] = {0, 0};
+                if (c < valid)
+                    for (int e = 0; e < 2; e++)
+                        for (int i = 0; i < 32; i++) xs[e] += x[c * k + sb * QK + 32 * (2 * q + e) + i];
+                Xp[(sb * 4 + q) * 16 + c] = (int32_t)(((uint32_t)(uint16_t)xs[1] << 16) | (uint16_t)xs[0]);
+            }
+}
+
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni")))
+static inline void float_step8(const wblock *b, const int32_t *chi, const int32_t *clo, const int32_t *xp,
+                               __m512 dx, float *a) {
+    __m512i si = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(chi), 3), _mm512_load_si512(clo));
+    const int32_t *mp = (const int32_t *)b->m16;
+    __m512i mi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(xp), _mm512_set1_epi32(mp[0]));
+    mi = _mm512_dpwssd_epi32(mi, _mm512_loadu_si512(xp + 16), _mm512_set1_epi32(mp[1]));
+    mi = _mm512_dpwssd_epi32(mi, _mm512_loadu_si512(xp + 32), _mm512_set1_epi32(mp[2]));
+    mi = _mm512_dpwssd_epi32(mi, _mm512_loadu_si512(xp + 48), _mm512_set1_epi32(mp[3]));
+    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(_mm512_set1_ps(b->d), dx), _mm512_load_ps(a));
+    v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mi), _mm512_mul_ps(_mm512_set1_ps(b->dmin), dx), v);
+    _mm512_store_ps(a, v);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static inline void unpack8b(const wblock *W, long nsb, long r0, long sb, int8_t *A) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int r = 0; r < 16; r++) {
+        const wblock *b = &W[(r0 + r) * nsb + sb];
+        for (int c4 = 0; c4 < 4; c4++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c4));
+            __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, m4)),
+                                               _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), 1);
+            int j = 2 * c4;
+            __m512i th = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sh[j]]))),
+                _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sh[j + 1]])), 1);
+            __m512i tl = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sl[j]]))),
+                _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sl[j + 1]])), 1);
+            _mm512_store_si512(A + c4 * 1024 + r * 64, _mm512_shuffle_epi8(th, codes));
+            _mm512_store_si512(A + (4 + c4) * 1024 + r * 64, _mm512_shuffle_epi8(tl, codes));
+        }
+    }
+}
+
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni")))
+void i8b_matmul(const wblock *W, long n, long k, const int8_t *Bq, const int32_t *Xp, const float *dxv, long m,
+                float *y, int nth) {
+    long nsb = k / QK, nt = (m + 15) / 16;
+#pragma omp parallel num_threads(nth)
+    {
+    int8_t *A2 = aligned_alloc(64, 2 * 2 * 4 * 1024); /* two of [hi, lo][chunk][row][64], by super-block parity */
+    float *acc = aligned_alloc(64, nt * 16 * 16 * sizeof(float));
+    int32_t C[2][4][16][16] __attribute__((aligned(64)));
+    _tile_loadconfig(&CFG8B);
+#pragma omp for schedule(static)
+    for (long r0 = 0; r0 < n; r0 += 16) {
+        memset(acc, 0, nt * 16 * 16 * sizeof(float));
+        /* super-block sb + 1 is unpacked before sb's tile products are issued, into the other
+         * buffer: a tile load right behind the vector stores that wrote its rows waits for them */
+        unpack8b(W, nsb, r0, 0, A2);
+        for (long sb = 0; sb < nsb; sb++) {
+            int8_t *A = A2 + (sb & 1) * 8 * 1024;
+            if (sb + 1 < nsb) unpack8b(W, nsb, r0, sb + 1, A2 + ((sb + 1) & 1) * 8 * 1024);
+            /* pair p's float steps run after pair p + 1's tile products are issued: its tile stores
+             * have then long reached L1 (a vector load right behind a tile store waits for it) */
+            long prev = -1;
+            for (long t = 0; t < nt + 2; t += 2) {
+                if (t < nt) {
+                    const int pair = t + 1 < nt;
+                    int32_t (*c)[16][16] = C[(t / 2) & 1];
+                    const int8_t *bq0 = Bq + (t * nsb + sb) * 4 * 1024, *bq1 = Bq + ((t + 1) * nsb + sb) * 4 * 1024;
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    if (pair) {
+                        _tile_zero(2);
+                        _tile_zero(3);
+                    }
+                    for (int c4 = 0; c4 < 4; c4++) {
+                        _tile_loadd(4, A + c4 * 1024, 64);
+                        _tile_loadd(5, A + (4 + c4) * 1024, 64);
+                        _tile_loadd(6, bq0 + c4 * 1024, 64);
+                        _tile_dpbssd(0, 4, 6);
+                        _tile_dpbssd(1, 5, 6);
+                        if (pair) {
+                            _tile_loadd(7, bq1 + c4 * 1024, 64);
+                            _tile_dpbssd(2, 4, 7);
+                            _tile_dpbssd(3, 5, 7);
+                        }
+                    }
+                    _tile_stored(0, c[0], 64);
+                    _tile_stored(1, c[1], 64);
+                    if (pair) {
+                        _tile_stored(2, c[2], 64);
+                        _tile_stored(3, c[3], 64);
+                    }
+                }
+                if (prev >= 0) {
+                    int32_t (*c)[16][16] = C[(prev / 2) & 1];
+                    for (int u = 0; u <= (prev + 1 < nt); u++) {
+                        const __m512 dx = _mm512_loadu_ps(dxv + ((prev + u) * nsb + sb) * 16);
+                        const int32_t *xp = Xp + ((prev + u) * nsb + sb) * 64;
+                        for (int r = 0; r < 16; r++)
+                            float_step8(&W[(r0 + r) * nsb + sb], c[2 * u][r], c[2 * u + 1][r], xp, dx,
+                                        acc + ((prev + u) * 16 + r) * 16);
+                    }
+                }
+                prev = t < nt ? t : -1;
+            }
+        }
+        for (long t = 0; t < nt; t++)
+            for (int r = 0; r < 16 && r0 + r < n; r++)
+                for (int c = 0; c < 16 && t * 16 + c < m; c++) y[(t * 16 + c) * n + r0 + r] = acc[(t * 16 + r) * 16 + c];
+    }
+    _tile_release();
+    free(A2);
     free(acc);
     }
 }

@@ -4,9 +4,10 @@
     python scripts/bf16_route.py [--rounds 7] [--rows 1,9,16,64,512] [--json FILE]
 
 Builds scripts/bf16_q4k.c (a stand-alone model of Q4_K products on the tiles with one float step
-per 256-element super-block, in a BF16 and an INT8 form; its header says the arithmetic), then:
+per 256-element super-block, in a BF16, an INT8 and a scheduled INT8 form; its header says the
+arithmetic), then:
 
-1. checks both forms against their exact integer reference bit for bit (random blocks, rows 1..40,
+1. checks every form against their exact integer reference bit for bit (random blocks, rows 1..40,
    the extreme codes and scales included): this is what says the route is exact on the hardware,
    not only on paper;
 2. times them (one thread, or --threads), against tsspec's own products on the same shapes (qwen2.5-coder-1.5b's
@@ -43,7 +44,11 @@ sys.path.insert(0, str(ROOT))
 LAYER = [("q/o", 1536, 1536, 2), ("k/v", 256, 1536, 2), ("gate/up", 8960, 1536, 2), ("down", 1536, 8960, 1)]
 
 WBLOCK = np.dtype([("qs", np.uint8, 128), ("sh", np.uint8, 8), ("sl", np.uint8, 8), ("m", np.uint8, 8),
-                   ("d", np.float32), ("dmin", np.float32)])
+                   ("d", np.float32), ("dmin", np.float32), ("m16", np.int16, 8)])
+
+
+SIDES = {"route": "bf16", "route8": "int8", "route8b": "int8-scheduled", "unpack8": "int8 unpack alone",
+         "vnni": "vnni", "tiles": "tiles today"}
 
 
 class ScriptError(Exception):
@@ -68,7 +73,9 @@ def build() -> ctypes.CDLL:
     h.bf16_reference.argtypes = [P, L, L, P, P, L, P]
     h.i8_prepare.argtypes = [P, P, L, L, P, P]
     h.i8_matmul.argtypes = [P, L, L, P, P, L, P, ctypes.c_int, ctypes.c_int]
-    for f in (h.bf16_prepare, h.bf16_matmul, h.bf16_reference, h.i8_prepare, h.i8_matmul):
+    h.i8b_prepare.argtypes = [P, P, L, L, P, P, P]
+    h.i8b_matmul.argtypes = [P, L, L, P, P, P, L, P, ctypes.c_int]
+    for f in (h.bf16_prepare, h.bf16_matmul, h.bf16_reference, h.i8_prepare, h.i8_matmul, h.i8b_prepare, h.i8b_matmul):
         f.restype = None
     if h.bf16_init() != 0:
         raise ScriptError("the kernel refused the AMX tile data (arch_prctl XTILEDATA)")
@@ -85,6 +92,7 @@ def random_weights(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     w["sh"] = rng.integers(0, 8, w["sh"].shape, dtype=np.uint8)
     w["sl"] = rng.integers(0, 8, w["sl"].shape, dtype=np.uint8)
     w["m"] = rng.integers(0, 64, w["m"].shape, dtype=np.uint8)
+    w["m16"] = w["m"]
     w["d"] = rng.uniform(1e-4, 1e-2, w["d"].shape).astype(np.float32)
     w["dmin"] = rng.uniform(1e-4, 1e-2, w["dmin"].shape).astype(np.float32)
     return w
@@ -132,6 +140,25 @@ class Prepared8:
         h.i8_matmul(ptr(w), w.shape[0], self.k, ptr(self.bq), ptr(self.dxv), self.m, ptr(y), threads, int(unpack_only))
 
 
+class Prepared8b:
+    """The scheduled INT8 form's operands: the byte quads and the inputs' sums as int16 pairs."""
+
+    def __init__(self, h: ctypes.CDLL, x: np.ndarray, dx: np.ndarray):
+        m, k = x.shape
+        nsb, nt = k // 256, (m + 15) // 16
+        self.m, self.k = m, k
+        self.bq = np.zeros(nt * nsb * 4096, dtype=np.int8)
+        self.xp = np.zeros(nt * nsb * 64, dtype=np.int32)
+        self.dxv = np.zeros(nt * nsb * 16, dtype=np.float32)
+        for t in range(nt):
+            xs, ds = np.ascontiguousarray(x[16 * t:16 * t + 16]), np.ascontiguousarray(dx[16 * t:16 * t + 16])
+            h.i8b_prepare(ptr(xs), ptr(ds), k, xs.shape[0], ptr(self.bq[t * nsb * 4096:]), ptr(self.xp[t * nsb * 64:]),
+                          ptr(self.dxv[t * nsb * 16:]))
+
+    def run(self, h: ctypes.CDLL, w: np.ndarray, y: np.ndarray, threads: int = 1) -> None:
+        h.i8b_matmul(ptr(w), w.shape[0], self.k, ptr(self.bq), ptr(self.xp), ptr(self.dxv), self.m, ptr(y), threads)
+
+
 def check(h: ctypes.CDLL) -> dict:
     """The route against its exact integer reference, bit for bit."""
     rng = np.random.default_rng(47)
@@ -148,7 +175,7 @@ def check(h: ctypes.CDLL) -> dict:
             x[4:8] = -127
         ref = np.zeros((m, n), dtype=np.float32)
         h.bf16_reference(ptr(w), n, k, ptr(x), ptr(dx), m, ptr(ref))
-        for form, prep in (("bf16", Prepared), ("int8", Prepared8)):
+        for form, prep in (("bf16", Prepared), ("int8", Prepared8), ("int8-scheduled", Prepared8b)):
             y = np.full((m, n), np.nan, dtype=np.float32)
             prep(h, x, dx).run(h, w, y, threads=1 + m % 2)
             same = bool(np.array_equal(y.view(np.int32), ref.view(np.int32)))
@@ -204,12 +231,13 @@ def main(argv: list[str] | None = None) -> int:
             xf = torch.randn(m, k)
             xq = kernels.quantize(xf)
             x, dx = random_inputs(m, k, rng)
-            prep, prep8 = Prepared(h, x, dx), Prepared8(h, x, dx)
+            prep, prep8, prep8b = Prepared(h, x, dx), Prepared8(h, x, dx), Prepared8b(h, x, dx)
             y = np.zeros((m, n), dtype=np.float32)
             yt = torch.zeros(m, n)
             sides = {
                 "route": lambda: prep.run(h, w_route, y, a.threads),
                 "route8": lambda: prep8.run(h, w_route, y, a.threads),
+                "route8b": lambda: prep8b.run(h, w_route, y, a.threads),
                 "unpack8": lambda: prep8.run(h, w_route, y, a.threads, unpack_only=True),
                 "vnni": lambda: kernels.matmul("Q4_K", w_gguf, k, xf, xq, yt, packed=True, threads=a.threads),
             }
@@ -226,23 +254,21 @@ def main(argv: list[str] | None = None) -> int:
                     times[s].append(timed(sides[s]))
             med = {s: statistics.median(v) for s, v in times.items()}
             results.append({"matrix": name, "n": n, "k": k, "count": count, "rows": m, "ms": med})
-            extra = f"  tiles today {med['tiles']:8.2f}" if "tiles" in med else ""
-            print(f"{name:8s} {n:5d}x{k:<5d} rows {m:4d}: bf16 {med['route']:7.2f} ms  int8 {med['route8']:7.2f}"
-                  f"  vnni {med['vnni']:7.2f}{extra}  bf16/vnni {med['route'] / med['vnni']:.2f}"
-                  f"  int8/vnni {med['route8'] / med['vnni']:.2f}", flush=True)
-    print(f"\none layer of qwen2.5-coder-1.5b (all Q4_K), ms at {a.threads} thread(s), and against VNNI's one row:")
+            print(f"{name:8s} {n:5d}x{k:<5d} rows {m:4d}: " + "  ".join(
+                f"{SIDES[s_]} {v:7.2f}" + ("" if s_ == "vnni" else f" ({v / med['vnni']:.2f})") for s_, v in med.items()),
+                flush=True)
+    print(f"\none layer of qwen2.5-coder-1.5b (all Q4_K), ms at {a.threads} thread(s), (and against VNNI's one row):")
     one = sum(r["ms"]["vnni"] * r["count"] for r in results if r["rows"] == 1) if 1 in rows else None
     layer = []
     for m in rows:
-        tot = {s: sum(r["ms"][s] * r["count"] for r in results if r["rows"] == m) for s in ("route", "route8", "vnni")}
-        line = {"rows": m, "bf16_ms": tot["route"], "int8_ms": tot["route8"], "vnni_ms": tot["vnni"]}
+        tot = {s_: sum(r["ms"][s_] * r["count"] for r in results if r["rows"] == m) for s_ in results[0]["ms"]
+               if all(s_ in r["ms"] for r in results if r["rows"] == m)}
+        line = {"rows": m, **{f"{s_}_ms": v for s_, v in tot.items()}}
         if one:
-            line.update({f"{s}_vs_vnni_1row": tot[t] / one for s, t in (("bf16", "route"), ("int8", "route8"),
-                                                                         ("vnni", "vnni"))})
+            line.update({f"{s_}_vs_vnni_1row": v / one for s_, v in tot.items()})
         layer.append(line)
-        print(f"rows {m:4d}: bf16 {tot['route']:8.2f}  int8 {tot['route8']:8.2f}  vnni {tot['vnni']:8.2f}"
-              + (f"   against vnni@1: bf16 {tot['route'] / one:5.2f}  int8 {tot['route8'] / one:5.2f}"
-                 f"  vnni {tot['vnni'] / one:5.2f}" if one else ""))
+        print(f"rows {m:4d}: " + "  ".join(f"{SIDES[s_]} {v:7.2f}" + (f" ({v / one:.2f}x)" if one else "")
+                                            for s_, v in tot.items()))
     unpack = {m: sum(r["ms"]["unpack8"] * r["count"] for r in results if r["rows"] == m) for m in rows}
     print("the INT8 form's unpack alone (no tile product, no float step), ms a layer:",
           ", ".join(f"{m} rows {v:.2f}" + (f" ({v / one:.2f}x VNNI@1)" if one else "") for m, v in unpack.items()))
