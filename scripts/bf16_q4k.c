@@ -1,8 +1,7 @@
 /* Issue 47's untried routes, measured before anyone builds them: Q4_K products on the AMX tiles with
  * one float step per 256-element super-block, exact, in three forms (BF16 tiles, INT8 tiles, INT8
- * scheduled). A
- * stand-alone model, not a kernel of tsspec's: it takes its own layout (a load-time repack would
- * give it) and checks itself against an exact integer reference. scripts/bf16_route.py builds it,
+ * scheduled). A stand-alone model, not a kernel of tsspec's: it takes its own layout (a load-time
+ * repack would give it) and checks itself against an exact integer reference. scripts/bf16_route.py builds it,
  * checks it and times it beside tsspec's own VNNI product and tile panel on the same shapes.
  *
  * The arithmetic (the change the issue proposes; tsspec's canonical arithmetic today takes a float
