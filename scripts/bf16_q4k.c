@@ -99,6 +99,13 @@ void bf16_prepare(const int8_t *x, const float *dx, long k, long valid, uint16_t
     }
 }
 
+/* a panel's accumulators (acc[t][r][c]: input tile t, weight row r0 + r, input 16 t + c) into y[c][i] */
+static void write_panel(const float *acc, long nt, long r0, long n, long m, float *y) {
+    for (long t = 0; t < nt; t++)
+        for (int r = 0; r < 16 && r0 + r < n; r++)
+            for (int c = 0; c < 16 && t * 16 + c < m; c++) y[(t * 16 + c) * n + r0 + r] = acc[(t * 16 + r) * 16 + c];
+}
+
 /* y[c][i] for c < m input rows and i < n weight rows (W: [n][k / 256] blocks), the B operands of
  * ceil(m / 16) input tiles from bf16_prepare, one after another. One thread. */
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -165,9 +172,7 @@ void bf16_matmul(const wblock *W, long n, long k, const uint16_t *Bt, const uint
                 }
             }
         }
-        for (long t = 0; t < nt; t++)
-            for (int r = 0; r < 16 && r0 + r < n; r++)
-                for (int c = 0; c < 16 && t * 16 + c < m; c++) y[(t * 16 + c) * n + r0 + r] = acc[(t * 16 + r) * 16 + c];
+        write_panel(acc, nt, r0, n, m, y);
     }
     _tile_release();
     free(A);
@@ -205,6 +210,37 @@ void i8_prepare(const int8_t *x, const float *dx, long k, long valid, int8_t *Bq
 }
 
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl")))
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+/* the A operands of 16 weight rows' super-block sb: A[c][r] = q sh, A[4 + c][r] = q sl (chunk c of 64
+ * codes, 64 bytes a row), and where Am is given, Am[c][r] = the chunk's minimums spread over its
+ * codes (m_2c over bytes 0..31, m_2c+1 over 32..63) */
+static inline void unpack8(const wblock *W, long nsb, long r0, long sb, int8_t *A, int8_t *Am) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    for (int r = 0; r < 16; r++) {
+        const wblock *b = &W[(r0 + r) * nsb + sb];
+        for (int c4 = 0; c4 < 4; c4++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c4));
+            __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, m4)),
+                                               _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), 1);
+            int j = 2 * c4;
+            __m512i th = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sh[j]]))),
+                _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sh[j + 1]])), 1);
+            __m512i tl = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sl[j]]))),
+                _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sl[j + 1]])), 1);
+            _mm512_store_si512(A + c4 * 1024 + r * 64, _mm512_shuffle_epi8(th, codes));
+            _mm512_store_si512(A + (4 + c4) * 1024 + r * 64, _mm512_shuffle_epi8(tl, codes));
+            if (Am) {
+                /* pshufb indices: each 128-bit lane of mv holds m_0..m_7 */
+                const __m512i mv = _mm512_broadcast_i32x4(_mm_loadl_epi64((const __m128i *)b->m));
+                const __m512i spread = _mm512_inserti64x4(_mm512_set1_epi8((char)j), _mm256_set1_epi8((char)(j + 1)), 1);
+                _mm512_store_si512(Am + c4 * 1024 + r * 64, _mm512_shuffle_epi8(mv, spread));
+            }
+        }
+    }
+}
+
 /* unpack_only: the weights' A operands only, no tile product or float step (y is left as it was):
  * what the unpack alone costs */
 void i8_matmul(const wblock *W, long n, long k, const int8_t *Bq, const float *dxv, long m, float *y, int nth,
@@ -216,35 +252,11 @@ void i8_matmul(const wblock *W, long n, long k, const int8_t *Bq, const float *d
     float *acc = aligned_alloc(64, nt * 16 * 16 * sizeof(float));
     int32_t C[3][16][16] __attribute__((aligned(64)));
     _tile_loadconfig(&CFG8);
-    const __m256i m4 = _mm256_set1_epi8(15);
-    /* pshufb indices spreading m_2c over bytes 0..31 and m_2c+1 over 32..63 (each 128-bit lane
-     * holds m_0..m_7) */
-    __m512i spread[4];
-    for (int c4 = 0; c4 < 4; c4++)
-        spread[c4] = _mm512_inserti64x4(_mm512_set1_epi8((char)(2 * c4)), _mm256_set1_epi8((char)(2 * c4 + 1)), 1);
 #pragma omp for schedule(static)
     for (long r0 = 0; r0 < n; r0 += 16) {
         memset(acc, 0, nt * 16 * 16 * sizeof(float));
         for (long sb = 0; sb < nsb; sb++) {
-            for (int r = 0; r < 16; r++) {
-                const wblock *b = &W[(r0 + r) * nsb + sb];
-                const __m512i mv = _mm512_broadcast_i32x4(_mm_loadl_epi64((const __m128i *)b->m));
-                for (int c4 = 0; c4 < 4; c4++) {
-                    __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c4));
-                    __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, m4)),
-                                                       _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), 1);
-                    int j = 2 * c4;
-                    __m512i th = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sh[j]]))),
-                        _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sh[j + 1]])), 1);
-                    __m512i tl = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sl[j]]))),
-                        _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sl[j + 1]])), 1);
-                    _mm512_store_si512(A + (0 * 4 + c4) * 1024 + r * 64, _mm512_shuffle_epi8(th, codes));
-                    _mm512_store_si512(A + (1 * 4 + c4) * 1024 + r * 64, _mm512_shuffle_epi8(tl, codes));
-                    _mm512_store_si512(A + (2 * 4 + c4) * 1024 + r * 64, _mm512_shuffle_epi8(mv, spread[c4]));
-                }
-            }
+            unpack8(W, nsb, r0, sb, A, A + 8 * 1024);
             for (long t = 0; t < (unpack_only ? 0 : nt); t++) {
                 const int8_t *bq = Bq + (t * nsb + sb) * 4 * 1024;
                 _tile_zero(0);
@@ -276,9 +288,7 @@ void i8_matmul(const wblock *W, long n, long k, const int8_t *Bq, const float *d
                 }
             }
         }
-        for (long t = 0; t < (unpack_only ? 0 : nt); t++)
-            for (int r = 0; r < 16 && r0 + r < n; r++)
-                for (int c = 0; c < 16 && t * 16 + c < m; c++) y[(t * 16 + c) * n + r0 + r] = acc[(t * 16 + r) * 16 + c];
+        if (!unpack_only) write_panel(acc, nt, r0, n, m, y);
     }
     _tile_release();
     free(A);
@@ -324,28 +334,6 @@ static inline void float_step8(const wblock *b, const int32_t *chi, const int32_
     _mm512_store_ps(a, v);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl")))
-static inline void unpack8b(const wblock *W, long nsb, long r0, long sb, int8_t *A) {
-    const __m256i m4 = _mm256_set1_epi8(15);
-    for (int r = 0; r < 16; r++) {
-        const wblock *b = &W[(r0 + r) * nsb + sb];
-        for (int c4 = 0; c4 < 4; c4++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c4));
-            __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, m4)),
-                                               _mm256_and_si256(_mm256_srli_epi16(q, 4), m4), 1);
-            int j = 2 * c4;
-            __m512i th = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sh[j]]))),
-                _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sh[j + 1]])), 1);
-            __m512i tl = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sl[j]]))),
-                _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)TAB8[b->sl[j + 1]])), 1);
-            _mm512_store_si512(A + c4 * 1024 + r * 64, _mm512_shuffle_epi8(th, codes));
-            _mm512_store_si512(A + (4 + c4) * 1024 + r * 64, _mm512_shuffle_epi8(tl, codes));
-        }
-    }
-}
-
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni")))
 void i8b_matmul(const wblock *W, long n, long k, const int8_t *Bq, const int32_t *Xp, const float *dxv, long m,
                 float *y, int nth) {
@@ -361,10 +349,10 @@ void i8b_matmul(const wblock *W, long n, long k, const int8_t *Bq, const int32_t
         memset(acc, 0, nt * 16 * 16 * sizeof(float));
         /* super-block sb + 1 is unpacked before sb's tile products are issued, into the other
          * buffer: a tile load right behind the vector stores that wrote its rows waits for them */
-        unpack8b(W, nsb, r0, 0, A2);
+        unpack8(W, nsb, r0, 0, A2, NULL);
         for (long sb = 0; sb < nsb; sb++) {
             int8_t *A = A2 + (sb & 1) * 8 * 1024;
-            if (sb + 1 < nsb) unpack8b(W, nsb, r0, sb + 1, A2 + ((sb + 1) & 1) * 8 * 1024);
+            if (sb + 1 < nsb) unpack8(W, nsb, r0, sb + 1, A2 + ((sb + 1) & 1) * 8 * 1024, NULL);
             /* pair p's float steps run after pair p + 1's tile products are issued: its tile stores
              * have then long reached L1 (a vector load right behind a tile store waits for it) */
             long prev = -1;
@@ -411,9 +399,7 @@ void i8b_matmul(const wblock *W, long n, long k, const int8_t *Bq, const int32_t
                 prev = t < nt ? t : -1;
             }
         }
-        for (long t = 0; t < nt; t++)
-            for (int r = 0; r < 16 && r0 + r < n; r++)
-                for (int c = 0; c < 16 && t * 16 + c < m; c++) y[(t * 16 + c) * n + r0 + r] = acc[(t * 16 + r) * 16 + c];
+        write_panel(acc, nt, r0, n, m, y);
     }
     _tile_release();
     free(A2);

@@ -104,59 +104,34 @@ def random_inputs(m: int, k: int, rng: np.random.Generator) -> tuple[np.ndarray,
     return x, dx
 
 
+# per form: its B-side buffers (name, elements per input tile and super-block, dtype), in the order
+# its prepare and matmul functions take them, and those functions' names
+FORMS = {
+    "bf16": ((("bt", 4096, np.uint16), ("bm", 256, np.uint16), ("dxv", 16, np.float32)), "bf16_prepare", "bf16_matmul"),
+    "int8": ((("bq", 4096, np.int8), ("dxv", 16, np.float32)), "i8_prepare", "i8_matmul"),
+    "int8-scheduled": ((("bq", 4096, np.int8), ("xp", 64, np.int32), ("dxv", 16, np.float32)), "i8b_prepare",
+                       "i8b_matmul"),
+}
+
+
 class Prepared:
-    """The B operands of m input rows: ceil(m / 16) input tiles, one after another."""
+    """A form's operands for m input rows: ceil(m / 16) input tiles, one after another."""
 
-    def __init__(self, h: ctypes.CDLL, x: np.ndarray, dx: np.ndarray):
+    def __init__(self, h: ctypes.CDLL, form: str, x: np.ndarray, dx: np.ndarray):
+        bufs, prepare, self.matmul = FORMS[form]
         m, k = x.shape
         nsb, nt = k // 256, (m + 15) // 16
-        self.m, self.k = m, k
-        self.bt = np.zeros(nt * nsb * 8 * 512, dtype=np.uint16)
-        self.bm = np.zeros(nt * nsb * 256, dtype=np.uint16)
-        self.dxv = np.zeros(nt * nsb * 16, dtype=np.float32)
+        self.h, self.m, self.k, self.form = h, m, k, form
+        self.bufs = [np.zeros(nt * nsb * size, dtype=dt) for _, size, dt in bufs]
         for t in range(nt):
             xs, ds = np.ascontiguousarray(x[16 * t:16 * t + 16]), np.ascontiguousarray(dx[16 * t:16 * t + 16])
-            h.bf16_prepare(ptr(xs), ptr(ds), k, xs.shape[0], ptr(self.bt[t * nsb * 4096:]), ptr(self.bm[t * nsb * 256:]),
-                           ptr(self.dxv[t * nsb * 16:]))
+            getattr(h, prepare)(ptr(xs), ptr(ds), k, xs.shape[0],
+                                *[ptr(b[t * nsb * size:]) for b, (_, size, _) in zip(self.bufs, bufs)])
 
-    def run(self, h: ctypes.CDLL, w: np.ndarray, y: np.ndarray, threads: int = 1) -> None:
-        h.bf16_matmul(ptr(w), w.shape[0], self.k, ptr(self.bt), ptr(self.bm), ptr(self.dxv), self.m, ptr(y), threads)
-
-
-class Prepared8:
-    """The same for the INT8-tile form: ceil(m / 16) input tiles of byte quads."""
-
-    def __init__(self, h: ctypes.CDLL, x: np.ndarray, dx: np.ndarray):
-        m, k = x.shape
-        nsb, nt = k // 256, (m + 15) // 16
-        self.m, self.k = m, k
-        self.bq = np.zeros(nt * nsb * 4096, dtype=np.int8)
-        self.dxv = np.zeros(nt * nsb * 16, dtype=np.float32)
-        for t in range(nt):
-            xs, ds = np.ascontiguousarray(x[16 * t:16 * t + 16]), np.ascontiguousarray(dx[16 * t:16 * t + 16])
-            h.i8_prepare(ptr(xs), ptr(ds), k, xs.shape[0], ptr(self.bq[t * nsb * 4096:]), ptr(self.dxv[t * nsb * 16:]))
-
-    def run(self, h: ctypes.CDLL, w: np.ndarray, y: np.ndarray, threads: int = 1, unpack_only: bool = False) -> None:
-        h.i8_matmul(ptr(w), w.shape[0], self.k, ptr(self.bq), ptr(self.dxv), self.m, ptr(y), threads, int(unpack_only))
-
-
-class Prepared8b:
-    """The scheduled INT8 form's operands: the byte quads and the inputs' sums as int16 pairs."""
-
-    def __init__(self, h: ctypes.CDLL, x: np.ndarray, dx: np.ndarray):
-        m, k = x.shape
-        nsb, nt = k // 256, (m + 15) // 16
-        self.m, self.k = m, k
-        self.bq = np.zeros(nt * nsb * 4096, dtype=np.int8)
-        self.xp = np.zeros(nt * nsb * 64, dtype=np.int32)
-        self.dxv = np.zeros(nt * nsb * 16, dtype=np.float32)
-        for t in range(nt):
-            xs, ds = np.ascontiguousarray(x[16 * t:16 * t + 16]), np.ascontiguousarray(dx[16 * t:16 * t + 16])
-            h.i8b_prepare(ptr(xs), ptr(ds), k, xs.shape[0], ptr(self.bq[t * nsb * 4096:]), ptr(self.xp[t * nsb * 64:]),
-                          ptr(self.dxv[t * nsb * 16:]))
-
-    def run(self, h: ctypes.CDLL, w: np.ndarray, y: np.ndarray, threads: int = 1) -> None:
-        h.i8b_matmul(ptr(w), w.shape[0], self.k, ptr(self.bq), ptr(self.xp), ptr(self.dxv), self.m, ptr(y), threads)
+    def run(self, w: np.ndarray, y: np.ndarray, threads: int = 1, unpack_only: bool = False) -> None:
+        extra = (int(unpack_only),) if self.form == "int8" else ()
+        getattr(self.h, self.matmul)(ptr(w), w.shape[0], self.k, *[ptr(b) for b in self.bufs], self.m, ptr(y), threads,
+                                     *extra)
 
 
 def check(h: ctypes.CDLL) -> dict:
@@ -175,9 +150,9 @@ def check(h: ctypes.CDLL) -> dict:
             x[4:8] = -127
         ref = np.zeros((m, n), dtype=np.float32)
         h.bf16_reference(ptr(w), n, k, ptr(x), ptr(dx), m, ptr(ref))
-        for form, prep in (("bf16", Prepared), ("int8", Prepared8), ("int8-scheduled", Prepared8b)):
+        for form in FORMS:
             y = np.full((m, n), np.nan, dtype=np.float32)
-            prep(h, x, dx).run(h, w, y, threads=1 + m % 2)
+            Prepared(h, form, x, dx).run(w, y, threads=1 + m % 2)
             same = bool(np.array_equal(y.view(np.int32), ref.view(np.int32)))
             cases.append({"form": form, "rows": m, "n": n, "k": k, "bit_equal": same})
             if not same:
@@ -231,14 +206,14 @@ def main(argv: list[str] | None = None) -> int:
             xf = torch.randn(m, k)
             xq = kernels.quantize(xf)
             x, dx = random_inputs(m, k, rng)
-            prep, prep8, prep8b = Prepared(h, x, dx), Prepared8(h, x, dx), Prepared8b(h, x, dx)
+            prep, prep8, prep8b = (Prepared(h, f, x, dx) for f in FORMS)
             y = np.zeros((m, n), dtype=np.float32)
             yt = torch.zeros(m, n)
             sides = {
-                "route": lambda: prep.run(h, w_route, y, a.threads),
-                "route8": lambda: prep8.run(h, w_route, y, a.threads),
-                "route8b": lambda: prep8b.run(h, w_route, y, a.threads),
-                "unpack8": lambda: prep8.run(h, w_route, y, a.threads, unpack_only=True),
+                "route": lambda: prep.run(w_route, y, a.threads),
+                "route8": lambda: prep8.run(w_route, y, a.threads),
+                "route8b": lambda: prep8b.run(w_route, y, a.threads),
+                "unpack8": lambda: prep8.run(w_route, y, a.threads, unpack_only=True),
                 "vnni": lambda: kernels.matmul("Q4_K", w_gguf, k, xf, xq, yt, packed=True, threads=a.threads),
             }
             if tiles and m > 1:
