@@ -10,7 +10,10 @@ BA, ...):
 
 * tsspec: ``python -m tsspec generate -m FILE -p Hi -n N --no-spec -q --ignore-eos`` (a process of its own);
 * llama.cpp: ``llama-completion -m FILE -p Hi -n N -no-cnv --ignore-eos`` (its defaults otherwise, warm-up
-  run included). N is ``--tokens``: 1 times the first token, 32 a short run's peak memory.
+  run included). N is ``--tokens``: 1 times the first token, 32 a short run's peak memory. Where
+  llama.cpp dies by a signal (its default repacked buffers raise SIGILL on a virtual machine that
+  advertises AMX but refuses a process its tiles), it runs with ``--no-repack`` from then on, and the
+  JSON says so (``llama_no_repack``) with the signal.
 
 Reported per model and side: the median wall time over rounds (the process from start to exit, so
 the first token plus the exit), the median peak resident memory (``ru_maxrss`` of that child,
@@ -62,8 +65,18 @@ def warm_page_cache(path: Path) -> None:
             pass
 
 
+class Killed(Exception):
+    """A child died by a signal (its message says which and how it ended)."""
+
+
+# llama.cpp's plain CPU buffers: what it runs where its default repacked ones die (SIGILL on a
+# virtual machine that advertises AMX but does not let a process use its tiles)
+LLAMA_NO_REPACK = "--no-repack"
+
+
 def run(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
-    """(wall seconds, peak RSS in MB, exit status) of one child process."""
+    """(wall seconds, peak RSS in MB, exit status) of one child process; ``Killed`` where a signal
+    ended it, an exit with the message where it failed otherwise."""
     t0 = time.perf_counter()
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(p.pid, 0)
@@ -71,6 +84,8 @@ def run(argv: list[str], env: dict[str, str]) -> tuple[float, float, int]:
     err = p.stderr.read().decode(errors="replace") if p.stderr else ""
     p.stderr.close()
     p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode < 0:
+        raise Killed(f"{argv[0]} killed by signal {-p.returncode}: {err.strip()[-300:]}")
     if p.returncode != 0:
         sys.exit(f"bench_startup: {argv[0]} failed ({p.returncode}): {err.strip()[-500:]}")
     return wall, usage.ru_maxrss / 1024.0, p.returncode
@@ -102,7 +117,16 @@ def bench_model(name: str, rounds: int, threads: int, llama: Path, cold: bool, t
             for side in order:
                 if mode == "cold" and not drop_from_page_cache(path):
                     sys.exit("bench_startup: cannot drop the file from the page cache here (--no-cold)")
-                wall, rss, _ = run(cmds[side], env)
+                try:
+                    wall, rss, _ = run(cmds[side], env)
+                except Killed as e:
+                    if side != "llama.cpp" or LLAMA_NO_REPACK in cmds[side]:
+                        sys.exit(f"bench_startup: {e}")
+                    # its default build's repacked buffers died here: its plain ones from now on
+                    print(f"  llama.cpp died ({e}); running it with {LLAMA_NO_REPACK} from here", file=sys.stderr)
+                    cmds[side] = cmds[side] + [LLAMA_NO_REPACK]
+                    out["llama_no_repack"] = str(e)
+                    wall, rss, _ = run(cmds[side], env)
                 samples[side].append((wall, rss))
                 print(f"  {name} {mode} round {r + 1}/{rounds} {side}: {wall:.2f} s, {rss:.0f} MB", file=sys.stderr)
         row = {}
