@@ -234,7 +234,8 @@ static inline void unpack8(const wblock *W, long nsb, long r0, long sb, int8_t *
             if (Am) {
                 /* pshufb indices: each 128-bit lane of mv holds m_0..m_7 */
                 const __m512i mv = _mm512_broadcast_i32x4(_mm_loadl_epi64((const __m128i *)b->m));
-                const __m512i spread = _mm512_inserti64x4(_mm512_set1_epi8((char)j), _mm256_set1_epi8((char)(j + 1)), 1);
+                const __m512i spread =
+                    _mm512_inserti64x4(_mm512_set1_epi8((char)j), _mm256_set1_epi8((char)(j + 1)), 1);
                 _mm512_store_si512(Am + c4 * 1024 + r * 64, _mm512_shuffle_epi8(mv, spread));
             }
         }

@@ -17,9 +17,11 @@ arithmetic), then:
    timed (their cost is per input row: the same place tsspec's own input quantization sits, which
    is also left out of its timing here).
 
-Reports per shape and row count the median ms of each path (and of the INT8 form's unpack alone), the routes' time against VNNI at the
-same rows, and against VNNI's one-row product: the verify-cost question of issue 47. A layer's
-figure sums qwen2.5-coder-1.5b's seven matrices (all taken as Q4_K; the file keeps some in Q6_K).
+Reports per shape and row count the median ms of each path (and of the INT8 form's unpack alone),
+the routes' time against VNNI at the same rows, and against VNNI's one-row product: the verify-cost
+question of issue 47. A layer's figure sums qwen2.5-coder-1.5b's seven matrices (all taken as Q4_K;
+the file keeps some in Q6_K). The AMX tile path is tsspec's own panel on the hardware (``tiles
+today``), shown where this CPU has the tiles and for 2 rows or more.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ def build() -> ctypes.CDLL:
     out = Path(tempfile.mkdtemp()) / "bf16_q4k.so"
     importlib.import_module("torch")  # first: the model's OpenMP is then torch's libgomp, as tsspec's kernels' is
 
-    r = subprocess.run(["gcc", "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", str(src), "-o",
-                        str(out)],
+    r = subprocess.run(["gcc", "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC",
+                        str(src), "-o", str(out)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise ScriptError(f"cannot build {src.name}: {r.stderr.strip()[:400]}")
@@ -178,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = [int(r) for r in a.rows.split(",")]
     except ValueError:
-        print(f"error: --rows takes numbers separated by commas, not {a.rows!r}", file=sys.stderr)
+        rows = []
+    if not rows or min(rows) < 1:
+        print(f"error: --rows takes positive numbers separated by commas, not {a.rows!r}", file=sys.stderr)
+        return 2
+    if a.rounds < 1 or a.threads < 1:
+        print("error: --rounds and --threads must be >= 1", file=sys.stderr)
         return 2
     try:
         h = build()
@@ -186,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     except ScriptError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print("exact: both forms equal their integer reference bit for bit on", len(verdict["cases"]), "cases")
+    print("exact: every form equals its integer reference bit for bit on", len(verdict["cases"]), "cases")
 
     import torch
 
@@ -201,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name, n, k, count in LAYER:
         w_route = random_weights(n, k, rng)
-        w_gguf = kernels.repack("Q4_K", kernels._sane_scales("Q4_K", rng.integers(0, 256, (n, k // 256 * 144), dtype=np.uint8)), k)
+        blocks = rng.integers(0, 256, (n, k // 256 * 144), dtype=np.uint8)
+        w_gguf = kernels.repack("Q4_K", kernels._sane_scales("Q4_K", blocks), k)
         for m in rows:
             xf = torch.randn(m, k)
             xq = kernels.quantize(xf)
@@ -229,15 +237,15 @@ def main(argv: list[str] | None = None) -> int:
                     times[s].append(timed(sides[s]))
             med = {s: statistics.median(v) for s, v in times.items()}
             results.append({"matrix": name, "n": n, "k": k, "count": count, "rows": m, "ms": med})
-            print(f"{name:8s} {n:5d}x{k:<5d} rows {m:4d}: " + "  ".join(
-                f"{SIDES[s_]} {v:7.2f}" + ("" if s_ == "vnni" else f" ({v / med['vnni']:.2f})") for s_, v in med.items()),
-                flush=True)
+            cells = [f"{SIDES[s_]} {v:7.2f}" + ("" if s_ == "vnni" else f" ({v / med['vnni']:.2f})")
+                     for s_, v in med.items()]
+            print(f"{name:8s} {n:5d}x{k:<5d} rows {m:4d}: " + "  ".join(cells), flush=True)
     print(f"\none layer of qwen2.5-coder-1.5b (all Q4_K), ms at {a.threads} thread(s), (and against VNNI's one row):")
     one = sum(r["ms"]["vnni"] * r["count"] for r in results if r["rows"] == 1) if 1 in rows else None
     layer = []
     for m in rows:
-        tot = {s_: sum(r["ms"][s_] * r["count"] for r in results if r["rows"] == m) for s_ in results[0]["ms"]
-               if all(s_ in r["ms"] for r in results if r["rows"] == m)}
+        at_m = [r for r in results if r["rows"] == m]
+        tot = {s_: sum(r["ms"][s_] * r["count"] for r in at_m) for s_ in at_m[0]["ms"]}
         line = {"rows": m, **{f"{s_}_ms": v for s_, v in tot.items()}}
         if one:
             line.update({f"{s_}_vs_vnni_1row": v / one for s_, v in tot.items()})
@@ -248,8 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     print("the INT8 form's unpack alone (no tile product, no float step), ms a layer:",
           ", ".join(f"{m} rows {v:.2f}" + (f" ({v / one:.2f}x VNNI@1)" if one else "") for m, v in unpack.items()))
     if a.json:
-        a.json.write_text(json.dumps({"check": verdict, "shapes": results, "layer": layer, "int8_unpack_only_ms": unpack, "rounds": a.rounds,
-                                      "threads": a.threads, "cpu_flags_amx": tiles}, indent=1) + "\n")
+        a.json.write_text(json.dumps({"check": verdict, "shapes": results, "layer": layer,
+                                      "int8_unpack_only_ms": unpack, "rounds": a.rounds, "threads": a.threads,
+                                      "cpu_flags_amx": tiles}, indent=1) + "\n")
     return 0
 
 
