@@ -13,7 +13,9 @@
  *   fma; the super-block's offsets one fma.
  * B (integer sub-block scales, Q8_K-style): per group 4 VPDPBUSD -> VPMULLD by the sub-block scales,
  *   VPADDD into an int32 sum; per super-block one convert and fma, and the minimums' one.
- * Rows: NP pairs of input rows (2*NP rows), N weight rows of K elements, 1 thread, data in L2. */
+ * Rows: NP pairs of input rows (2*NP rows), N weight rows of K elements, 1 thread, data in L2.
+ * run_a and run_b repeat their loop framing on purpose: each mix is its own noinline loop, so that
+ * neither's code generation shapes the other's. */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +93,7 @@ int main(int argc,char**argv){
   int8_t *x=(int8_t*)X; for(size_t i=0;i<sizeof X;i++) x[i]=rand()%255-127;
   float *d=(float*)XD; for(size_t i=0;i<sizeof XD/4;i++) d[i]=0.01f; float *f=(float*)XF; for(size_t i=0;i<sizeof XF/4;i++) f[i]=1.f;
   int32_t *bb=(int32_t*)XB; for(size_t i=0;i<sizeof XB/4;i++) bb[i]=rand()%2000;
-  double ta[200],tb[200]; int R=argc>1?atoi(argv[1]):60;
+  double ta[200],tb[200]; int R=argc>1?atoi(argv[1]):60; if(R<1||R>200){fprintf(stderr,"rounds: 1 to 200, not %s\n",argv[1]); return 2;}
   for(int i=0;i<R;i++){ double t0=now(); for(int k=0;k<20;k++) run_a(); double t1=now(); for(int k=0;k<20;k++) run_b(); double t2=now(); ta[i]=t1-t0; tb[i]=t2-t1; }
   double rr[200]; for(int i=0;i<R;i++) rr[i]=tb[i]/ta[i];
   for(int i=0;i<R;i++) for(int j=i+1;j<R;j++) if(rr[j]<rr[i]){double t=rr[i];rr[i]=rr[j];rr[j]=t;}

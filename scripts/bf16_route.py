@@ -131,6 +131,8 @@ class Prepared:
                                 *[ptr(b[t * nsb * size:]) for b, (_, size, _) in zip(self.bufs, bufs)])
 
     def run(self, w: np.ndarray, y: np.ndarray, threads: int = 1, unpack_only: bool = False) -> None:
+        if unpack_only and self.form != "int8":
+            raise ScriptError(f"unpack_only: only the int8 form times its unpack alone, not {self.form}")
         extra = (int(unpack_only),) if self.form == "int8" else ()
         getattr(self.h, self.matmul)(ptr(w), w.shape[0], self.k, *[ptr(b) for b in self.bufs], self.m, ptr(y), threads,
                                      *extra)
