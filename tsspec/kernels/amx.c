@@ -143,25 +143,18 @@ TILE_SS(6, 7, 2)
 #undef TILE_SS
 #endif
 
-#if !TSQ_SIMD
-/* TDPBUSD on zeroed accumulators, in C: c[r][n] = sum over kk < 16 of A[r][kk] (unsigned) times
- * B[kk / 4][4 n + kk % 4] (signed); integer sums, so the same as the instruction's. */
-static void tile_dp_emu(const uint8_t *A, long as, const int8_t *B, int32_t *c) {
+/* A tile product on zeroed accumulators, in C: c[r][n] = sum over kk < 16 of A[r][kk] times
+ * B[kk / 4][4 n + kk % 4] (signed), A's rows `as` bytes apart and its bytes unsigned (TDPBUSD: the
+ * scalar panel's codes) or signed (TDPBSSD: the AVX-512 panel's c - 2^sh); integer sums, so the
+ * same as the instruction's. */
+static void tile_emu(const void *A, long as, int a_signed, const int8_t *B, int32_t *c) {
     for (int r = 0; r < TR; r++)
         for (int n = 0; n < TR; n++) {
             int32_t s = 0;
-            for (int kk = 0; kk < 16; kk++) s += (int32_t)A[r * as + kk] * (int32_t)B[(kk / 4) * 4 * TR + 4 * n + kk % 4];
-            c[r * TR + n] = s;
-        }
-}
-#endif
-
-/* TDPBSSD on zeroed accumulators, in C: tile_dp_emu with A signed */
-static void tile_ss_emu(const int8_t *A, const int8_t *B, int32_t *c) {
-    for (int r = 0; r < TR; r++)
-        for (int n = 0; n < TR; n++) {
-            int32_t s = 0;
-            for (int kk = 0; kk < 16; kk++) s += (int32_t)A[r * 16 + kk] * (int32_t)B[(kk / 4) * 4 * TR + 4 * n + kk % 4];
+            for (int kk = 0; kk < 16; kk++) {
+                const int32_t a = a_signed ? ((const int8_t *)A)[r * as + kk] : ((const uint8_t *)A)[r * as + kk];
+                s += a * (int32_t)B[(kk / 4) * 4 * TR + 4 * n + kk % 4];
+            }
             c[r * TR + n] = s;
         }
 }
@@ -225,7 +218,7 @@ static void panel(int type, const uint8_t *w, int packed, long row_bytes, long r
                 if (!emulate) tile_dp_hw(&lanes[0][16 * L], QG, &x->B[L][0][0], c);
                 else
 #endif
-                    tile_dp_emu(&lanes[0][16 * L], QG, &x->B[L][0][0], c);
+                    tile_emu(&lanes[0][16 * L], QG, 0, &x->B[L][0][0], c);
                 for (int r = 0; r < TR; r++) {
                     float *ar = A + (r * 8 + L) * TR;
                     const float aL = a[r][L];
@@ -284,7 +277,7 @@ static inline __attribute__((always_inline)) void lane_product(const int8_t *A, 
 #endif
     (void)j;
     (void)emulate;
-    tile_ss_emu(A, B, c);
+    tile_emu(A, 16, 1, B, c);
 }
 static inline __attribute__((always_inline)) void
 panel_simd_body(int type, const uint8_t *w, int packed, long row_bytes, long r0, long r1, long k, const xtile *xt,
@@ -435,7 +428,7 @@ TSQ_INTERNAL int tsq_matmul_tiles(int type, const uint8_t *w, int packed, long r
             /* the input tiles in blocks whose quantized rows stay in L2 (each panel re-reads its
              * block's tiles once per lane): over a 512-row prefill of qwen2.5-coder-1.5b's
              * 8960-wide down projection they were 7.8 MB, streamed from L3 for every panel */
-            const long tb = XT_BLOCK_BYTES / (ng * (long)sizeof(xtile)) > 1 ? XT_BLOCK_BYTES / (ng * (long)sizeof(xtile)) : 1;
+            const long fit = XT_BLOCK_BYTES / (ng * (long)sizeof(xtile)), tb = fit > 1 ? fit : 1;
             for (long t0 = 0; t0 < ntile; t0 += tb)
                 for (long p = p0; p < p1; p++) {
                     const long r0 = p * TR, r1 = r0 + TR < n_rows ? r0 + TR : n_rows;
