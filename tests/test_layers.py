@@ -26,9 +26,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tsspec"
 # bottom first
 LAYERS = (
     ("errors", "interrupts"),
-    ("env", "paths", "sampling", "validate"),  # the process environment; paths we read and write; pure values; the file checks
-    ("gguf_file", "options"),  # the file format; the speculation flags over env
+    ("env", "paths", "sampling_params", "validate"),  # the process environment; paths we read and write; pure values; the file checks
+    ("gguf_file", "options", "sampling"),  # the file format; the speculation flags over env; the sampler
     ("tokenizer", "kernels"),
+    ("gguf_weight",),  # a weight as the file stores it, for the kernels (no torch)
     ("weights",),
     ("models",),  # the target
     ("drafters", "hub"),  # the draft weights; model downloads (nothing below fetches a file)

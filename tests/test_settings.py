@@ -165,21 +165,47 @@ def test_the_device_resolves(monkeypatch):
             resolve_run(env=env, **kwargs)
     # where it can: auto picks it, unless a CPU weight format is asked for; cuda then refuses that
     monkeypatch.setattr(device, "cuda_unusable", lambda: None)
+    monkeypatch.setattr(device, "no_nvidia_device", lambda: False)
     assert resolve_run(env={}).device == "cuda" and resolve_run(device="cuda").device == "cuda"
     assert resolve_run(weights="bf16").device == "cpu"
     with pytest.raises(BadInput, match="GPU path runs the file's own GGUF blocks"):
         resolve_run(device="cuda", env={"TSSPEC_WEIGHTS": "f32"})
 
 
-def test_no_gpu_reasons_are_sentences(monkeypatch):
+def test_auto_is_the_cpu_without_asking_torch_where_no_nvidia_device_exists(monkeypatch):
+    """No NVIDIA device node or driver on Linux: "auto" is the CPU, and torch is not asked (a plain
+    run then never imports it); with one, torch decides as before."""
     from tsspec.kernels import device
 
-    monkeypatch.setattr(device.torch.version, "cuda", None)
+    asked, real = [], device.no_nvidia_device
+    monkeypatch.setattr(device, "cuda_unusable", lambda: asked.append(1))  # None: usable
+    monkeypatch.setattr(device, "no_nvidia_device", lambda: True)
+    assert device.resolve("auto") == "cpu" and asked == []
+    monkeypatch.setattr(device, "no_nvidia_device", lambda: False)
+    assert device.resolve("auto") == "cuda" and asked == [1]
+    import glob
+
+    monkeypatch.setattr(device.sys, "platform", "linux")
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])
+    monkeypatch.setattr(device.os.path, "exists", lambda p: p == "/proc/driver/nvidia")
+    assert real() is False
+    monkeypatch.setattr(device.os.path, "exists", lambda p: False)
+    assert real() is True
+    monkeypatch.setattr(device.sys, "platform", "darwin")
+    assert real() is False  # elsewhere torch is asked
+
+
+def test_no_gpu_reasons_are_sentences(monkeypatch):
+    import torch
+
+    from tsspec.kernels import device
+
+    monkeypatch.setattr(torch.version, "cuda", None)
     assert "built without CUDA" in device.cuda_missing()
-    monkeypatch.setattr(device.torch.version, "cuda", "12.8")
-    monkeypatch.setattr(device.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert device.cuda_missing() == "torch sees no CUDA GPU"
-    monkeypatch.setattr(device.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert device.cuda_missing() is None
     monkeypatch.setitem(__import__("sys").modules, "triton", None)  # an import that fails
     assert "triton is not importable" in device.triton_missing() and device.cuda_unusable() is not None

@@ -113,15 +113,15 @@ def start_speculation(session, *, long_lived: bool = False):
     return speculation
 
 
-def open_session(config, *, progress: bool = True):
+def open_session(config, *, progress: bool = True, lean: bool = False):
     """The run's ``Session`` (the trunk loaded, threads applied), with this command line's spinner,
-    download progress and warnings."""
+    download progress and warnings. ``lean``: see ``Session.open``."""
     from .session import Session
 
     def loading(path: Path):
         return err.status(f"loading {path.name}", spinner="dots") if progress else contextlib.nullcontext()
 
-    session = Session.open(config, console=err, progress=progress, loading=loading, warn=warn)
+    session = Session.open(config, console=err, progress=progress, loading=loading, warn=warn, lean=lean)
     if config.device == "cpu":
         _notice_without_kernels(config.weights)
     return session
@@ -342,15 +342,16 @@ def generate(
     """Generate text from a prompt, optionally with speculative decoding."""
     from .chat import parse_template_kwargs
     from .display import LiveSink, TextSink, summary_line
-    from .sampling import Sampler, SamplingParams
+    from .models.lean import declines
+    from .sampling_params import SamplingParams
     with user_errors():
         if max_tokens < 1:
             raise BadInput("--max-tokens must be >= 1")
-        sampler = Sampler(SamplingParams(
+        params = SamplingParams(
             temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
             repeat_last_n=repeat_last_n, seed=seed,
-        ))
+        ).validate()
         config = resolve_command(common)
         kwargs = parse_template_kwargs(chat_template_kwargs) if chat_template_kwargs else {}
         if (system or kwargs) and not chat:
@@ -360,8 +361,15 @@ def generate(
         items = read_prompt_set(prompts) if prompts is not None else [(None, read_prompt(prompt, file))]
         check_texts(system, stop)
         t_load = time.perf_counter()
-        session = open_session(config, progress=not (json_out or quiet))
+        # a plain greedy run loads a llama-family trunk without torch where it can (models.lean)
+        session = open_session(config, progress=not (json_out or quiet), lean=declines(config, params) is None)
         load_ms = (time.perf_counter() - t_load) * 1000.0
+        if session.lean:
+            sampler = params  # greedy: the lean trunk draws its argmax itself
+        else:
+            from .sampling import Sampler
+
+            sampler = Sampler(params)
         speculation = start_speculation(session)
         engine = session.engine(speculation)
         speculator, governor = speculation.plan.speculator, speculation.plan.governor

@@ -138,6 +138,14 @@ def check_omp_threads(env: Mapping[str, str] | None = None) -> None:
                            f"lower it, or unset it and use --threads")
 
 
+def omp_threads(env: Mapping[str, str] | None = None) -> int | None:
+    """``OMP_NUM_THREADS`` as the OpenMP runtime reads it for the outer level (the first of its
+    list form), where that is a positive integer; else None."""
+    raw = value(environ(env), ENV_OMP_THREADS)
+    first = raw.split(",")[0].strip() if raw is not None else ""
+    return int(first) if first.isdigit() and int(first) > 0 else None
+
+
 def c_compilers(env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """The C compilers to try for the native kernels, in order: ``$CC`` first."""
     return tuple(cc for cc in (environ(env).get(ENV_CC), "cc", "gcc", "clang") if cc)

@@ -6,13 +6,16 @@ The engine knows nothing about terminals; the CLI renders what it reports.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .errors import BadInput
-from .sampling import Sampler
-from .spec.loop import DecodeState, Run
 from .spec.plan import PLAIN, PlanFactory, SpecPlan
+from .spec.run import Run
 from .spec.stats import SpecStats
+
+if TYPE_CHECKING:  # a plain greedy run on a lean trunk imports neither (nor torch through them)
+    from .sampling import Sampler
+    from .spec.loop import DecodeState
 
 
 @dataclass
@@ -169,7 +172,14 @@ class Engine:
         check_fits(len(prompt_ids), max_tokens, self.target.max_context)
         tok = self.tokenizer
         eos = frozenset() if ignore_eos else tok.eos_ids
-        seq = DecodeState(self.target, sampler, plan, cache=cache, stats=SpecStats(), drawable=tok.vocab_size)
+        if getattr(self.target, "lean", False) and not plan.speculates:  # ``models.lean``: no torch
+            from .spec.plain import LeanDecode
+
+            seq = LeanDecode(self.target, sampler, cache=cache, stats=SpecStats(), drawable=tok.vocab_size)
+        else:
+            from .spec.loop import DecodeState
+
+            seq = DecodeState(self.target, sampler, plan, cache=cache, stats=SpecStats(), drawable=tok.vocab_size)
         return TextGeneration(seq, prompt_ids, max_tokens, eos, tok.stream(), stop, on_text, on_step, interrupted)
 
     def generate(

@@ -63,19 +63,22 @@ class Session:
         progress: bool = True,
         loading: Callable[[Path], ContextManager] | None = None,
         warn: Callable[[str], None] | None = None,
+        lean: bool = False,
     ) -> "Session":
         """Apply the thread count, find the model (pulling a known one on first use, with
         ``progress`` on ``console``), and load it with its tokenizer. ``gguf``: an already opened
-        file (``config.model`` is then not looked up); ``loading(path)``: a context around the load."""
+        file (``config.model`` is then not looked up); ``loading(path)``: a context around the load.
+        ``lean``: the caller decodes plainly and greedily (``models.lean.declines`` found nothing
+        against its run): a trunk the lean path takes is loaded without torch (``Session.lean``
+        then says so), any other as always."""
+        from . import kernels
         from .gguf_file import GGUFFile
         from .hub import resolve_model
-        from .models import arch_module, load_model, validate_model
+        from .models import arch_module, validate_model
         from .tokenizer import Tokenizer
 
         if config.threads is not None:
-            import torch
-
-            torch.set_num_threads(config.threads)
+            kernels.set_threads(config.threads)
         if gguf is None:
             path = resolve_model(config.model, progress=progress, console=console)
         else:
@@ -88,8 +91,9 @@ class Session:
             arch_module(g.arch, g.path.name)
             validate_model(g)
             tokenizer = Tokenizer.from_metadata(g.metadata)
-            target = load_model(g, fmt=config.weights, n_ctx=config.ctx_size,
-                                verify_snapshots=config.verify_snapshots, device=config.device)
+            target = _lean_target(g, config) if lean else None
+            if target is None:
+                target = _torch_target(g, config)
         if config.ctx_size and config.ctx_size > target.max_context and warn is not None:
             warn(f"--ctx-size {config.ctx_size} is above {path.name}'s trained context "
                  f"({target.max_context} tokens); using {target.max_context}")
@@ -98,6 +102,11 @@ class Session:
     @property
     def path(self) -> Path:
         return self.gguf.path
+
+    @property
+    def lean(self) -> bool:
+        """Whether the trunk is the lean one (``models.lean``: plain greedy decoding, no torch)."""
+        return bool(getattr(self.target, "lean", False))
 
     # ------------------------------------------------------------------------- drafters
 
@@ -128,12 +137,14 @@ class Session:
         ``options`` (default: the configuration's), or ``SpeculatorDeclined`` with the reason.
         ``long_lived``: the engine serves requests for its lifetime (``tsspec serve``): ``auto``
         takes the suffix speculator where it would take n-gram."""
-        from .spec.governor import SharedParks, SpeculationCostGovernor
-        from .spec.registry import REGISTRY
-
         opts = self.for_this_trunk(self.config.spec if options is None else options)
         if not opts.enabled:
             return Speculation(options=opts)
+        if self.lean:
+            raise ValueError("a lean trunk decodes plainly: open the session without lean to speculate")
+        from .spec.governor import SharedParks, SpeculationCostGovernor
+        from .spec.registry import REGISTRY
+
         drafter = None
         notes: list[str] = []
         if opts.draft_model:
@@ -199,3 +210,27 @@ class Session:
         from .spec.registry import REGISTRY
 
         return REGISTRY.auto_order(drafter)
+
+
+def _torch_target(g, config: RunConfig):
+    """The trunk as the torch model (every run but a lean one), with the thread count set in torch."""
+    from .models import load_model
+
+    if config.threads is not None:
+        import torch
+
+        torch.set_num_threads(config.threads)
+    return load_model(g, fmt=config.weights, n_ctx=config.ctx_size, verify_snapshots=config.verify_snapshots,
+                      device=config.device)
+
+
+def _lean_target(g, config: RunConfig):
+    """The lean trunk of ``g`` (``models.lean``), or None where its file is not for it (the torch model
+    then loads it)."""
+    from . import kernels
+    from .models import lean
+
+    try:
+        return lean.load(g, config.ctx_size, kernels.thread_count())
+    except lean.Declined:
+        return None

@@ -24,6 +24,8 @@ A switch takes only the boolean words (``0``/``1``, ``true``/``false``, ``yes``/
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, MutableMapping
 
@@ -61,7 +63,7 @@ def _switch(env: Mapping[str, str], name: str) -> bool:
 
 
 def _weight_format(env: Mapping[str, str], name: str, default: str) -> str:
-    from .weights import FORMATS
+    from .gguf_weight import FORMATS
 
     raw = _value(env, name)
     if raw is None:
@@ -145,6 +147,21 @@ def speculator_names() -> list[str]:
     return REGISTRY.names()
 
 
+class _SpeculatorNames(Sequence):
+    """``speculator_names()`` asked only when read: a run that names no speculator (``--no-spec``,
+    ``auto``) does not import the algorithm layer, nor torch through it, to resolve its settings."""
+
+    @functools.cached_property
+    def _names(self) -> list[str]:
+        return speculator_names()
+
+    def __getitem__(self, i):
+        return self._names[i]
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def resolve_run(
     *,
     model: str | None = None,
@@ -162,11 +179,11 @@ def resolve_run(
     that takes no speculation from flags or the environment (``bench``: its configurations say it),
     which then runs with speculation off and does not read ``TS_SPEC_*``/``TS_MTP_*``.
     """
-    from .weights import FORMATS
+    from .gguf_weight import FORMATS
 
     env = _env(env)
     spec, warnings = (SpecOptions(), []) if speculation is None else resolve(
-        speculation, env, speculators=speculator_names())
+        speculation, env, speculators=_SpeculatorNames())
     check_threads(threads)
     for flag, value in (("--weights", weights), ("--draft-weights", draft_weights)):
         if value is not None and value not in FORMATS:

@@ -35,11 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-# "auto": every tensor in its own GGUF layout on the native kernels (tsspec.kernels); without them,
-# int4 for the tensors stored as Q4_0/Q4_1/Q4_K, f32 for F32/F16, bf16 for everything else.
-FORMATS = ("bf16", "f32", "auto", "int4")
-# "int4" also requantizes the other tensors to 4 bits (lossy): for drafters, whose guesses the trunk
-# verifies, so their precision costs acceptance, never correctness
+from .gguf_weight import FORMATS, GGUFWeight, gguf_native, stack_biases, stack_parts  # noqa: F401 - the weight seam's names, re-exported
+
 # Dense (bf16, f32) products always run on this many rows, so that the GEMM route never changes
 DENSE_CHUNK_ROWS = 16
 # The int4 kernel needs no padding: it is invariant for every row count (tests/test_weights_int4.py).
@@ -110,71 +107,6 @@ class Int4Weight:
         return (self.a[..., None] * q + self.b[..., None]).reshape(n, k)
 
 
-class GGUFWeight:
-    """A weight in its GGUF block layout, exactly as the file stores it: ``raw`` uint8
-    [N, row_bytes] (a view of the file's map when read by ``from_file``), logical shape [N, K]. Multiplied by the native
-    kernels (``tsspec.kernels``) without dequantizing; ``dense()`` is the exact float32 value."""
-
-    __slots__ = ("type_name", "raw", "shape", "packed")
-
-    def __init__(self, type_name: str, raw: np.ndarray, shape: tuple[int, int], packed: bool = False):
-        self.type_name, self.raw, self.shape = type_name, raw, (int(shape[0]), int(shape[1]))
-        self.packed = packed  # raw as kernels.repack stores it (same values, laid out for the products)
-
-    def for_products(self) -> "GGUFWeight":
-        """This weight as the native products read it fastest (``kernels.repack``; float types and
-        packed weights as they are)."""
-        from . import kernels
-
-        if self.packed or self.type_name in kernels.FLOAT_TYPES:
-            return self if self.raw.flags.writeable else self.private()
-        from .gguf_file import release_view
-
-        # a view of the file's map: its pages are let go as the repack passes them, so the file's
-        # copy and ours are not both held (a 178 MB embedding held twice for a moment)
-        done = None if self.raw.flags.writeable else release_view
-        return GGUFWeight(self.type_name, kernels.repack(self.type_name, self.raw, self.shape[1], done=done),
-                          self.shape, True)
-
-    def private(self) -> "GGUFWeight":
-        """This weight with ``raw`` a contiguous copy of its own (not a view of the file's map)."""
-        return GGUFWeight(self.type_name, np.array(self.raw, copy=True, order="C"), self.shape, self.packed)
-
-    def stored(self) -> np.ndarray:
-        """raw in the file's own layout"""
-        if not self.packed:
-            return self.raw
-        from . import kernels
-
-        return kernels.unpack(self.type_name, self.raw, self.shape[1])
-
-    def take_rows(self, rows) -> "GGUFWeight":
-        """The rows ``rows`` (indices along N, in that order) as stored: a GGUF row is whole blocks,
-        so selecting or reordering rows is exact in every type (no dequantization)."""
-        idx = np.asarray(rows, dtype=np.int64)
-        return GGUFWeight(self.type_name, np.ascontiguousarray(self.stored()[idx]), (len(idx), self.shape[1]))
-
-    @classmethod
-    def from_file(cls, type_name: str, flat: np.ndarray, shape: tuple[int, int]) -> "GGUFWeight":
-        """The weight as the file's map holds it: ``raw`` a read-only view, no copy. What a
-        ``Linear`` keeps is its own (``for_products``: repacked, stacked or copied), so the file's
-        bytes pass through memory once and its pages can be let go after the load."""
-        n = int(shape[0])
-        return cls(type_name, np.asarray(flat, dtype=np.uint8).reshape(n, -1), shape)
-
-    def dense(self) -> np.ndarray:
-        from . import kernels
-
-        if kernels.available():
-            return kernels.dequant_rows(self.type_name, self.raw, self.shape[1], range(self.shape[0]),
-                                        packed=self.packed).numpy()
-        from gguf.constants import GGMLQuantizationType
-        from gguf.quants import dequantize
-
-        flat = dequantize(self.stored().reshape(-1), GGMLQuantizationType[self.type_name])
-        return np.asarray(flat, np.float32).reshape(self.shape)
-
-
 def take_rows(w, rows):
     """Rows ``rows`` of a weight in whatever form a loader holds it (``GGUFWeight``: its stored
     blocks; ``Int4Weight``: its codes and groups; an array), for layouts that fuse or interleave
@@ -185,14 +117,6 @@ def take_rows(w, rows):
     if isinstance(w, Int4Weight):
         return Int4Weight(w.q[idx], w.a[idx], w.b[idx])
     return np.ascontiguousarray(np.asarray(w)[idx])
-
-
-def gguf_native(type_name: str, shape: tuple[int, ...]) -> bool:
-    """Whether the native kernels multiply a tensor of this type and numpy shape [N, K] as stored
-    (the plain-C path is only their reference: without AVX-512 VNNI the torch formats are faster)."""
-    from . import kernels
-
-    return len(shape) == 2 and kernels.takes(type_name, shape[1])
 
 
 def load_format(fmt: str | None) -> str:
@@ -379,22 +303,9 @@ class Linear:
         that are all ``Int4Weight`` stay int4 (codes and groups stacked along N); a mix is stacked
         dense."""
         ws = [p[0] for p in parts]
-        if any(p[1] is not None for p in parts):
-            b = np.concatenate(
-                [p[1] if p[1] is not None else np.zeros(p[0].shape[0], np.float32) for p in parts]
-            )
-        else:
-            b = None
+        b = stack_biases([p[1] for p in parts], [w.shape[0] for w in ws])
         if all(isinstance(w, GGUFWeight) for w in ws):
-            merged: list[GGUFWeight] = []
-            for w in ws:
-                if merged and merged[-1].type_name == w.type_name and merged[-1].shape[1] == w.shape[1]:
-                    m = merged[-1]
-                    merged[-1] = GGUFWeight(m.type_name, np.concatenate([m.stored(), w.stored()]),
-                                            (m.shape[0] + w.shape[0], m.shape[1]))
-                else:
-                    merged.append(w)
-            return Linear(merged, b, fmt, device)
+            return Linear(stack_parts(ws), b, fmt, device)
         if all(isinstance(w, Int4Weight) for w in ws):
             w = Int4Weight(*(np.concatenate([getattr(x, f) for x in ws], axis=0) for f in ("q", "a", "b")))
         else:

@@ -35,29 +35,36 @@ runs its products on one thread, and ``products_line`` says so.
 Where no compiler is found, the build fails, or ``TSSPEC_KERNELS=0`` is set, ``lib()`` returns
 None, ``unavailable_reason()`` says why, and the weight seam falls back to its pure-torch formats.
 
-OpenMP: the library links ``libgomp.so.1``; torch's CPU wheel ships and loads a library of that
-soname first, so the dynamic loader binds both to one OpenMP runtime (one thread pool, no two
-pools spinning against each other on a 2-core machine). torch is imported before loading for that.
+OpenMP: the library links ``libgomp.so.1``; torch's CPU wheel ships a library of that soname, and
+the dynamic loader binds every later request for that soname to the one already loaded, so torch
+and the kernels share one OpenMP runtime (one thread pool, no two pools spinning against each other
+on a 2-core machine). This module does not import torch (a plain native run needs none of it,
+``tsspec.models.lean``): before loading it loads torch's own ``libgomp.so.1`` by path
+(``_bind_openmp``), so that a later ``import torch`` finds its runtime already in place.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import mmap
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
-import torch
 
 from ..interrupts import catchable
+
+if TYPE_CHECKING:
+    import torch
 
 SOURCE_DIR = Path(__file__).parent
 HEADER = "tsq.h"
@@ -156,6 +163,78 @@ _skipped: list[str] = []  # better levels whose build failed, and why
 _openmp = True  # the loaded library was built with OpenMP
 
 
+_threads: int | None = None  # set_threads' count, for a run without torch
+
+
+def set_threads(n: int) -> None:
+    """The thread count every native call takes (``--threads``), set for torch too where it is
+    imported (a caller that imports torch later sets it there itself)."""
+    global _threads
+    if n < 1:
+        raise ValueError(f"threads must be >= 1, got {n}")
+    _threads = n
+    t = sys.modules.get("torch")
+    if t is not None:
+        t.set_num_threads(n)
+
+
+def thread_count() -> int:
+    """Threads a native call takes: torch's count where torch is imported (``--threads`` and the
+    tests set it there), else ``set_threads``' count, else what torch would take by default
+    (OMP_NUM_THREADS, else the physical cores): a run gets the same count with torch or without."""
+    t = sys.modules.get("torch")
+    if t is not None:
+        return t.get_num_threads()
+    return _threads if _threads is not None else default_threads()
+
+
+@functools.lru_cache(maxsize=1)
+def default_threads() -> int:
+    """torch's default intra-op thread count, worked out without importing it: OMP_NUM_THREADS where
+    it is a positive integer (``env.check_omp_threads`` refuses absurd ones), else the physical cores
+    (distinct (physical id, core id) pairs of /proc/cpuinfo), else the logical CPUs."""
+    from ..env import omp_threads
+
+    n = omp_threads()
+    if n is not None:
+        return n
+    cores, phys = set(), None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            key = key.strip()
+            if key == "physical id":
+                phys = val.strip()
+            elif key == "core id":
+                cores.add((phys, val.strip()))
+    except OSError:
+        pass
+    return len(cores) or os.cpu_count() or 1
+
+
+def _bind_openmp() -> None:
+    """Load torch's ``libgomp.so.1`` by path, before the kernel library, where torch is installed but
+    not imported: the library's own ``libgomp.so.1`` then binds to it, and so does torch's when it is
+    imported later (the loader reuses a loaded soname), so one OpenMP runtime serves both. Nothing
+    where torch is imported already (its runtime is in place) or ships no such file."""
+    if "torch" in sys.modules:
+        return
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return
+    for d in (spec.submodule_search_locations or []) if spec is not None else []:
+        gomp = Path(d, "lib", "libgomp.so.1")
+        if gomp.exists():
+            try:
+                ctypes.CDLL(str(gomp), mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                pass
+            return
+
+
 def cache_dir() -> Path:
     from ..env import cache_home
 
@@ -236,6 +315,7 @@ def _load_level(cc: str, level: Level) -> tuple[ctypes.CDLL, bool]:
         try:
             with catchable():  # a Ctrl-C mid-build still removes the temporary file
                 path = _build(cc, flags=flags)
+            _bind_openmp()
             h = ctypes.CDLL(str(path))
             _declare(h)
             _check_layouts(h)
@@ -360,23 +440,23 @@ def amx_self_check(h: ctypes.CDLL, *, hardware: bool = True) -> str | None:
     every CPU so this code is run where there is no AMX."""
     rng = np.random.default_rng(7)
     k = 256
-    x = torch.from_numpy(rng.standard_normal((33, k)).astype(np.float32))
-    xq = torch.empty(33 * h.tsq_xrow_bytes(k), dtype=torch.uint8)
+    x = rng.standard_normal((33, k)).astype(np.float32)
+    xq = np.empty(33 * h.tsq_xrow_bytes(k), dtype=np.uint8)
     h.tsq_quantize(_ptr(x), 33, k, _ptr(xq))
     for name, tid in TYPE_IDS.items():
         if name in FLOAT_TYPES:
             continue
         rb = h.tsq_row_bytes(tid, k)
         w = _sane_scales(name, rng.integers(0, 256, size=(40, rb), dtype=np.uint8))
-        ref = torch.zeros(33, 40, dtype=torch.float32)
+        ref = np.zeros((33, 40), dtype=np.float32)
         if h.tsq_matmul(tid, _ptr(w), 0, rb, 40, k, _ptr(x), _ptr(xq), 33, _ptr(ref), 40, 1, 0):
             return name
-        for threads in (1, 2):
-            y = torch.full((33, 40), float("nan"), dtype=torch.float32)
-            if h.tsq_matmul_amx(tid, _ptr(w), 0, rb, 40, k, _ptr(xq), 33, _ptr(y), 40, threads, 0 if hardware else 1):
-                return f"{name}, {threads} threads: refused"
-            if not torch.equal(y.view(torch.int32), ref.view(torch.int32)):
-                return f"{name}, {threads} threads"
+        for nt in (1, 2):
+            y = np.full((33, 40), np.nan, dtype=np.float32)
+            if h.tsq_matmul_amx(tid, _ptr(w), 0, rb, 40, k, _ptr(xq), 33, _ptr(y), 40, nt, 0 if hardware else 1):
+                return f"{name}, {nt} threads: refused"
+            if not np.array_equal(y.view(np.int32), ref.view(np.int32)):
+                return f"{name}, {nt} threads"
     return None
 
 
@@ -535,15 +615,18 @@ def takes(type_name: str, k: int) -> bool:
 
 
 def _ptr(a) -> int:
-    if isinstance(a, torch.Tensor):
-        return a.data_ptr()
-    return a.ctypes.data
+    """The address of a numpy array's or a torch tensor's first element."""
+    if isinstance(a, np.ndarray):
+        return a.ctypes.data
+    return a.data_ptr()
 
 
-def quantize(x: torch.Tensor) -> torch.Tensor:
+def quantize(x: "torch.Tensor") -> "torch.Tensor":
     """x float32 [m, k] (contiguous, k a multiple of 32) -> the form every quantized type multiplies
     (int8 per 32 elements in groups of 128, ``xgroup`` in tsq.h), as an opaque byte tensor. Float
     types multiply x itself."""
+    import torch
+
     h = lib()
     m, k = x.shape
     out = torch.empty(m * h.tsq_xrow_bytes(k), dtype=torch.uint8)
@@ -607,11 +690,11 @@ def unpack(type_name: str, w: np.ndarray, k: int, *, threads: int | None = None)
 
 
 def repack_threads() -> int:
-    """Threads a repack takes by default: torch's count (``--threads``) on the main thread, one on
+    """Threads a repack takes by default: ``thread_count()`` (``--threads``) on the main thread, one on
     any other. The loader repacks a model's layers in a pool of ``--threads`` threads, each of which
     would otherwise open an OpenMP team as wide as the machine (on 8 cores, 74 threads at once; the
     cores are already shared out by the pool)."""
-    return torch.get_num_threads() if threading.current_thread() is threading.main_thread() else 1
+    return thread_count() if threading.current_thread() is threading.main_thread() else 1
 
 
 REPACK_CHUNK_BYTES = 16 << 20  # a repack that reports its progress does it this many source bytes at a time
@@ -638,7 +721,7 @@ def _repack(type_name: str, w: np.ndarray, k: int, *, inverse: bool, threads: in
     return out
 
 
-def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Tensor | None, y: torch.Tensor,
+def matmul(type_name: str, w: np.ndarray, k: int, x: "torch.Tensor", xq: "torch.Tensor | None", y: "torch.Tensor",
            col0: int = 0, *, packed: bool = False, threads: int | None = None, use_simd: bool = True) -> None:
     """y[:, col0 : col0 + n] = x @ W.T for W the GGUF rows ``w`` (uint8 [n, row_bytes]; ``packed``:
     as ``repack`` stores them).
@@ -649,13 +732,13 @@ def matmul(type_name: str, w: np.ndarray, k: int, x: torch.Tensor, xq: torch.Ten
     n, rb = w.shape
     m = x.shape[0]
     ldy = y.shape[1]
-    nt = threads if threads is not None else torch.get_num_threads()
+    nt = threads if threads is not None else thread_count()
     rc = h.tsq_matmul(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, rb, n, k, _ptr(x), 0 if xq is None else _ptr(xq), m,
                       _ptr(y) + 4 * col0, ldy, nt, 1 if use_simd else 0)
     _check_rc(rc, f"{type_name}: cannot multiply rows of {k} elements")
 
 
-def matmul_tiles(type_name: str, w: np.ndarray, k: int, xq: torch.Tensor, y: torch.Tensor, *, packed: bool = False,
+def matmul_tiles(type_name: str, w: np.ndarray, k: int, xq: "torch.Tensor", y: "torch.Tensor", *, packed: bool = False,
                  threads: int | None = None, emulate: bool = True) -> None:
     """y[m, n] = the quantized input ``xq`` (``quantize(x)``, m rows) against the GGUF rows ``w``
     through the AMX tile backend: ``emulate`` (default) with the tile instruction done in C, on any
@@ -663,18 +746,25 @@ def matmul_tiles(type_name: str, w: np.ndarray, k: int, xq: torch.Tensor, y: tor
     h = lib()
     n, rb = w.shape
     m, ldy = y.shape
-    nt = threads if threads is not None else torch.get_num_threads()
+    nt = threads if threads is not None else thread_count()
     rc = h.tsq_matmul_amx(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, rb, n, k, _ptr(xq), m, _ptr(y), ldy, nt,
                           1 if emulate else 0)
     _check_rc(rc, f"{type_name}: the tile backend cannot multiply rows of {k} elements here")
 
 
-def dequant_rows(type_name: str, w: np.ndarray, k: int, ids, *, packed: bool = False) -> torch.Tensor:
+def dequant_rows(type_name: str, w: np.ndarray, k: int, ids, *, packed: bool = False) -> "torch.Tensor":
     """Rows ``ids`` of the GGUF weight ``w`` (uint8 [rows, row_bytes]; ``packed``: as ``repack``
     stores them) as float32 [len(ids), k]."""
+    import torch
+
+    return torch.from_numpy(dequant_rows_np(type_name, w, k, ids, packed=packed))
+
+
+def dequant_rows_np(type_name: str, w: np.ndarray, k: int, ids, *, packed: bool = False) -> np.ndarray:
+    """``dequant_rows`` as a numpy array (the same bits; no torch)."""
     h = lib()
     idx = np.ascontiguousarray(np.asarray(ids, dtype=np.int64))
-    out = torch.empty(len(idx), k, dtype=torch.float32)
+    out = np.empty((len(idx), k), dtype=np.float32)
     _check_rc(h.tsq_dequant_rows(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, w.shape[1], k, idx.ctypes.data,
                                  len(idx), _ptr(out)), "dequant_rows failed")
     return out
@@ -756,25 +846,32 @@ def c_linear(*lins) -> CLinear | None:
         c.n[i] = p.shape[0]
     c.k = lins[0].in_features
     c.n_total = sum(lin.out_features for lin in lins)
-    c.bias = lins[0].bias.data_ptr() if lins[0].bias is not None else None
+    c.bias = _ptr(lins[0].bias) if lins[0].bias is not None else None
     return c
 
 
 class FusedOutput:
     """A llama-family trunk's final norm and LM head as one native call (``tsq_output``)."""
 
-    def __init__(self, head: CLinear, norm: torch.Tensor, eps: float, keep: list):
+    def __init__(self, head: CLinear, norm, eps: float, keep: list):
         self.head = head
-        self.norm = norm  # float32, contiguous
+        self.norm = norm  # float32, contiguous (a tensor or an array)
         self.eps = eps
         self._keep = keep
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits [m, vocab] of the residual rows ``h`` [m, d] (float32)."""
-        h = h.contiguous()
-        y = torch.empty(h.shape[0], self.head.n_total, dtype=torch.float32)
-        rc = lib().tsq_output(ctypes.byref(self.head), self.norm.data_ptr(), self.eps, h.data_ptr(), h.shape[0],
-                              y.data_ptr(), torch.get_num_threads())
+    def __call__(self, h):
+        """Logits [m, vocab] of the residual rows ``h`` [m, d] (float32): a numpy array for a numpy
+        ``h`` (``models.lean``), else a torch tensor."""
+        if isinstance(h, np.ndarray):
+            h = np.ascontiguousarray(h)
+            y = np.empty((h.shape[0], self.head.n_total), dtype=np.float32)
+        else:
+            import torch
+
+            h = h.contiguous()
+            y = torch.empty(h.shape[0], self.head.n_total, dtype=torch.float32)
+        rc = lib().tsq_output(ctypes.byref(self.head), _ptr(self.norm), self.eps, _ptr(h), h.shape[0], _ptr(y),
+                              thread_count())
         _check_rc(rc, f"native output failed ({rc})", RuntimeError)
         return y
 
@@ -809,6 +906,8 @@ class FusedEagle:
 
     def __call__(self, e: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [m, vocab], h' [m, d]) for embedding rows ``e`` and hidden rows ``h`` [m, d]."""
+        import torch
+
         e = e.float().contiguous()
         h = h.float().contiguous()
         m = e.shape[0]
@@ -817,7 +916,7 @@ class FusedEagle:
         out = torch.empty(m, self.d, dtype=torch.float32)
         logits = torch.empty(m, self.vocab, dtype=torch.float32)
         rc = lib().tsq_eagle_step(ctypes.byref(self.c), e.data_ptr(), h.data_ptr(), m, out.data_ptr(),
-                                  logits.data_ptr(), torch.get_num_threads())
+                                  logits.data_ptr(), thread_count())
         _check_rc(rc, f"native draft head step failed ({rc})", RuntimeError)
         return logits, out
 
@@ -832,19 +931,19 @@ class FusedBlocks:
         self._keep = keep  # the tensors whose addresses the structures hold
         self.output = output  # the final norm and LM head, where the head is native too
 
-    def run(self, h: torch.Tensor, l0: int, l1: int, start: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            cos: list[torch.Tensor], sin: list[torch.Tensor], taps: Sequence[int] = ()) -> torch.Tensor | None:
-        """Blocks [l0, l1) on the residual ``h`` [m, d] (float32, contiguous, updated in place).
+    def run(self, h, l0: int, l1: int, start: int, k_cache, v_cache, cos: list, sin: list,
+            taps: Sequence[int] = ()) -> "torch.Tensor | None":
+        """Blocks [l0, l1) on the residual ``h`` [m, d] (float32, contiguous, updated in place):
+        torch tensors, or numpy arrays throughout (``models.lean``; without ``taps``).
         ``taps`` (layers in [l0, l1]; l1: after the last): the residual entering each, copied out
         in the same call -> [m, len(taps) * d], tap j of a row in columns j*d..(j+1)*d."""
         if taps:
             return self.run_batch(h, l0, l1, [0, h.shape[0]], [start], [k_cache], [v_cache], cos, sin, taps)
         h_lib = lib()
-        cos_p = (ctypes.c_void_p * len(cos))(*[t.data_ptr() for t in cos])
-        sin_p = (ctypes.c_void_p * len(sin))(*[t.data_ptr() for t in sin])
-        rc = h_lib.tsq_forward(ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], start,
-                               k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[2], cos_p, sin_p,
-                               torch.get_num_threads())
+        cos_p = (ctypes.c_void_p * len(cos))(*[_ptr(t) for t in cos])
+        sin_p = (ctypes.c_void_p * len(sin))(*[_ptr(t) for t in sin])
+        rc = h_lib.tsq_forward(ctypes.byref(self.config), self.layers, l0, l1, _ptr(h), h.shape[0], start,
+                               _ptr(k_cache), _ptr(v_cache), k_cache.shape[2], cos_p, sin_p, thread_count())
         _check_rc(rc, f"native block forward failed ({rc})", RuntimeError)
 
     def run_batch(self, h: torch.Tensor, l0: int, l1: int, row0: list[int], starts: list[int],
@@ -861,6 +960,8 @@ class FusedBlocks:
         ``models.runners.TreeLayout`` per sequence (a chain's too). A tree row is written to slot
         ``starts[s]`` + its index and sits at its layout's position; its attention reads the cache's
         first ``base`` slots, then its path's slots, so it gets the bits a chain of its path gets."""
+        import torch
+
         ns = len(starts)
         if any(not l0 <= t <= l1 for t in taps):
             raise ValueError(f"run_batch: taps {list(taps)} outside layers [{l0}, {l1}]")
@@ -880,7 +981,7 @@ class FusedBlocks:
         args = (ctypes.byref(self.config), self.layers, l0, l1, h.data_ptr(), h.shape[0], ns,
                 (ctypes.c_long * (ns + 1))(*row0), longs(*starts), ptrs(*[k.data_ptr() for k in k_caches]),
                 ptrs(*[v.data_ptr() for v in v_caches]), longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p,
-                torch.get_num_threads(), (ctypes.c_int * len(taps))(*taps), len(taps),
+                thread_count(), (ctypes.c_int * len(taps))(*taps), len(taps),
                 None if out is None else out.data_ptr())
         if trees is None:
             rc = h_lib.tsq_forward_batch_taps(*args)

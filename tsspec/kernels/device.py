@@ -7,7 +7,9 @@ Nothing here reads the environment (``tsspec.settings`` passes the operator's ch
 
 from __future__ import annotations
 
-import torch
+import glob
+import os
+import sys
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -21,8 +23,19 @@ def triton_missing() -> str | None:
     return None
 
 
+def no_nvidia_device() -> bool:
+    """Whether this is a Linux system without any NVIDIA device node or driver (no /dev/nvidia*,
+    /proc/driver/nvidia nor WSL's /dev/dxg): torch could see no CUDA GPU there, which ``auto`` then
+    knows without importing it (a second of a plain run's start, ``models.lean``)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return not (glob.glob("/dev/nvidia*") or os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/dxg"))
+
+
 def cuda_missing() -> str | None:
     """Why there is no CUDA GPU for torch, or None when there is one."""
+    import torch
+
     if torch.version.cuda is None:
         return f"this torch ({torch.__version__}) is built without CUDA"
     try:
@@ -44,5 +57,5 @@ def resolve(requested: str) -> str:
     if requested not in DEVICES:
         raise ValueError(requested)
     if requested == "auto":
-        return "cuda" if cuda_unusable() is None else "cpu"
+        return "cuda" if not no_nvidia_device() and cuda_unusable() is None else "cpu"
     return requested

@@ -20,9 +20,6 @@ forward executes (torch, native, Triton) in ``runners``.
 
 from __future__ import annotations
 
-import math
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -36,74 +33,8 @@ from ..weights import Embedding, Linear, to_tensor
 from .cache import KVCache, round_span
 from .ops import ATTN_MIN_ROWS, SpanGroup, apply_rope, attend, attention_span, plan_attention, rms_norm, rope_tables  # noqa: F401
 from .runners import pick_runner
+from .config import DEFAULT_CTX, ArchConfig, Block, LayerSpec, common_config, q_scale, read_blocks, rope_bases  # noqa: F401
 
-DEFAULT_CTX = 4096
-
-
-# ----------------------------------------------------------------------------- config
-
-
-@dataclass
-class LayerSpec:
-    rope_base: float
-    window: int | None = None  # sliding-window size, None for global attention
-
-
-@dataclass
-class ArchConfig:
-    arch: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    ffn_dim: int
-    vocab_size: int
-    train_ctx: int
-    rms_eps: float
-    rope_dim: int
-    rope_neox: bool  # NEOX halves layout; False = GGML's interleaved pairs (llama-arch files)
-    layers: list[LayerSpec]
-    activation: str = "silu"  # "silu" | "gelu_tanh"
-    qk_norm: bool = False
-    post_norms: bool = False  # gemma: norms after attention and FFN outputs
-    embed_scale: float = 1.0
-    attn_scale: float | None = None  # None: 1/sqrt(head_dim)
-    final_softcap: float | None = None
-    extra: dict = field(default_factory=dict)
-
-
-def common_config(g: GGUFFile, arch: str) -> dict:
-    """Hyper-parameters every llama-like GGUF stores under ``{arch}.*``."""
-
-    def req(key: str):
-        return g.require(f"{arch}.{key}")
-
-    n_heads = int(req("attention.head_count"))
-    d_model = int(req("embedding_length"))
-    kv = g.get(f"{arch}.attention.head_count_kv", n_heads)
-    if isinstance(kv, list):  # per-layer lists exist in some files; ours are uniform
-        kv = kv[0]
-    head_dim = int(g.get(f"{arch}.attention.key_length", d_model // n_heads))
-    vocab = g.get(f"{arch}.vocab_size")
-    if vocab is None:
-        toks = g.get("tokenizer.ggml.tokens")
-        if toks is None:
-            raise ModelFileError(f"{g.path.name}: no {arch}.vocab_size and no tokenizer.ggml.tokens")
-        vocab = len(toks)
-    return dict(
-        arch=arch,
-        n_layers=int(req("block_count")),
-        d_model=d_model,
-        n_heads=n_heads,
-        n_kv_heads=int(kv),
-        head_dim=head_dim,
-        ffn_dim=int(req("feed_forward_length")),
-        vocab_size=int(vocab),
-        train_ctx=int(g.get(f"{arch}.context_length", DEFAULT_CTX)),
-        rms_eps=float(g.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_dim=int(g.get(f"{arch}.rope.dimension_count", head_dim)),
-    )
 
 
 # ----------------------------------------------------------------------------- pure ops
@@ -114,20 +45,6 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu, "gelu_tanh": gelu_tanh}
-
-
-@dataclass
-class Block:
-    attn_norm: torch.Tensor
-    qkv: Linear
-    o: Linear
-    ffn_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
-    q_norm: torch.Tensor | None = None
-    k_norm: torch.Tensor | None = None
-    post_attn_norm: torch.Tensor | None = None
-    post_ffn_norm: torch.Tensor | None = None
 
 
 class TransformerModel:
@@ -160,12 +77,11 @@ class TransformerModel:
             base: tuple(t.to(self.device) for t in rope_tables(base, cfg.rope_dim, round_span(self._max_context)))
             for base in {spec.rope_base for spec in cfg.layers}}
         self.act = ACTIVATIONS[cfg.activation]
-        scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(cfg.head_dim)
-        self.q_scale = scale
+        self.q_scale = q_scale(cfg)
         self.q_dim = cfg.n_heads * cfg.head_dim
         self.kv_dim = cfg.n_kv_heads * cfg.head_dim
         self.windows = {spec.window for spec in cfg.layers}
-        self._rope_bases = sorted({spec.rope_base for spec in cfg.layers})
+        self._rope_bases = rope_bases(cfg)
         if self.FUSABLE:
             check_block_shapes(self)
         # how the blocks and the head execute (runners.py): native where every block weight is on
@@ -365,45 +281,17 @@ def load_blocks(g: GGUFFile, cfg: ArchConfig, fmt: str | None, *, bias: bool = F
 
     fmt = load_format(fmt)
 
-    def t(name: str) -> np.ndarray:
-        return g.tensor(name)
-
-    def opt(name: str) -> np.ndarray | None:
-        return g.tensor(name) if g.has_tensor(name) else None
-
     def vec(name: str) -> torch.Tensor:
-        v = to_tensor(t(name), torch.float32)
+        v = to_tensor(g.tensor(name), torch.float32)
         return v if device is None else v.to(device)
 
     def fused(names: list[str], biases: list) -> Linear:
         return Linear.concat(list(zip(load_weight(g, names, fmt), biases)), fmt, device)
 
-    def block(i: int) -> Block:
-        p = f"blk.{i}."
-        b = read_block(i, p)
-        g.release_pages([n for n in g.tensor_names() if n.startswith(p)])  # copied: one copy held at a time
-        return b
+    def single(name: str) -> Linear:
+        return Linear(load_weight(g, [name], fmt)[0], None, fmt, device)
 
-    def read_block(i: int, p: str) -> Block:
-        qkv = fused([p + f"attn_{x}.weight" for x in "qkv"],
-                    [opt(p + f"attn_{x}.bias") if bias else None for x in "qkv"])
-        return Block(
-            attn_norm=vec(p + "attn_norm.weight"),
-            qkv=qkv,
-            o=Linear(load_weight(g, [p + "attn_output.weight"], fmt)[0], None, fmt, device),
-            ffn_norm=vec(p + "ffn_norm.weight"),
-            gate_up=fused([p + "ffn_gate.weight", p + "ffn_up.weight"], [None, None]),
-            down=Linear(load_weight(g, [p + "ffn_down.weight"], fmt)[0], None, fmt, device),
-            q_norm=vec(p + "attn_q_norm.weight") if cfg.qk_norm else None,
-            k_norm=vec(p + "attn_k_norm.weight") if cfg.qk_norm else None,
-            post_attn_norm=vec(p + "post_attention_norm.weight") if cfg.post_norms else None,
-            post_ffn_norm=vec(p + "post_ffw_norm.weight") if cfg.post_norms else None,
-        )
-
-    # numpy dequantization releases the GIL for most of its work: layers load in parallel
-    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
-        blocks = list(pool.map(block, range(cfg.n_layers)))
-    return blocks
+    return read_blocks(g, cfg, bias=bias, fused=fused, single=single, vec=vec, threads=torch.get_num_threads())
 
 
 def load_embedding(g: GGUFFile, cfg: ArchConfig, fmt: str, device=None) -> tuple[Embedding, Linear]:

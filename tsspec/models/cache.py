@@ -39,19 +39,11 @@ from typing import Sequence
 import torch
 
 from ..errors import BadInput
+from .config import INITIAL_CAPACITY, SPAN_BLOCK, grown_capacity, round_span  # noqa: F401 - re-exported
 from .gated_delta import RecurrentState
 
-# Keys are attended in spans rounded up to this many positions, so a row's attention shape is a
-# function of its own position only (the same in a 1-row decode and a 9-row verify).
-SPAN_BLOCK = 64
-# a cache starts this large and doubles as it fills, up to the model's context
-INITIAL_CAPACITY = 512
 # hybrid forwards of at most this many rows use the batch-invariant row form (>= the largest verify)
 ROW_FORM_MAX = 65
-
-
-def round_span(n: int) -> int:
-    return -(-n // SPAN_BLOCK) * SPAN_BLOCK
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -86,7 +78,7 @@ class KVCache:
             raise BadInput(f"{n} tokens do not fit the context of {self.max_positions}")
         if n <= self.capacity:
             return
-        cap = round_span(min(self.max_positions, max(n, 2 * self.capacity)))
+        cap = grown_capacity(n, self.capacity, self.max_positions)
         k = self.k.new_zeros(self.k.shape[0], self.k.shape[1], cap, self.k.shape[3])
         v = torch.zeros_like(k)
         k[:, :, : self.capacity] = self.k

@@ -13,7 +13,7 @@ import math
 
 from ..gguf_file import GGUFFile
 from ..validate import ArchTables, Key, every_block, rope_base
-from .base import ArchConfig, LayerSpec, build_model, common_config
+from .config import ArchConfig, LayerSpec, common_config
 from .llama import ATTENTION, FFN, QK_NORM
 
 ARCH = "gemma3"
@@ -27,6 +27,7 @@ TABLES = ArchTables(ARCH, keys=(ROPE_BASE, WINDOW, PERIOD, SOFTCAP), blocks=ever
     **ATTENTION, **QK_NORM, "post_attention_norm.weight": ("d",), "ffn_norm.weight": ("d",), **FFN,
     "post_ffw_norm.weight": ("d",)}))
 TRITON = True  # the trunk runs on the GPU path (``load_model(device="cuda")``)
+LEAN = True  # the llama block: a plain greedy run takes it without torch (``models.lean``)
 
 
 def config(g: GGUFFile) -> ArchConfig:
@@ -52,4 +53,6 @@ def config(g: GGUFFile) -> ArchConfig:
 
 
 def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None, device=None):
+    from .base import build_model  # torch: not imported by a run that only reads the config (``lean``)
+
     return build_model(g, config(g), fmt, n_ctx, device=device)

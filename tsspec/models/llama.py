@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..gguf_file import GGUFFile
 from ..validate import ArchTables, every_block, rope_base
-from .base import ArchConfig, LayerSpec, build_model, common_config
+from .config import ArchConfig, LayerSpec, common_config
 
 ARCH = "llama"
 
@@ -24,6 +24,7 @@ FFN = {"ffn_gate.weight": ("ffn", "d"), "ffn_up.weight": ("ffn", "d"), "ffn_down
 ROPE_BASE = rope_base(10000.0)
 TABLES = ArchTables(ARCH, keys=(ROPE_BASE,), blocks=every_block({**ATTENTION, "ffn_norm.weight": ("d",), **FFN}))
 TRITON = True  # the trunk runs on the GPU path (``load_model(device="cuda")``)
+LEAN = True  # the llama block: a plain greedy run takes it without torch (``models.lean``)
 
 
 def config(g: GGUFFile) -> ArchConfig:
@@ -33,4 +34,6 @@ def config(g: GGUFFile) -> ArchConfig:
 
 
 def load(g: GGUFFile, fmt: str | None = None, n_ctx: int | None = None, device=None):
+    from .base import build_model  # torch: not imported by a run that only reads the config (``lean``)
+
     return build_model(g, config(g), fmt, n_ctx, device=device)

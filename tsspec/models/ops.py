@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from ..weights import pad_rows
-from .cache import SPAN_BLOCK
+from . import config
+from .config import SPAN_BLOCK
 
 # fp32 batched GEMM takes a different route below 4 rows; pad to stay on the invariant one.
 ATTN_MIN_ROWS = 4
@@ -30,9 +31,9 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_tables(base: float, rot_dim: int, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
-    ang = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return ang.cos().float(), ang.sin().float()  # [n_pos, rot_dim/2] each
+    """``config.rope_tables`` as tensors: (cos, sin) float32 [n_pos, rot_dim / 2]."""
+    cos, sin = config.rope_tables(base, rot_dim, n_pos)
+    return torch.from_numpy(cos), torch.from_numpy(sin)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:

@@ -261,51 +261,11 @@ class NativeRunner(TorchRunner):
 
 
 def fused_blocks(model: "TransformerModel"):
-    """The native fused form of a llama-family trunk's blocks, or None when a block has a weight
-    off the gguf backend (bf16/f32/int4 formats, unsupported quant types) or the kernels are missing."""
-    from .. import kernels
+    """The native fused form of a llama-family trunk's blocks and head (``native.fused_blocks``),
+    or None where it has none."""
+    from .native import fused_blocks as build
 
-    if not kernels.available():
-        return None
-    cfg = model.cfg
-    if cfg.activation not in ("silu", "gelu_tanh") or cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
-        return None
-    layers, keep = [], []
-    for li, blk in enumerate(model.blocks):
-        lins = [kernels.c_linear(x) for x in (blk.qkv, blk.o, blk.gate_up, blk.down)]
-        if any(x is None for x in lins):
-            return None
-        L = kernels.CLayer()
-        L.qkv, L.o, L.gate_up, L.down = lins
-        norms = {}
-        for name in ("attn_norm", "ffn_norm", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):
-            t = getattr(blk, name)
-            if t is not None:
-                t = t.float().contiguous()
-                keep.append(t)
-                norms[name] = t.data_ptr()
-            setattr(L, name, norms.get(name))
-        spec = cfg.layers[li]
-        L.window = spec.window or 0
-        L.rope = model._rope_bases.index(spec.rope_base)
-        layers.append(L)
-        keep.append(blk)
-    c = kernels.CConfig(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.rope_dim // 2,
-                        1 if cfg.rope_neox else 0, 1 if cfg.activation == "gelu_tanh" else 0, cfg.rms_eps,
-                        model.q_scale)
-    return kernels.FusedBlocks(c, layers, keep, output=fused_output(model))
-
-
-def fused_output(model: "TransformerModel"):
-    """The native form of the final norm and LM head, or None when the head is off the gguf
-    backend (the torch path then runs them)."""
-    from .. import kernels
-
-    head = kernels.c_linear(model.lm_head)
-    if head is None:
-        return None
-    norm = model.out_norm.float().contiguous()
-    return kernels.FusedOutput(head, norm, model.cfg.rms_eps, [model.lm_head, norm])
+    return build(model.cfg, model.blocks, model._rope_bases, model.q_scale, model.lm_head, model.out_norm)
 
 
 def pick_runner(model: "TransformerModel", device) -> TorchRunner:

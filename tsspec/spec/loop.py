@@ -28,16 +28,12 @@ from ..sampling import Sampler
 from .plan import PLAIN, SpecPlan
 from .protocols import (Cache, Draft, DraftContext, ForwardItem, ForwardOutput, Governor, SpecTarget, Speculator,
                         arms_after_prefix_reuse, drafts_within, tap_horizon)
+from .run import PREFILL_CHUNK, Run, _ms  # noqa: F401 - Run and the prefill chunk are the loop's (re-exported)
 from .stats import SpecStats
 from . import tree
 from .verify import verify
 
-PREFILL_CHUNK = 256
 NO_DRAFT = Draft()  # what a plain step drafts: one shared, never-modified value, not one per token
-
-
-def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
 
 
 def forward_each(target: SpecTarget, items: Sequence[ForwardItem]) -> list[ForwardOutput]:
@@ -341,83 +337,6 @@ class DecodeState:
         if self.speculator is not None:
             with self.stats.phase("commit"):
                 self.speculator.commit(kept, hid, pos)
-
-
-class Run:
-    """One sequence decoded to ``max_tokens`` tokens or until ``on_token`` says stop: the budget and
-    stop handling ``decode`` (one sequence) and ``decode_batched`` / a server's scheduler (several,
-    stepped together) share. ``start`` it, then while not ``done``: ``absorb(seq.step(budget))``
-    (or a step shared through ``step_together``); ``finish`` returns the tokens.
-
-    ``on_token(tok) -> stop`` is called for every emitted token in order; returning True ends the
-    run after that token (later tokens of the same step are dropped, as they would be alone).
-    ``on_step(stats)`` is called after every step (for a live display).
-    """
-
-    def __init__(self, seq: DecodeState, prompt: Sequence[int], max_tokens: int, *,
-                 on_token: Callable[[int], bool] | None = None, on_step: Callable[[SpecStats], None] | None = None):
-        if not prompt:
-            raise ValueError("the prompt must hold at least one token")
-        self.seq, self.prompt, self.max_tokens = seq, prompt, max_tokens
-        self.on_token, self.on_step = on_token, on_step
-        self.out: list[int] = []
-        self.stopped = max_tokens <= 0
-        self._t_decode = 0.0
-
-    @property
-    def done(self) -> bool:
-        return self.stopped or len(self.out) >= self.max_tokens
-
-    @property
-    def budget(self) -> int:
-        return self.max_tokens - len(self.out)
-
-    def begin(self) -> None:
-        """Take the prompt: the next steps prefill it (shared with other runs' steps, or alone
-        through ``start``) and draw the first token. Nothing when ``max_tokens`` is 0."""
-        if not self.stopped:
-            self.seq.begin(self.prompt)
-
-    def start(self) -> None:
-        """Prefill alone and the first token."""
-        self.begin()
-        while not self.stopped and self.seq.prefilling:
-            self.absorb(self.seq.step(self.budget))
-
-    def drive(self) -> None:
-        """Run alone to the end: ``start``, then one step after another until ``done``."""
-        self.start()
-        while not self.done:
-            self.absorb(self.seq.step(self.budget))
-
-    def absorb(self, emitted: list[int]) -> None:
-        """The tokens one step emitted (none for a prompt chunk but the last)."""
-        if not emitted:
-            return
-        first = not self.out
-        for tok in emitted:
-            self.out.append(tok)
-            if self.on_token is not None and self.on_token(tok):
-                self.stopped = True
-                break
-        if first:  # the first token ends the prefill; decoding is timed from here
-            self._t_decode = time.perf_counter()
-            return
-        st = self.seq.stats
-        st.decode_ms = _ms(self._t_decode)
-        if self.on_step is not None:
-            self.on_step(st)
-
-    def finish(self) -> list[int]:
-        if self.out:
-            st = self.seq.stats
-            st.decode_ms = _ms(self._t_decode)
-            st.generated = len(self.out)
-        # a speculator that keeps what sequences wrote (the suffix store) learns this one ended
-        end = getattr(self.seq.speculator, "end_sequence", None)
-        if end is not None and self.out:
-            end([*self.prompt, *self.out])
-        return self.out
 
 
 def step_together(runs: list[Run]) -> None:

@@ -13,10 +13,12 @@ the same loaded drafter weights).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from .protocols import Governor, Speculator
-from .verify import RULES
+if TYPE_CHECKING:  # annotations only: a plain run imports no speculator (nor torch) through its plan
+    from .protocols import Governor, Speculator
+
+RULES = ("match", "residual")  # how a verify accepts drafts (``spec.verify``)
 
 
 @dataclass(frozen=True)

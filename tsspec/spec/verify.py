@@ -25,8 +25,7 @@ from typing import Sequence
 import torch
 
 from ..sampling import Sampler, Stream, argmax_rows, keyed_uniform
-
-RULES = ("match", "residual")
+from .plan import RULES  # noqa: F401 - the acceptance rules, named once (re-exported)
 
 
 @dataclass
