@@ -33,7 +33,7 @@ from ..weights import Embedding, Linear, to_tensor
 from .cache import KVCache, round_span
 from .ops import ATTN_MIN_ROWS, SpanGroup, apply_rope, attend, attention_span, plan_attention, rms_norm, rope_tables  # noqa: F401
 from .runners import pick_runner
-from .config import DEFAULT_CTX, ArchConfig, Block, LayerSpec, common_config, q_scale, read_blocks, rope_bases  # noqa: F401
+from .config import DEFAULT_CTX, ArchConfig, Block, LayerSpec, common_config, q_scale, read_blocks, read_embedding, rope_bases  # noqa: F401,E501
 
 
 
@@ -315,10 +315,8 @@ def load_embedding(g: GGUFFile, cfg: ArchConfig, fmt: str, device=None) -> tuple
         dtype = torch.float32 if info.type_name in ("F32", "F16") else torch.bfloat16
         return Embedding(to_tensor(g.tensor("token_embd.weight"), dtype)), head
     if fmt == "auto" and gguf_native(info.type_name, tuple(info.shape)):
-        embed_w = GGUFWeight.from_file(*g.tensor_raw("token_embd.weight"), info.shape)
-        head = Linear(embed_w if tied else load_weight(g, [head_name], fmt)[0], None, fmt)
-        # tied: the embedding reads the head's packed copy, so the blocks are held once
-        return Embedding(head.parts[0] if tied and head.fmt == "gguf" else embed_w), head
+        embed_w, head = read_embedding(g, cfg, lambda w: Linear(w, None, fmt))
+        return Embedding(embed_w), head
     dtype = torch.float32 if fmt == "f32" else torch.bfloat16
     if fmt == "auto" and info.type_name in ("F32", "F16"):
         dtype = torch.float32  # never below the file's precision

@@ -164,3 +164,23 @@ def read_blocks(g: GGUFFile, cfg: ArchConfig, *, bias: bool, fused: Callable, si
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         return list(pool.map(block, range(cfg.n_layers)))
+
+
+def read_embedding(g: GGUFFile, cfg: ArchConfig, head_of: Callable):
+    """(the token embedding's weight, the head) where the embedding is kept in the file's blocks:
+    ``head_of(GGUFWeight)`` makes the head from the file's ``output.weight``, or from the embedding
+    itself when the file has none (tied); then the embedding reads the head's own copy (its first
+    part, repacked for the products), so the blocks are held once. A shape that disagrees with the
+    metadata is one ``ModelFileError``."""
+    from ..gguf_weight import GGUFWeight
+
+    info = g.tensor_info("token_embd.weight")
+    if tuple(info.shape) != (cfg.vocab_size, cfg.d_model):
+        raise ModelFileError(
+            f"{g.path.name}: token_embd is {tuple(info.shape)}, expected ({cfg.vocab_size}, {cfg.d_model})")
+    embed_w = GGUFWeight.from_file(*g.tensor_raw("token_embd.weight"), info.shape)
+    if g.has_tensor("output.weight"):
+        out = g.tensor_info("output.weight")
+        return embed_w, head_of(GGUFWeight.from_file(*g.tensor_raw("output.weight"), out.shape))
+    head = head_of(embed_w)
+    return (head.parts[0] if head.fmt == "gguf" else embed_w), head

@@ -22,11 +22,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import BadInput, ModelFileError
+from ..errors import BadInput
 from ..gguf_file import GGUFFile
 from ..gguf_weight import GGUFWeight, gguf_native, stack_biases, stack_parts
-from .config import DEFAULT_CTX, INITIAL_CAPACITY, ArchConfig, grown_capacity, q_scale, read_blocks, rope_bases, \
-    rope_tables, round_span
+from .config import DEFAULT_CTX, INITIAL_CAPACITY, ArchConfig, grown_capacity, q_scale, read_blocks, read_embedding, \
+    rope_bases, rope_tables, round_span
 
 class Declined(Exception):
     """Why a trunk is not for the lean path (the torch model then loads it); not a user error."""
@@ -154,20 +154,12 @@ class LeanTrunk:
     @staticmethod
     def _embedding(g: GGUFFile, cfg: ArchConfig) -> tuple[GGUFWeight, bool, LeanLinear]:
         """(the embedding's blocks, whether they are repacked, the head) as ``base.load_embedding``
-        holds them on the gguf backend: a tied head's packed copy is the embedding's too."""
+        holds them on the gguf backend (``config.read_embedding``: a tied head's copy is the embedding's)."""
         info = g.tensor_info("token_embd.weight")
-        if tuple(info.shape) != (cfg.vocab_size, cfg.d_model):
-            raise ModelFileError(
-                f"{g.path.name}: token_embd is {tuple(info.shape)}, expected ({cfg.vocab_size}, {cfg.d_model})")
         if not gguf_native(info.type_name, tuple(info.shape)):
             raise Declined(f"a {info.type_name} embedding the native kernels do not take")
-        embed_w = GGUFWeight.from_file(*g.tensor_raw("token_embd.weight"), info.shape)
-        if not g.has_tensor("output.weight"):
-            head = LeanLinear([embed_w])
-            return head.parts[0], head.parts[0].packed, head
-        out = g.tensor_info("output.weight")
-        head = LeanLinear([GGUFWeight.from_file(*g.tensor_raw("output.weight"), out.shape)])
-        return embed_w, embed_w.packed, head
+        embed, head = read_embedding(g, cfg, lambda w: LeanLinear([w]))
+        return embed, embed.packed, head
 
     def make_cache(self) -> LeanCache:
         cfg = self.cfg
