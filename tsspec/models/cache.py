@@ -38,8 +38,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import BadInput
-from .config import INITIAL_CAPACITY, SPAN_BLOCK, grown_capacity, round_span  # noqa: F401 - re-exported
+from .config import INITIAL_CAPACITY, SPAN_BLOCK, CacheRoom, round_span  # noqa: F401 - re-exported
 from .gated_delta import RecurrentState
 
 # hybrid forwards of at most this many rows use the batch-invariant row form (>= the largest verify)
@@ -57,33 +56,22 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-class KVCache:
-    """Preallocated K/V for ``n_layers`` attention layers, grown on demand up to ``max_positions``."""
+class KVCache(CacheRoom):
+    """Preallocated K/V for ``n_layers`` attention layers, grown on demand up to ``max_positions``
+    (``config.CacheRoom``: ``capacity``, ``reserve``)."""
 
     def __init__(self, n_layers: int, n_kv: int, head_dim: int, max_positions: int,
                  capacity: int = INITIAL_CAPACITY, device=None):
         self.max_positions = max_positions
-        capacity = round_span(min(capacity, max_positions))
+        capacity = self.first_capacity(max_positions, capacity)
         self.k = torch.zeros(n_layers, n_kv, capacity, head_dim, device=device)  # the model's device
         self.v = torch.zeros(n_layers, n_kv, capacity, head_dim, device=device)
         self.length = 0
 
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-    def reserve(self, n: int) -> None:
-        """Room for ``n`` positions; growing copies what is held."""
-        if n > self.max_positions:
-            raise BadInput(f"{n} tokens do not fit the context of {self.max_positions}")
-        if n <= self.capacity:
-            return
-        cap = grown_capacity(n, self.capacity, self.max_positions)
-        k = self.k.new_zeros(self.k.shape[0], self.k.shape[1], cap, self.k.shape[3])
-        v = torch.zeros_like(k)
-        k[:, :, : self.capacity] = self.k
-        v[:, :, : self.capacity] = self.v
-        self.k, self.v = k, v
+    def _grown(self, a: torch.Tensor, capacity: int) -> torch.Tensor:
+        new = a.new_zeros(a.shape[0], a.shape[1], capacity, a.shape[3])
+        new[:, :, : a.shape[2]] = a
+        return new
 
     def set_rollback_window(self, window: int) -> None:
         """Nothing to size: a KV cache's trim is arithmetic."""

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ModelFileError
+from ..errors import BadInput, ModelFileError
 from ..gguf_file import GGUFFile
 
 DEFAULT_CTX = 4096
@@ -32,6 +32,35 @@ def grown_capacity(n: int, capacity: int, max_positions: int) -> int:
     """The capacity a cache of ``capacity`` positions grows to for ``n`` (> capacity) positions:
     at least double, rounded to whole spans, at most the context."""
     return round_span(min(max_positions, max(n, 2 * capacity)))
+
+
+class CacheRoom:
+    """The room rule of a K/V cache, whatever holds its arrays (``cache.KVCache``'s tensors, the lean
+    trunk's numpy arrays): ``k`` and ``v`` [layers, n_kv, capacity, head_dim] start at
+    ``INITIAL_CAPACITY`` positions (``first_capacity``) and grow by ``grown_capacity`` up to
+    ``max_positions``; a subclass says how an array grows (``_grown``: zeros of the new capacity
+    that hold the old positions)."""
+
+    max_positions: int
+
+    @staticmethod
+    def first_capacity(max_positions: int, capacity: int = INITIAL_CAPACITY) -> int:
+        return round_span(min(capacity, max_positions))
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` positions; growing copies what is held."""
+        if n > self.max_positions:
+            raise BadInput(f"{n} tokens do not fit the context of {self.max_positions}")
+        if n > self.capacity:
+            cap = grown_capacity(n, self.capacity, self.max_positions)
+            self.k, self.v = self._grown(self.k, cap), self._grown(self.v, cap)
+
+    def _grown(self, a, capacity: int):
+        raise NotImplementedError
 
 
 @dataclass

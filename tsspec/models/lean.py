@@ -25,8 +25,8 @@ import numpy as np
 from ..errors import BadInput
 from ..gguf_file import GGUFFile
 from ..gguf_weight import GGUFWeight, gguf_native, stack_biases, stack_parts
-from .config import DEFAULT_CTX, INITIAL_CAPACITY, ArchConfig, grown_capacity, q_scale, read_blocks, read_embedding, \
-    rope_bases, rope_tables, round_span
+from .config import DEFAULT_CTX, ArchConfig, CacheRoom, q_scale, read_blocks, read_embedding, rope_bases, rope_tables, \
+    round_span
 
 class Declined(Exception):
     """Why a trunk is not for the lean path (the torch model then loads it); not a user error."""
@@ -66,31 +66,20 @@ class LeanLinear:
         self.bias = None if bias is None else np.array(bias, dtype=np.float32, copy=True)
 
 
-class LeanCache:
-    """``cache.KVCache`` in numpy: K/V [layers, n_kv, capacity, head_dim] float32, grown the same way."""
+class LeanCache(CacheRoom):
+    """``cache.KVCache`` in numpy: K/V [layers, n_kv, capacity, head_dim] float32, sized and grown
+    by the same rule (``config.CacheRoom``)."""
 
     def __init__(self, n_layers: int, n_kv: int, head_dim: int, max_positions: int):
         self.max_positions = max_positions
-        cap = round_span(min(INITIAL_CAPACITY, max_positions))
-        self.k = np.zeros((n_layers, n_kv, cap, head_dim), dtype=np.float32)
+        self.k = np.zeros((n_layers, n_kv, self.first_capacity(max_positions), head_dim), dtype=np.float32)
         self.v = np.zeros_like(self.k)
         self.length = 0
 
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-    def reserve(self, n: int) -> None:
-        if n > self.max_positions:
-            raise BadInput(f"{n} tokens do not fit the context of {self.max_positions}")
-        if n <= self.capacity:
-            return
-        cap = grown_capacity(n, self.capacity, self.max_positions)
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            new = np.zeros((old.shape[0], old.shape[1], cap, old.shape[3]), dtype=np.float32)
-            new[:, :, : old.shape[2]] = old
-            setattr(self, name, new)
+    def _grown(self, a: np.ndarray, capacity: int) -> np.ndarray:
+        new = np.zeros((a.shape[0], a.shape[1], capacity, a.shape[3]), dtype=np.float32)
+        new[:, :, : a.shape[2]] = a
+        return new
 
     def reset(self) -> None:
         self.length = 0
