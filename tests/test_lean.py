@@ -207,3 +207,39 @@ def test_lean_logits_on_the_real_models(name, real_model_path, real_model_thread
         t = int(np.argmax(got[: tok.vocab_size]))
         want, got = model.forward([t], tc).logits[-1], trunk.forward([t], lc)
         assert np.array_equal(_bits(got), _bits(want))
+
+
+def test_other_trunks_and_a_run_without_kernels_take_the_torch_model(tmp_path, monkeypatch):
+    """A hybrid (recurrent) trunk is not the llama block: declined by name, and the session loads the
+    torch model for it; without the native kernels no run is for the lean path."""
+    from tiny_hybrid import write_hybrid
+
+    from tsspec.session import Session
+
+    path, _ = write_hybrid(tmp_path / "h.gguf")
+    with pytest.raises(lean.Declined, match="not the llama block"):
+        lean.load(GGUFFile(path), None, 1)
+    config = RunConfig(model=str(path), spec=SpecOptions(enabled=False))
+    session = Session.open(config, progress=False, lean=True)
+    assert not session.lean and session.target.__class__.__name__ != "LeanTrunk"
+    tiny = Session.open(RunConfig(model=str(write_tiny_model(tmp_path / "t.gguf", "qwen3")),
+                                  spec=SpecOptions(enabled=False)), progress=False, lean=True)
+    assert tiny.lean and isinstance(tiny.target, lean.LeanTrunk)
+    with pytest.raises(ValueError, match="decodes plainly"):
+        tiny.speculation(SpecOptions(enabled=True))
+    monkeypatch.setattr(kernels, "_force_off", True)
+    assert "native kernels unavailable" in lean.declines(RunConfig(spec=SpecOptions(enabled=False)), SamplingParams())
+
+
+def test_many_prompts_on_the_lean_path_equal_the_torch_path(tmp_path):
+    """``--prompts``: one engine, its cache reset between prompts, the same tokens as the torch run."""
+    path = str(write_tiny_model(tmp_path / "m.gguf", "llama", quant="Q8_0", ctx=512))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "text": "the cat sat"}\n{"id": "b", "text": "on the mat and the dog"}\n')
+    base = ["generate", "-m", path, "--prompts", str(prompts), "-n", "10", "--ignore-eos", "--json"]
+    plain = _cli(base, tmp_path)
+    spec = _cli([*base, "--spec", "--spec-type", "ngram"], tmp_path)
+    assert plain["torch"] is False and spec["torch"] is True
+    a = [json.loads(x) for x in plain["out"].splitlines()]
+    b = [json.loads(x) for x in spec["out"].splitlines()]
+    assert [x["id"] for x in a] == ["a", "b"] and [x["token_ids"] for x in a] == [x["token_ids"] for x in b]
