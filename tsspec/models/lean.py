@@ -101,7 +101,8 @@ class LeanTrunk:
         self.max_context = min(n_ctx or DEFAULT_CTX, cfg.train_ctx)
         blocks = read_blocks(g, cfg, bias=qkv_bias, fused=self._fused(g), single=self._single(g),
                              vec=lambda name: np.array(g.tensor(name), dtype=np.float32, copy=True), threads=threads)
-        self.embed, self.embed_packed, head = self._embedding(g, cfg)
+        # the embedding's blocks as ``base.load_embedding`` holds them (a tied head's copy is its own)
+        self.embed, head = read_embedding(g, cfg, lambda w: LeanLinear([w]))
         g.release_pages([n for n in ("token_embd.weight", "output.weight") if g.has_tensor(n)])
         out_norm = np.array(g.tensor("output_norm.weight"), dtype=np.float32, copy=True)
         bases = rope_bases(cfg)
@@ -110,7 +111,6 @@ class LeanTrunk:
         self.fused = fused_blocks(cfg, blocks, bases, q_scale(cfg), head, out_norm)
         if self.fused is None or self.fused.output is None:
             raise Declined("its blocks are not the native fused block")
-        self.weight_format = "auto"
 
     @staticmethod
     def declines(g: GGUFFile, cfg: ArchConfig) -> str | None:
@@ -140,16 +140,6 @@ class LeanTrunk:
             return LeanLinear([GGUFWeight.from_file(*g.tensor_raw(name), g.tensor_info(name).shape)])
         return single
 
-    @staticmethod
-    def _embedding(g: GGUFFile, cfg: ArchConfig) -> tuple[GGUFWeight, bool, LeanLinear]:
-        """(the embedding's blocks, whether they are repacked, the head) as ``base.load_embedding``
-        holds them on the gguf backend (``config.read_embedding``: a tied head's copy is the embedding's)."""
-        info = g.tensor_info("token_embd.weight")
-        if not gguf_native(info.type_name, tuple(info.shape)):
-            raise Declined(f"a {info.type_name} embedding the native kernels do not take")
-        embed, head = read_embedding(g, cfg, lambda w: LeanLinear([w]))
-        return embed, embed.packed, head
-
     def make_cache(self) -> LeanCache:
         cfg = self.cfg
         return LeanCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, self.max_context)
@@ -165,7 +155,7 @@ class LeanTrunk:
         start = cache.length
         cache.reserve(start + len(tokens))
         h = kernels.dequant_rows_np(self.embed.type_name, self.embed.raw, self.cfg.d_model, list(tokens),
-                                    packed=self.embed_packed)
+                                    packed=self.embed.packed)
         if self.cfg.embed_scale != 1.0:
             h = h * self.cfg.embed_scale  # float32 times a Python float: float32, as torch's product
         self.fused.run(h, 0, self.cfg.n_layers, start, cache.k, cache.v, self.cos, self.sin)
