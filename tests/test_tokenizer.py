@@ -243,6 +243,31 @@ def test_vocabulary_tokenizers_cannot_build_is_a_model_file_error():
         Tokenizer.from_metadata(meta)
     with pytest.raises(ModelFileError, match="token_type is not a list of integers"):
         Tokenizer.from_metadata(bpe_meta(**{"tokenizer.ggml.token_type": ["x"] * len(meta["tokenizer.ggml.tokens"])}))
+    n = len(meta["tokenizer.ggml.tokens"])
+    with pytest.raises(ModelFileError, match="token_type is not a list of integers"):  # a bool is no type
+        Tokenizer.from_metadata(bpe_meta(**{"tokenizer.ggml.token_type": [1] * (n - 1) + [True]}))
+
+
+def test_the_vocabulary_checks_keep_their_meaning():
+    """The one-pass checks (``_all_of``) accept exactly what the per-item ones did: a str subclass is
+    a token text, a bool is not an integer, an int subclass is; the token map keeps the first id of a
+    repeated text."""
+    from tsspec.tokenizer import _all_of, _token_map
+
+    class Text(str):
+        pass
+
+    class Small(int):
+        pass
+
+    meta = bpe_meta()
+    toks = meta["tokenizer.ggml.tokens"]
+    assert Tokenizer.from_metadata({**meta, "tokenizer.ggml.tokens": [Text(t) for t in toks]}).encode("hello") == \
+        Tokenizer.from_metadata(meta).encode("hello")
+    types = [Small(1)] * len(toks)
+    assert Tokenizer.from_metadata(bpe_meta(**{"tokenizer.ggml.token_type": types})).vocab_size == len(toks)
+    assert _all_of([1, 2], (int,)) and not _all_of([1, True], (int,)) and _all_of([1, 2.5], (int, float))
+    assert _token_map(["a", "b", "a", "c"]) == {"a": 0, "b": 1, "c": 3}
 
 
 def test_tokenizers_panic_is_wrapped_but_interrupts_pass():
