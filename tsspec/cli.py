@@ -364,12 +364,7 @@ def generate(
         # a plain greedy run loads a llama-family trunk without torch where it can (models.lean)
         session = open_session(config, progress=not (json_out or quiet), lean=declines(config, params) is None)
         load_ms = (time.perf_counter() - t_load) * 1000.0
-        if session.lean:
-            sampler = params  # greedy: the lean trunk draws its argmax itself
-        else:
-            from .sampling import Sampler
-
-            sampler = Sampler(params)
+        sampler = session.sampler(params)
         speculation = start_speculation(session)
         engine = session.engine(speculation)
         speculator, governor = speculation.plan.speculator, speculation.plan.governor

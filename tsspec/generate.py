@@ -140,8 +140,11 @@ class Engine:
     the same loaded weights (``Session.engine`` passes the session's)."""
 
     def __init__(self, target, tokenizer, plan: SpecPlan = PLAIN, *, new_plan: PlanFactory | None = None,
-                 shared: dict | None = None):
+                 shared: dict | None = None, decoder: Callable | None = None):
         self.target = target
+        # what decodes a sequence: ``decoder(target, sampler, plan, cache=, stats=, drawable=)``;
+        # None: the loop's ``DecodeState`` (a lean trunk's session passes ``spec.plain.LeanDecode``)
+        self.decoder = decoder
         self.tokenizer = tokenizer
         self.plan = plan
         self.new_plan = new_plan
@@ -172,14 +175,10 @@ class Engine:
         check_fits(len(prompt_ids), max_tokens, self.target.max_context)
         tok = self.tokenizer
         eos = frozenset() if ignore_eos else tok.eos_ids
-        if getattr(self.target, "lean", False) and not plan.speculates:  # ``models.lean``: no torch
-            from .spec.plain import LeanDecode
-
-            seq = LeanDecode(self.target, sampler, cache=cache, stats=SpecStats(), drawable=tok.vocab_size)
-        else:
-            from .spec.loop import DecodeState
-
-            seq = DecodeState(self.target, sampler, plan, cache=cache, stats=SpecStats(), drawable=tok.vocab_size)
+        decoder = self.decoder
+        if decoder is None:
+            from .spec.loop import DecodeState as decoder  # imported here: a lean run imports no torch
+        seq = decoder(self.target, sampler, plan, cache=cache, stats=SpecStats(), drawable=tok.vocab_size)
         return TextGeneration(seq, prompt_ids, max_tokens, eos, tok.stream(), stop, on_text, on_step, interrupted)
 
     def generate(

@@ -198,7 +198,19 @@ class Session:
         from .generate import Engine
 
         s = speculation or Speculation()
-        return Engine(self.target, self.tokenizer, s.plan, new_plan=s.new_plan, shared=s.shared)
+        decoder = None
+        if self.lean:
+            from .spec.plain import LeanDecode as decoder
+        return Engine(self.target, self.tokenizer, s.plan, new_plan=s.new_plan, shared=s.shared, decoder=decoder)
+
+    def sampler(self, params):
+        """What draws this session's tokens for ``params`` (``SamplingParams``): a ``Sampler``, or on a
+        lean trunk the settings themselves (it draws greedily itself, and a Sampler imports torch)."""
+        if self.lean:
+            return params
+        from .sampling import Sampler
+
+        return Sampler(params)
 
     def explain(self, drafter=None) -> list[tuple[str, bool, str]]:
         """For ``tsspec info``: (speculator, would serve, why) for this trunk and ``drafter``."""

@@ -28,7 +28,7 @@ from ..sampling import Sampler
 from .plan import PLAIN, SpecPlan
 from .protocols import (Cache, Draft, DraftContext, ForwardItem, ForwardOutput, Governor, SpecTarget, Speculator,
                         arms_after_prefix_reuse, drafts_within, tap_horizon)
-from .run import PREFILL_CHUNK, Run, _ms  # noqa: F401 - Run and the prefill chunk are the loop's (re-exported)
+from .run import PREFILL_CHUNK, Run, _ms, prompt_to_forward  # noqa: F401 - Run and the prefill chunk are the loop's (re-exported)
 from .stats import SpecStats
 from . import tree
 from .verify import verify
@@ -120,11 +120,8 @@ class DecodeState:
         """Take ``prompt``: the steps that follow forward what the cache does not hold of it, in
         chunks of ``PREFILL_CHUNK`` (``prefilling`` until then), the last of them drawing the
         first token. ``start`` runs them alone; ``step_together`` shares them with other sequences'."""
-        if not prompt:
-            raise ValueError("the prompt must hold at least one token")
         reused = self.cache.length
-        if reused >= len(prompt):
-            raise ValueError(f"the cache holds {reused} positions; the prompt must extend it (has {len(prompt)})")
+        todo = prompt_to_forward(prompt, reused)
         spec = self.speculator
         if spec is not None and reused and not arms_after_prefix_reuse(spec):
             spec = self.speculator = None
@@ -144,7 +141,7 @@ class DecodeState:
         self.cache.reserve(len(prompt) + 1)
         self.history = list(prompt)
         self.prompt_len = len(prompt)
-        self._todo = list(prompt[reused:])  # prompt tokens not yet forwarded
+        self._todo = todo  # prompt tokens not yet forwarded
         self._prefill_hidden = []
 
     def _taps_now(self) -> tuple[int, ...] | None:

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .run import PREFILL_CHUNK, _ms
+from .plan import PLAIN, SpecPlan
+from .run import PREFILL_CHUNK, _ms, prompt_to_forward
 from .stats import SpecStats
 
 if TYPE_CHECKING:
@@ -26,9 +27,13 @@ class LeanDecode:
 
     speculator = None
 
-    def __init__(self, trunk: "LeanTrunk", sampler, *, cache: "LeanCache", stats: SpecStats,
-                 drawable: int | None):
-        params = getattr(sampler, "params", sampler)  # a Sampler or its SamplingParams
+    def __init__(self, trunk: "LeanTrunk", sampler, plan: SpecPlan = PLAIN, *, cache: "LeanCache",
+                 stats: SpecStats, drawable: int | None):
+        """As ``DecodeState``'s (``generate.Engine`` makes either alike); ``sampler``: a ``Sampler``
+        or its ``SamplingParams``, greedy without penalties; ``plan``: plain only."""
+        if plan.speculates:
+            raise ValueError("a lean trunk decodes plainly: load the torch model to speculate")
+        params = getattr(sampler, "params", sampler)
         if not params.greedy or params.has_penalties:
             raise ValueError("the lean path draws greedily without penalties only")
         self.trunk, self.cache, self.stats = trunk, cache, stats
@@ -39,11 +44,7 @@ class LeanDecode:
         self._todo: list[int] = []
 
     def begin(self, prompt: Sequence[int]) -> None:
-        if not prompt:
-            raise ValueError("the prompt must hold at least one token")
-        reused = self.cache.length
-        if reused >= len(prompt):
-            raise ValueError(f"the cache holds {reused} positions; the prompt must extend it (has {len(prompt)})")
+        todo = prompt_to_forward(prompt, self.cache.length)
         st = self.stats
         st.members, st.speculator, st.window, st.rollback_bytes = {}, None, 0, 0
         st.prompt_tokens = len(prompt)
@@ -51,7 +52,7 @@ class LeanDecode:
         self.cache.reserve(len(prompt) + 1)
         self.history = list(prompt)
         self.prompt_len = len(prompt)
-        self._todo = list(prompt[reused:])
+        self._todo = todo
 
     @property
     def prefilling(self) -> bool:

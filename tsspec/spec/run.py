@@ -19,6 +19,17 @@ def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
+def prompt_to_forward(prompt: Sequence[int], reused: int) -> list[int]:
+    """The tokens of ``prompt`` a decoding state forwards when its cache holds ``reused`` of them
+    (a kept cache: a conversation's earlier turns); a prompt that is empty or does not extend the
+    cache is a ValueError. Every decoding state's ``begin`` takes its prompt through here."""
+    if not prompt:
+        raise ValueError("the prompt must hold at least one token")
+    if reused >= len(prompt):
+        raise ValueError(f"the cache holds {reused} positions; the prompt must extend it (has {len(prompt)})")
+    return list(prompt[reused:])
+
+
 class Run:
     """One sequence decoded to ``max_tokens`` tokens or until ``on_token`` says stop: the budget and
     stop handling ``decode`` (one sequence) and ``decode_batched`` / a server's scheduler (several,
