@@ -73,7 +73,10 @@ def test_lean_generation_equals_the_torch_engines(tmp_path):
     model, trunk = _pair(path)
     tok = Tokenizer.from_metadata(GGUFFile(path).metadata)
     ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 8)
-    got = Engine(trunk, tok).generate(ids, sampler=SamplingParams(), max_tokens=40, ignore_eos=True)
+    from tsspec.spec.plain import LeanDecode
+
+    got = Engine(trunk, tok, decoder=LeanDecode).generate(ids, sampler=SamplingParams(), max_tokens=40,
+                                                           ignore_eos=True)
     want = Engine(model, tok).generate(ids, sampler=Sampler(), max_tokens=40, ignore_eos=True)
     assert got.token_ids == want.token_ids and got.text == want.text and got.stop_reason == want.stop_reason
     assert got.stats.plain_steps == want.stats.plain_steps == 39
@@ -243,3 +246,39 @@ def test_many_prompts_on_the_lean_path_equal_the_torch_path(tmp_path):
     a = [json.loads(x) for x in plain["out"].splitlines()]
     b = [json.loads(x) for x in spec["out"].splitlines()]
     assert [x["id"] for x in a] == ["a", "b"] and [x["token_ids"] for x in a] == [x["token_ids"] for x in b]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_lean_logits_through_the_tiles_equal_vnnis(tmp_path, arch):
+    """The lean path's products through the (emulated, on every CPU) AMX tiles: a multi-row prompt
+    whose products the tiles take gives the bits the SIMD path gives (TSSPEC_AMX 0 and 1 alike)."""
+    path = write_tiny_model(tmp_path / "m.gguf", arch, quant="Q4_0", d_model=128, ffn_dim=256, vocab_size=320,
+                            ctx=256)
+    trunk = lean.load(GGUFFile(path), None, 2)
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, 300, size=40)]
+    want = trunk.forward(ids, trunk.make_cache())
+    was = kernels.amx_status() == "in use"
+    kernels.use_tiles(2, min_rows=2)
+    try:
+        got = trunk.forward(ids, trunk.make_cache())
+    finally:
+        kernels.use_tiles(1 if was else 0)
+    assert np.array_equal(_bits(got), _bits(want))
+
+
+def test_without_torch_the_kernels_share_its_openmp_runtime_and_thread_count(tmp_path):
+    """Loaded before torch (the lean path), the kernels bind torch's own libgomp.so.1, so importing
+    torch later leaves one OpenMP runtime in the process; and the thread count they take without torch
+    is the one torch then reports by default."""
+    code = ("import sys\n"
+            "from tsspec import kernels\n"
+            "assert kernels.lib() is not None and 'torch' not in sys.modules\n"
+            "n = kernels.thread_count()\n"
+            "import torch\n"
+            "gomp = {l.split()[-1] for l in open('/proc/self/maps') if 'libgomp' in l}\n"
+            "print(len(gomp), n, torch.get_num_threads())\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OMP_NUM_THREADS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    libs, ours, torchs = map(int, r.stdout.split())
+    assert libs == 1 and ours == torchs
