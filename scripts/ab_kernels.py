@@ -2,11 +2,12 @@
 """Paired speed of two builds of the native kernels (tsspec/kernels/*.c) in ONE process.
 
     python scripts/ab_kernels.py --base REV [--new REV] [--models smollm2-135m ...] [--rows 1,5]
-                                 [--rounds 200] [--steps 8] [--no-head] [--json FILE]
+                                 [--rounds 200] [--steps 8] [--context 64] [--no-head] [--json FILE]
 
 Both sources are compiled with the flags tsspec uses and loaded side by side; one model is loaded
 once and its fused blocks (plus the LM head, unless --no-head) are run through each build in turn,
-``--steps`` forwards of r rows at a time, the order flipped every round. The machine's slow and
+``--steps`` forwards of r rows at a time after a ``--context``-token prompt (64; attention's
+share grows with it), the order flipped every round. The machine's slow and
 fast phases (minutes long on a shared host) then fall on both builds alike, which two processes
 run one after the other (ab_revisions.py) cannot promise: a same-source pair reads 0.99-1.00 here
 where process pairs wandered by +-10%. The report gives each build's median ms per forward and the
@@ -86,7 +87,7 @@ def build(src: dict[str, bytes]) -> ctypes.CDLL:
 class Stepper:
     """One model's fused forward of r rows (and its head) through a given build."""
 
-    def __init__(self, model: str, rows: int, head: bool, threads: int, steps: int = 16):
+    def __init__(self, model: str, rows: int, head: bool, threads: int, steps: int = 16, context: int = 64):
         import torch
 
         from tsspec.hub import resolve_model
@@ -98,7 +99,7 @@ class Stepper:
             raise ScriptError(f"{model}: no fused native path on this machine (kernels off or unsupported weights)")
         self.rows, self.head, self.threads = rows, head, threads
         self.cache = t.make_cache()
-        self.context = 64
+        self.context = context
         t.forward(list(range(100, 100 + self.context)), self.cache)
         self.cache.reserve(self.context + steps * rows)  # each round's steps go to new positions
         cos, sin = t.rope_lists()
@@ -144,11 +145,11 @@ class Stepper:
 
 
 def compare(model: str, rows: int, libs: list, rounds: int, steps: int, head: bool, threads: int,
-            allow_different: bool, modes: tuple[int, int] | None = None) -> dict:
+            allow_different: bool, modes: tuple[int, int] | None = None, context: int = 64) -> dict:
     """``modes``: the tile mode (tsq_amx_use) each side runs under, where both sides are one build."""
     import torch
 
-    st = Stepper(model, rows, head, threads, steps)
+    st = Stepper(model, rows, head, threads, steps, context)
 
     def side(j: int):
         if modes is not None:
@@ -169,7 +170,7 @@ def compare(model: str, rows: int, libs: list, rounds: int, steps: int, head: bo
             ms[j].append((time.perf_counter() - t0) * 1000 / steps)
     ratios = sorted(n / b for b, n in zip(ms[0], ms[1]))
     q = statistics.quantiles(ratios, n=4)
-    return {"model": model, "rows": rows, "head": head, "identical": same, "rounds": rounds, "steps": steps,
+    return {"model": model, "rows": rows, "context": context, "head": head, "identical": same, "rounds": rounds, "steps": steps,
             "base_ms": statistics.median(ms[0]), "new_ms": statistics.median(ms[1]),
             "ratio": statistics.median(ratios), "ratio_q1": q[0], "ratio_q3": q[2]}
 
@@ -184,14 +185,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--steps", type=int, default=8, help="forwards per build per round")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=64, help="cached tokens before the timed forwards")
     ap.add_argument("--no-head", action="store_true", help="time the blocks alone")
     ap.add_argument("--allow-different", action="store_true", help="time builds whose outputs differ")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     try:
         rows = [int(r) for r in args.rows.split(",") if r.strip()]
-        if not rows or min(rows) < 1 or args.rounds < 4 or args.steps < 1 or args.threads < 1:
-            raise ScriptError("--rows must be positive integers, --rounds at least 4, --steps and --threads at least 1")
+        if not rows or min(rows) < 1 or args.rounds < 4 or args.steps < 1 or args.threads < 1 or args.context < 1:
+            raise ScriptError("--rows must be positive integers, --rounds at least 4, --steps, --threads and --context at least 1")
         if args.amx == (args.base is not None):
             raise ScriptError("give --base REV, or --amx (the tiles against VNNI in one build), not both")
         modes = None
@@ -208,9 +210,9 @@ def main() -> None:
         for model in args.models:
             for r in rows:
                 res = compare(model, r, libs, args.rounds, args.steps, not args.no_head, args.threads,
-                              args.allow_different, modes)
+                              args.allow_different, modes, args.context)
                 results.append(res)
-                print(f"{model} rows={r}{'' if res['head'] else ' (blocks)'}: base {res['base_ms']:.3f} ms, "
+                print(f"{model} rows={r} context={args.context}{'' if res['head'] else ' (blocks)'}: base {res['base_ms']:.3f} ms, "
                       f"new {res['new_ms']:.3f} ms, new/base {res['ratio']:.3f} "
                       f"(quartiles {res['ratio_q1']:.3f}-{res['ratio_q3']:.3f}, {res['rounds']} rounds)"
                       f"{'' if res['identical'] else '  [outputs differ]'}", flush=True)

@@ -148,13 +148,16 @@ np.save(sys.argv[2], verify.numpy())
 
 
 @pytest.mark.skipif(len(HERE) < 2, reason="one level here")
-@pytest.mark.parametrize("arch,quant", [("llama", "Q4_1"), ("qwen2", "Q4_K"), ("gemma3", "Q6_K"), ("qwen3", "Q5_0"),
-                                        ("qwen2", "Q8_0")])
-def test_a_model_gives_the_same_logits_at_every_level(tmp_path, arch, quant):
+@pytest.mark.parametrize("arch,quant,heads", [("llama", "Q4_1", (4, 2)), ("qwen2", "Q4_K", (4, 2)),
+                                              ("gemma3", "Q6_K", (4, 2)), ("qwen3", "Q5_0", (4, 2)),
+                                              ("qwen2", "Q8_0", (4, 2)), ("qwen2", "Q4_K", (12, 2)),
+                                              ("gemma3", "Q5_0", (4, 1))])
+def test_a_model_gives_the_same_logits_at_every_level(tmp_path, arch, quant, heads):
     """Blocks, attention, activations, norms and products under every level here, each in its own
-    process (TSSPEC_ISA): the logits of a prompt and a 9-row verify are the same bits."""
+    process (TSSPEC_ISA): the logits of a prompt and a 9-row verify are the same bits. (The levels
+    take a KV head's query heads 4, 2 and 1 at a time: 6 and 4 query heads a KV head included.)"""
     path = write_tiny_model(tmp_path / "m.gguf", arch, quant=quant, d_model=256, ffn_dim=512, vocab_size=320,
-                            head_dim=64 if arch != "gemma3" else None)
+                            n_heads=heads[0], n_kv_heads=heads[1], head_dim=64 if arch != "gemma3" else None)
     outs = {}
     for lv in HERE:
         word = "neon" if lv.startswith("neon") else lv

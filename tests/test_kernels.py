@@ -370,12 +370,16 @@ def test_fused_rows_equal_single_steps(tiny_q):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("head_dim,n_heads", [(64, 4), (40, 4), (12, 8)])
-def test_fused_attention_head_dims(tmp_path, head_dim, n_heads):
+@pytest.mark.parametrize("head_dim,n_heads,n_kv", [(64, 4, 2), (40, 4, 2), (12, 8, 2), (64, 12, 2), (32, 9, 3),
+                                                   (16, 8, 1), (64, 4, 1)])
+def test_fused_attention_head_dims(tmp_path, head_dim, n_heads, n_kv):
     """The attention's register paths by head dimension: 64 outputs at a time (64), 32 then 8 (40),
-    and the plain path (12, not a multiple of 8): close to torch's blocks, rows bitwise alone."""
+    and the plain path (12, not a multiple of 8); and by query heads per KV head (1 to 8), which the
+    SIMD code takes several at a time, fewer at once where a lone row must still give both threads
+    work (4 heads on one KV head: 4 at once in the prompt, 2 for a lone row): close to torch's
+    blocks, rows bitwise alone."""
     path = write_tiny_model(tmp_path / "m.gguf", "llama", quant="Q4_0", d_model=64, ffn_dim=128, vocab_size=320,
-                            n_heads=n_heads, n_kv_heads=2, head_dim=head_dim)
+                            n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim)
     m = load_model(path, n_ctx=256)
     assert m.fused is not None
     ids = [int(t) for t in np.random.default_rng(2).integers(0, 300, size=45)]

@@ -167,80 +167,146 @@ static inline __attribute__((always_inline)) const float *kv_row(const float *b,
     return b + (map && j >= split ? map[j - split] : j) * hd;
 }
 
+#if TSQ_HAS_AVX2
+/* Query heads that share a KV head (grouped-query attention) are taken R at a time: each key and
+ * value vector is loaded once for the R heads, where each head loaded all of them for itself (from
+ * L2 or beyond once a layer's keys outgrow L1). Every head's scores, softmax and value sums keep
+ * their operations and order, so R changes no bits. R is at most ATT_HEADS: the registers a block
+ * of four keys (scores) or 32 outputs (values) for R heads needs, 16 on AVX2, 32 with AVX-512. */
+#if TSQ_SIMD
+#define ATT_HEADS 4
+#else
+#define ATT_HEADS 2
+#endif
+
+/* The scores of R heads (queries q[0..R)) against keys j0..j0+7 (c of them live; past the span a
+ * valid row, masked to -inf): per head and key eight FMA chains over the head dimension, keys
+ * 0-3 and 4-7 reduced apart by hadd ((0+1)+(2+3)), then added across the 128-bit halves. */
+static inline __attribute__((always_inline)) void scores8(const int R, const float *const *q, const float *kb, long j0,
+                                                          long hd, long c, long split, const long *map, __m256 *s) {
+    const float *kr[8];
+    for (int p = 0; p < 8; p++) kr[p] = kv_row(kb, j0 + (p < c ? p : c - 1), hd, split, map);
+    __m256 h[ATT_HEADS][2];
+    for (int half = 0; half < 2; half++) {
+        __m256 a[ATT_HEADS][4];
+        for (int r = 0; r < R; r++)
+            for (int p = 0; p < 4; p++) a[r][p] = _mm256_setzero_ps();
+        for (long i = 0; i < hd; i += 8) {
+            __m256 kv[4];
+            for (int p = 0; p < 4; p++) kv[p] = _mm256_loadu_ps(kr[4 * half + p] + i);
+            for (int r = 0; r < R; r++) {
+                const __m256 qv = _mm256_loadu_ps(q[r] + i);
+                for (int p = 0; p < 4; p++) a[r][p] = _mm256_fmadd_ps(qv, kv[p], a[r][p]);
+            }
+        }
+        for (int r = 0; r < R; r++)
+            h[r][half] = _mm256_hadd_ps(_mm256_hadd_ps(a[r][0], a[r][1]), _mm256_hadd_ps(a[r][2], a[r][3]));
+    }
+    const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    for (int r = 0; r < R; r++) {
+        s[r] = _mm256_add_ps(_mm256_permute2f128_ps(h[r][0], h[r][1], 0x20), _mm256_permute2f128_ps(h[r][0], h[r][1], 0x31));
+        if (c < 8) s[r] = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s[r], live);
+    }
+}
+
+/* sc[0..n) = softmax of the n scores there: the max, e^(s - max) by exp8 summed in eight lanes
+ * (position j in lane j % 8), each times 1/sum. sc has room for n rounded up to 8. */
+static inline __attribute__((always_inline)) void softmax8(float *sc, long n, __m256 vmx) {
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
+    __m256 vs = _mm256_setzero_ps();
+    for (long j = 0; j < n; j += 8) {
+        const long c = n - j;
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mx));
+        if (c < 8)
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)c),
+                                                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+        _mm256_storeu_ps(sc + j, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    const __m256 inv = _mm256_set1_ps(1.f / hsum8(vs));
+    for (long j = 0; j < n; j += 8) _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_loadu_ps(sc + j), inv));
+}
+
+/* o[r][0..8U) = sum over j < n of p[r][j] v_(lo + j)[i0 + 0..8U) for R heads, each an FMA chain in
+ * j order; each value vector loaded once for the R heads */
+static inline __attribute__((always_inline)) void value_sum(const int R, const float *const *p, const float *vb, long lo,
+                                                            long i0, long n, long hd, long split, const long *map,
+                                                            float *const *o, const int U) {
+    __m256 a[ATT_HEADS][8];
+    for (int r = 0; r < R; r++)
+        for (int u = 0; u < U; u++) a[r][u] = _mm256_setzero_ps();
+    for (long j = 0; j < n; j++) {
+        const float *v = kv_row(vb, lo + j, hd, split, map) + i0;
+        __m256 vv[8];
+        for (int u = 0; u < U; u++) vv[u] = _mm256_loadu_ps(v + 8 * u);
+        for (int r = 0; r < R; r++) {
+            const __m256 pj = _mm256_set1_ps(p[r][j]);
+            for (int u = 0; u < U; u++) a[r][u] = _mm256_fmadd_ps(pj, vv[u], a[r][u]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int u = 0; u < U; u++) _mm256_storeu_ps(o[r] + i0 + 8 * u, a[r][u]);
+}
+
+/* R heads' attention over positions [lo, hi] of one KV head (hd a multiple of 8): queries q[r],
+ * outputs o[r], scratch sc[r] (hi - lo + 1 scores rounded up to 8). Outputs in registers across all
+ * positions: 64 at a time for one head (32 for several), then 32, then 8. */
+static inline __attribute__((always_inline)) void attend_heads_r(const int R, const float *const *q, const float *kb,
+                                                                 const float *vb, long lo, long hi, long hd, long split,
+                                                                 const long *map, float *const *sc, float *const *o) {
+    const long n = hi - lo + 1;
+    __m256 vmx[ATT_HEADS];
+    for (int r = 0; r < R; r++) vmx[r] = _mm256_set1_ps(-INFINITY);
+    for (long j = 0; j < n; j += 8) {
+        __m256 s[ATT_HEADS];
+        scores8(R, q, kb, lo + j, hd, n - j, split, map, s);
+        for (int r = 0; r < R; r++) {
+            _mm256_storeu_ps(sc[r] + j, s[r]);
+            vmx[r] = _mm256_max_ps(vmx[r], s[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) softmax8(sc[r], n, vmx[r]);
+    const float *const *p = (const float *const *)sc;
+    long i0 = 0;
+    if (R == 1)
+        for (; i0 + 64 <= hd; i0 += 64) value_sum(1, p, vb, lo, i0, n, hd, split, map, o, 8);
+    for (; i0 + 32 <= hd; i0 += 32) value_sum(R, p, vb, lo, i0, n, hd, split, map, o, 4);
+    for (; i0 < hd; i0 += 8) value_sum(R, p, vb, lo, i0, n, hd, split, map, o, 1);
+}
+
+static void attend_heads(int R, const float *const *q, const float *kb, const float *vb, long lo, long hi, long hd,
+                         long split, const long *map, float *const *sc, float *const *o) {
+    switch (R) {
+    case 1: attend_heads_r(1, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
+    case 2: attend_heads_r(2, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
+#if ATT_HEADS > 2
+    case 3: attend_heads_r(3, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
+    default: attend_heads_r(4, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
+#endif
+    }
+}
+#else
+#define ATT_HEADS 1
+#endif
+
 /* One query row's attention over positions [lo, hi] of one KV head: o = softmax(q . k_j) v_j.
  * Each row's float steps depend only on its own span, never on other rows (batch invariance).
  * Head dimensions that are a multiple of 8: a score is eight FMA chains over the head dimension
  * (lane u takes elements 8t + u) reduced ((0+1)+(2+3))+((4+5)+(6+7)); e^(s - max) by exp1's
  * steps, summed in eight lanes (position j in lane j % 8) reduced as sum8; each value element an
- * FMA chain in position order. The AVX2 code does it eight positions or outputs at a time, the
- * plain code one lane at a time: the same operations, so the same bits. Other head dimensions take
- * a plain loop of their own. sc: scratch for hi - lo + 1 scores, rounded up to 8. */
-#if TSQ_HAS_AVX2
-static inline __attribute__((always_inline)) __m256 scores8(const float *q, const float *kb, long j0, long hd, long c,
-                                                            long split, const long *map) {
-    const float *kr[8];
-    for (int p = 0; p < 8; p++) kr[p] = kv_row(kb, j0 + (p < c ? p : c - 1), hd, split, map); /* past the span: a valid row, masked */
-    __m256 a[8];
-    for (int p = 0; p < 8; p++) a[p] = _mm256_setzero_ps();
-    for (long i = 0; i < hd; i += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + i);
-        for (int p = 0; p < 8; p++) a[p] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[p] + i), a[p]);
-    }
-    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 h03 = _mm256_hadd_ps(h01, h23), h47 = _mm256_hadd_ps(h45, h67);
-    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h03, h47, 0x20), _mm256_permute2f128_ps(h03, h47, 0x31));
-    if (c >= 8) return s;
-    const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, live);
-}
-
-/* o[0..8U) = sum over j < n of p[j] v_(lo + j)[i0 + 0..8U), accumulated in j order */
-static inline __attribute__((always_inline)) void value_sum(const float *p, const float *vb, long lo, long i0, long n,
-                                                            long hd, long split, const long *map, float *o, const int U) {
-    __m256 a[8];
-    for (int u = 0; u < U; u++) a[u] = _mm256_setzero_ps();
-    for (long j = 0; j < n; j++) {
-        const __m256 pj = _mm256_set1_ps(p[j]);
-        const float *v = kv_row(vb, lo + j, hd, split, map) + i0;
-        for (int u = 0; u < U; u++) a[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * u), a[u]);
-    }
-    for (int u = 0; u < U; u++) _mm256_storeu_ps(o + 8 * u, a[u]);
-}
-#endif
-
+ * FMA chain in position order. The AVX2 code (attend_heads) does it eight positions or outputs at
+ * a time, the plain code one lane at a time: the same operations, so the same bits. Other head
+ * dimensions take a plain loop of their own. sc: scratch for hi - lo + 1 scores, rounded up to 8. */
 static inline __attribute__((always_inline)) void attend_row(const float *q, const float *kb, const float *vb, long lo,
                                                             long hi, long hd, long split, const long *map, float *sc,
                                                             float *o) {
     const long n = hi - lo + 1;
 #if TSQ_HAS_AVX2
     if (hd % 8 == 0) {
-        __m256 vmx = _mm256_set1_ps(-INFINITY);
-        for (long j = 0; j < n; j += 8) {
-            const __m256 s = scores8(q, kb, lo + j, hd, n - j, split, map);
-            _mm256_storeu_ps(sc + j, s);
-            vmx = _mm256_max_ps(vmx, s);
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmx), _mm256_extractf128_ps(vmx, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
-        __m256 vs = _mm256_setzero_ps();
-        for (long j = 0; j < n; j += 8) {
-            const long c = n - j;
-            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + j), mx));
-            if (c < 8)
-                e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)c),
-                                                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
-            _mm256_storeu_ps(sc + j, e);
-            vs = _mm256_add_ps(vs, e);
-        }
-        const __m256 inv = _mm256_set1_ps(1.f / hsum8(vs));
-        for (long j = 0; j < n; j += 8) _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_loadu_ps(sc + j), inv));
-        long i0 = 0; /* outputs in registers across all positions: 64 at a time, then 32, then 8 */
-        for (; i0 + 64 <= hd; i0 += 64) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 8);
-        for (; i0 + 32 <= hd; i0 += 32) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 4);
-        for (; i0 < hd; i0 += 8) value_sum(sc, vb, lo, i0, n, hd, split, map, o + i0, 1);
+        attend_heads(1, &q, kb, vb, lo, hi, hd, split, map, &sc, &o);
         return;
     }
 #else
@@ -339,7 +405,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     float *y = malloc(sizeof(float) * m * d);
     xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
     long *rseq = malloc(sizeof(long) * m), *rpos = malloc(sizeof(long) * m), *rslot = malloc(sizeof(long) * m);
-    float *scores = NULL; /* attention scratch, maxpos + 8 floats per thread */
+    float *scores = NULL; /* attention scratch, maxpos + 8 floats per head a thread takes at once */
     int rc = 0;
     if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos || !rslot) { rc = -2; goto done; }
     long maxpos = 0;
@@ -362,7 +428,13 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
             if (rpos[r] > maxpos) maxpos = rpos[r];
         }
     }
-    if (!(scores = malloc(sizeof(float) * (maxpos + 8) * nt))) { rc = -2; goto done; }
+    if (!(scores = malloc(sizeof(float) * (maxpos + 8) * ATT_HEADS * nt))) { rc = -2; goto done; }
+    /* attention's work items: each KV head's rep query heads in nshare shares of hs (at most
+     * ATT_HEADS, the last share possibly smaller), enough shares for every thread to have one */
+    long nshare = (rep + ATT_HEADS - 1) / ATT_HEADS;
+    while (nshare < rep && m * nkv * nshare < nt) nshare++;
+    const long hs = (rep + nshare - 1) / nshare;
+    nshare = (rep + hs - 1) / hs;
     for (int li = l0; li < l1 && !rc; li++) {
         const tsq_layer *L = layers + li;
         const float *ct = cos_t[L->rope], *st = sin_t[L->rope];
@@ -391,23 +463,44 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
 #pragma omp parallel num_threads(nt) if (nt > 1 && m * nh > 1)
         {
 #ifdef _OPENMP
-            float *sc = scores + (maxpos + 8) * omp_get_thread_num();
+            float *sc0 = scores + (maxpos + 8) * ATT_HEADS * omp_get_thread_num();
 #else
-            float *sc = scores;
+            float *sc0 = scores;
 #endif
-            /* (row, head) pairs dealt out one at a time: a prompt's later rows attend over more
-             * positions, and contiguous shares left one thread with most of the work */
+            /* (row, KV head, share of its query heads) dealt out one at a time: a prompt's later
+             * rows attend over more positions, and contiguous shares left one thread with most of
+             * the work */
 #pragma omp for schedule(static, 1)
-            for (long t = 0; t < m * nh; t++) {
-                long r = t / nh, hh = t % nh, g = hh / rep, pos = rpos[r];
-                const long s = rseq[r], cp = cap[s];
-                long lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
-                const float *q = qkv + r * w3 + hh * hd;
+            for (long t = 0; t < m * nkv * nshare; t++) {
+                const long r = t / (nkv * nshare), g = t / nshare % nkv, h0 = g * rep + t % nshare * hs;
+                const long s = rseq[r], cp = cap[s], pos = rpos[r];
+                const long lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
+                const int nr = (int)(h0 + hs <= (g + 1) * rep ? hs : (g + 1) * rep - h0);
                 const float *kb = kc[s] + ((long)li * nkv + g) * cp * hd, *vb = vc[s] + ((long)li * nkv + g) * cp * hd;
-                if (tree)
-                    attend_row(q, kb, vb, lo, pos, hd, tree->base[s], tree->path + tree->off[r], sc, att + r * qd + hh * hd);
-                else
-                    attend_row(q, kb, vb, lo, pos, hd, 0, NULL, sc, att + r * qd + hh * hd);
+                const long split = tree ? tree->base[s] : 0;
+                const long *map = tree ? tree->path + tree->off[r] : NULL;
+                const float *q[ATT_HEADS];
+                float *o[ATT_HEADS], *sc[ATT_HEADS];
+                for (int j = 0; j < nr; j++) {
+                    q[j] = qkv + r * w3 + (h0 + j) * hd;
+                    o[j] = att + r * qd + (h0 + j) * hd;
+                    sc[j] = sc0 + (maxpos + 8) * j;
+                }
+#if TSQ_HAS_AVX2
+                if (hd % 8 == 0) {
+                    if (tree)
+                        attend_heads(nr, q, kb, vb, lo, pos, hd, split, map, sc, o);
+                    else
+                        attend_heads(nr, q, kb, vb, lo, pos, hd, 0, NULL, sc, o);
+                    continue;
+                }
+#endif
+                for (int j = 0; j < nr; j++) {
+                    if (tree)
+                        attend_row(q[j], kb, vb, lo, pos, hd, split, map, sc[j], o[j]);
+                    else
+                        attend_row(q[j], kb, vb, lo, pos, hd, 0, NULL, sc[j], o[j]);
+                }
             }
         }
         if ((rc = tsq_linear_apply(&L->o, att, m, y, xq, nt))) break;

@@ -121,8 +121,9 @@ long tsq_xrow_bytes(long k) { return n_groups(k) * (long)sizeof(xgroup); }
 
 #if TSQ_SIMD
 /* rows 2p and 2p+1 of xq (m rows of ng groups) as pair p of out (m / 2 pairs of ng groups), each
- * code sum s multiplied by 2^sh ahead (the weight type's offset, offset_shift): exact integers, the
- * shift the 256-bit product does per row and group done once here */
+ * code sum s as -s 2^sh (the weight type's offset, offset_shift): exact integers, the shift the
+ * 256-bit product does per row and group done once here, and the 512-bit product's integer sums
+ * start from it where the 256-bit one subtracts s 2^sh after them (the same integer either way) */
 static void pair_group(const xgroup *a, const xgroup *b, int sh, xpair *o) {
     for (int j = 0; j < 4; j++) {
         memcpy(o->q + 64 * j, a->q + 32 * j, 32);
@@ -131,8 +132,8 @@ static void pair_group(const xgroup *a, const xgroup *b, int sh, xpair *o) {
     memcpy(o->d, a->d, sizeof a->d);
     memcpy(o->d + 8, b->d, sizeof b->d);
     for (int L = 0; L < 8; L++) {
-        o->s[L] = a->s[L] * (1 << sh);
-        o->s[L + 8] = b->s[L] * (1 << sh);
+        o->s[L] = -a->s[L] * (1 << sh);
+        o->s[L + 8] = -b->s[L] * (1 << sh);
     }
     memcpy(o->fs, a->fs, sizeof a->fs);
     memcpy(o->fs + 8, b->fs, sizeof b->fs);
@@ -814,11 +815,11 @@ static inline __attribute__((always_inline)) void step256(const int sh, const in
 
 static inline __attribute__((always_inline)) void step512(const int sh, const int mn, const __m512i Z[4], __m512 az,
                                                           __m512 mwz, const xpair *xg, __m512 *acc, __m512 *accm) {
-    __m512i is = _mm512_dpbusd_epi32(_mm512_setzero_si512(), Z[0], _mm512_loadu_si512(xg->q));
+    __m512i is = _mm512_dpbusd_epi32(sh ? _mm512_loadu_si512(xg->s) : _mm512_setzero_si512(), Z[0],
+                                     _mm512_loadu_si512(xg->q));
     is = _mm512_dpbusd_epi32(is, Z[1], _mm512_loadu_si512(xg->q + 64));
     is = _mm512_dpbusd_epi32(is, Z[2], _mm512_loadu_si512(xg->q + 128));
     is = _mm512_dpbusd_epi32(is, Z[3], _mm512_loadu_si512(xg->q + 192));
-    if (sh) is = _mm512_sub_epi32(is, _mm512_loadu_si512(xg->s));
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(az, _mm512_loadu_ps(xg->d)), *acc);
     if (mn) *accm = _mm512_fmadd_ps(mwz, _mm512_loadu_ps(xg->fs), *accm);
 }

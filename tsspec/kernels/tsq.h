@@ -99,7 +99,7 @@ typedef struct {
 typedef struct {
     int8_t q[2 * QG];
     float d[16];
-    int32_t s[16];
+    int32_t s[16]; /* -s 2^sh: the negated lane sums times the weight offset (pair_rows) */
     float fs[16];
 } xpair;
 
