@@ -570,7 +570,6 @@ static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
  * integer sums and drivers. */
 #if TSQ_HAS_AVX2
 #define TILE 4
-#define CTILE 8 /* the tallest tile a product takes in k-chunks */
 /* A verify of up to 16 rows runs as ONE tile of that height when its input fits in L1: each weight
  * group is then unpacked once for all rows (as tiles of four, the fifth row paid a whole second
  * unpacking pass, ~0.6 of a one-row product). Longer inputs (prefill chunks) take tiles of 16 or 8
@@ -579,11 +578,13 @@ static float dot_ref_f(int type, const uint8_t *w, long k, const float *x) {
  * register (xpair): a dpbusd of 512 bits costs what one of 256 does on the Intel kind (two per
  * cycle either way), so a pair of rows takes the instructions one row took. (On Zen 4, which
  * splits 512-bit operations in two, pairing should gain nothing; not measured there.) The tile
- * height changes no output element's operations. Chunked accumulator state (``state``) is laid
- * out for CTILE rows: a tile taller than CTILE is only ever run whole (kc = ng). */
-#ifndef QTILE_MAX
-#define QTILE_MAX 16
-#endif
+ * height changes no output element's operations. A tile too wide for L1 goes in k-chunks, its
+ * accumulators parked between them (``state``, laid out for QTILE_MAX rows). Up to 17 rows (a
+ * verify of 16 drafted tokens and the last accepted one) are one tile: as 16 and 1, the lone row
+ * paid a second unpacking pass over every weight group. (Chunked tiles were at most 8 rows until
+ * a 9-row verify over a down projection, chunked for its 8960 inputs, went as 8 and 1 the same
+ * way.) */
+#define QTILE_MAX 17
 /* Weight bytes ahead of the one being read that each step asks the cache to fetch. The hardware
  * prefetchers stop at every 4 KiB page and a verify's small matrices are a few pages per thread,
  * so without it a one-row product over smollm2's blocks read ~10 GB/s from memory on an Intel
@@ -828,7 +829,7 @@ static inline __attribute__((always_inline)) void step512(const int sh, const in
  * (rows xstride groups apart), over groups [g0, g1). Rows 0..2*(tr/2)-1 are read as pairs from xp
  * (pair p xstride groups after pair p-1; pair_rows), two rows per 512-bit instruction; an odd last
  * row from x, in 256 bits. Each lane does the same operations either way, so a row's result does
- * not depend on whether it shared a register. With a state ([nrows][CTILE * 16]) the accumulators
+ * not depend on whether it shared a register. With a state ([nrows][QTILE_MAX * 16]) the accumulators
  * start from it unless g0 == 0 and are parked there unless g1 is the row's end, so a product taken
  * in k-chunks does the same float steps as one taken whole. */
 static inline __attribute__((always_inline)) void
@@ -838,7 +839,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     const int np = tr / 2, odd = tr & 1, ro = tr - 1; /* pairs; the odd row, if any, is row ro */
     if (!chunked) { g0 = 0; g1 = ng; }
     const int first = !chunked || g0 == 0, last = !chunked || g1 == ng;
-    for (long n = 0; n < nrows; n++, w += rb, y++, state += chunked ? CTILE * 16 : 0) {
+    for (long n = 0; n < nrows; n++, w += rb, y++, state += chunked ? QTILE_MAX * 16 : 0) {
     __m512 accz[QTILE_MAX / 2], accmz[QTILE_MAX / 2];
     __m256 acc1 = _mm256_setzero_ps(), accm1 = _mm256_setzero_ps();
     for (int p = 0; p < np; p++) {
@@ -976,8 +977,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     }
 }
 
-/* The kernels are specialised for a compile-time tile height; this maps a runtime one onto them.
- * (A product in k-chunks only ever runs tiles of CTILE rows or fewer: FOR_TILE_CHUNKED.) */
+/* The kernels are specialised for a compile-time tile height; this maps a runtime one onto them. */
 #define TILES_1_TO_7(CALL)                                                                            \
     case 1: CALL(1); break;                                                                           \
     case 2: CALL(2); break;                                                                           \
@@ -997,12 +997,8 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     case 13: CALL(13); break;                                                                         \
     case 14: CALL(14); break;                                                                         \
     case 15: CALL(15); break;                                                                         \
-    default: CALL(16); break;                                                                         \
-    }
-#define FOR_TILE_CHUNKED(tr, CALL)                                                                    \
-    switch (tr) {                                                                                     \
-    TILES_1_TO_7(CALL)                                                                                \
-    default: CALL(8); break;                                                                          \
+    case 16: CALL(16); break;                                                                         \
+    default: CALL(17); break;                                                                         \
     }
 
 static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, const xpair *xp, long xs, int tr,
@@ -1026,7 +1022,7 @@ static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup 
      * no bookkeeping) */
     if (st) {
 #define CH 1
-        ALL_TYPES(FOR_TILE_CHUNKED)
+        ALL_TYPES(FOR_TILE)
 #undef CH
     } else {
 #define CH 0
@@ -1284,6 +1280,7 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
 #define BLOCK_BYTES_L2 (128 * 1024) /* weight bytes a block of rows may span and stay in L2 */
 #endif
 #define MAX_BLOCK_ROWS 256
+#define STATE_ROWS (MAX_BLOCK_ROWS * 8 / QTILE_MAX) /* ~128 KiB of parked accumulators a thread */
 #ifndef TILE_BYTES_L1
 #define TILE_BYTES_L1 (32 * 1024) /* input bytes a k-chunk of a tile may span and stay in L1 */
 #endif
@@ -1305,32 +1302,41 @@ static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes
         nblk = (nblk + n_threads - 1) / n_threads * n_threads;
         nb = (n_rows + nblk - 1) / nblk;
     }
-    /* tiles of 16 rows where that many input rows fit in L1 whole; else of 8 (even heights: a
-     * tile's rows pair up from its first), in k-chunks when 8 rows do not fit either (a down
-     * projection's 8960 inputs are 15.7 KB a row). With tiles of four and no chunks, a 5-row verify
-     * over such a matrix unpacked every weight group twice, the fifth row alone. */
-    long th = QTILE_MAX;
-    while (th > CTILE && !one_q_tile(th, ng)) th /= 2;
+    /* tiles of 16 rows (even heights: a tile's rows pair up from its first), in k-chunks where 16
+     * rows do not fit in L1 whole (a down projection's 8960 inputs are 15.7 KB a row). With tiles of
+     * four and no chunks, a 5-row verify over such a matrix unpacked every weight group twice, the
+     * fifth row alone. */
+    const long th = m <= QTILE_MAX ? m : 16; /* longer inputs in tiles of 16: whole pairs */
     long kc = ng;
     if (!one_q_tile(th < m ? th : m, ng)) {
         kc = TILE_BYTES_L1 / (th * (long)sizeof(xgroup)); /* groups per k-chunk; even: Q4_K goes in pairs */
         kc = kc < 2 ? 2 : kc & ~1L;
+        if (nb > STATE_ROWS) nb = STATE_ROWS; /* the parked accumulators' room (only wide rows chunk: nb is small) */
     }
     xpair *xp = pair_scratch(ROW_CHUNK / 2 * ng);
     if (!xp) return -2;
     for (long c0 = 0; c0 < m; c0 += ROW_CHUNK) {
         const long c1 = m - c0 < ROW_CHUNK ? m : c0 + ROW_CHUNK;
-        pair_rows(xq + c0 * ng, c1 - c0, ng, offset_shift(type), xp); /* tiles start at even rows of the chunk */
-#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
-        for (long b0 = 0; b0 < n_rows; b0 += nb) {
-            const long b1 = n_rows - b0 < nb ? n_rows : b0 + nb;
-            float state[MAX_BLOCK_ROWS][CTILE * 16];
-            for (long r = c0; r < c1; r += th) {
-                const int tr = (int)(c1 - r < th ? c1 - r : th);
-                for (long g0 = 0; g0 < ng; g0 += kc) {
-                    const long g1 = ng - g0 < kc ? ng : g0 + kc;
-                    dot_simd_q(type, w + b0 * row_bytes, k, packed, xq + r * ng, xp + (r - c0) / 2 * ng, ng, tr, g0, g1,
-                               kc < ng ? state[0] : NULL, y + r * ldy + b0, ldy, b1 - b0, row_bytes);
+        const xgroup *xc = xq + c0 * ng;
+        const int sh = offset_shift(type);
+#pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
+        {
+            /* the chunk's rows in pairs (tiles start at even rows of the chunk), shared out: one
+             * thread alone did it while the others waited (~1% of a prefill) */
+#pragma omp for schedule(static)
+            for (long p = 0; p < (c1 - c0) / 2; p++)
+                for (long g = 0; g < ng; g++) pair_group(xc + 2 * p * ng + g, xc + (2 * p + 1) * ng + g, sh, xp + p * ng + g);
+#pragma omp for schedule(static)
+            for (long b0 = 0; b0 < n_rows; b0 += nb) {
+                const long b1 = n_rows - b0 < nb ? n_rows : b0 + nb;
+                float state[STATE_ROWS][QTILE_MAX * 16];
+                for (long r = c0; r < c1; r += th) {
+                    const int tr = (int)(c1 - r < th ? c1 - r : th);
+                    for (long g0 = 0; g0 < ng; g0 += kc) {
+                        const long g1 = ng - g0 < kc ? ng : g0 + kc;
+                        dot_simd_q(type, w + b0 * row_bytes, k, packed, xq + r * ng, xp + (r - c0) / 2 * ng, ng, tr, g0,
+                                   g1, kc < ng ? state[0] : NULL, y + r * ldy + b0, ldy, b1 - b0, row_bytes);
+                    }
                 }
             }
         }
