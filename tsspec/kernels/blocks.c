@@ -251,9 +251,33 @@ static inline __attribute__((always_inline)) void value_sum(const int R, const f
         for (int u = 0; u < U; u++) _mm256_storeu_ps(o[r] + i0 + 8 * u, a[r][u]);
 }
 
+#if TSQ_SIMD
+/* value_sum sixteen outputs to a register: each output is still one FMA chain in j order (a lane
+ * per output), so the width changes no bits, and half the instructions */
+static inline __attribute__((always_inline)) void value_sum16(const int R, const float *const *p, const float *vb,
+                                                              long lo, long i0, long n, long hd, long split,
+                                                              const long *map, float *const *o, const int U) {
+    __m512 a[ATT_HEADS][8];
+    for (int r = 0; r < R; r++)
+        for (int u = 0; u < U; u++) a[r][u] = _mm512_setzero_ps();
+    for (long j = 0; j < n; j++) {
+        const float *v = kv_row(vb, lo + j, hd, split, map) + i0;
+        __m512 vv[8];
+        for (int u = 0; u < U; u++) vv[u] = _mm512_loadu_ps(v + 16 * u);
+        for (int r = 0; r < R; r++) {
+            const __m512 pj = _mm512_set1_ps(p[r][j]);
+            for (int u = 0; u < U; u++) a[r][u] = _mm512_fmadd_ps(pj, vv[u], a[r][u]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int u = 0; u < U; u++) _mm512_storeu_ps(o[r] + i0 + 16 * u, a[r][u]);
+}
+#endif
+
 /* R heads' attention over positions [lo, hi] of one KV head (hd a multiple of 8): queries q[r],
  * outputs o[r], scratch sc[r] (hi - lo + 1 scores rounded up to 8). Outputs in registers across all
- * positions: 64 at a time for one head (32 for several), then 32, then 8. */
+ * positions: 64 at a time for one head (32 for several), then 32, then 8; with AVX-512 128 (64),
+ * 64, 16, then 8. */
 static inline __attribute__((always_inline)) void attend_heads_r(const int R, const float *const *q, const float *kb,
                                                                  const float *vb, long lo, long hi, long hd, long split,
                                                                  const long *map, float *const *sc, float *const *o) {
@@ -271,9 +295,16 @@ static inline __attribute__((always_inline)) void attend_heads_r(const int R, co
     for (int r = 0; r < R; r++) softmax8(sc[r], n, vmx[r]);
     const float *const *p = (const float *const *)sc;
     long i0 = 0;
+#if TSQ_SIMD
+    if (R == 1)
+        for (; i0 + 128 <= hd; i0 += 128) value_sum16(1, p, vb, lo, i0, n, hd, split, map, o, 8);
+    for (; i0 + 64 <= hd; i0 += 64) value_sum16(R, p, vb, lo, i0, n, hd, split, map, o, 4);
+    for (; i0 + 16 <= hd; i0 += 16) value_sum16(R, p, vb, lo, i0, n, hd, split, map, o, 1);
+#else
     if (R == 1)
         for (; i0 + 64 <= hd; i0 += 64) value_sum(1, p, vb, lo, i0, n, hd, split, map, o, 8);
     for (; i0 + 32 <= hd; i0 += 32) value_sum(R, p, vb, lo, i0, n, hd, split, map, o, 4);
+#endif
     for (; i0 < hd; i0 += 8) value_sum(R, p, vb, lo, i0, n, hd, split, map, o, 1);
 }
 
