@@ -171,8 +171,9 @@ static inline __attribute__((always_inline)) const float *kv_row(const float *b,
 /* Query heads that share a KV head (grouped-query attention) are taken R at a time: each key and
  * value vector is loaded once for the R heads, where each head loaded all of them for itself (from
  * L2 or beyond once a layer's keys outgrow L1). Every head's scores, softmax and value sums keep
- * their operations and order, so R changes no bits. R is at most ATT_HEADS: the registers a block
- * of four keys (scores) or 32 outputs (values) for R heads needs, 16 on AVX2, 32 with AVX-512. */
+ * their operations and order, so R changes no bits. R is at most ATT_HEADS: the registers that a
+ * block of four keys (scores) or of 32 outputs (values; 64 with AVX-512) for R heads needs, of the
+ * 16 that AVX2 has and the 32 of AVX-512. */
 #if TSQ_SIMD
 #define ATT_HEADS 4
 #else
@@ -328,19 +329,15 @@ static void attend_heads(int R, const float *const *q, const float *kb, const fl
  * Head dimensions that are a multiple of 8: a score is eight FMA chains over the head dimension
  * (lane u takes elements 8t + u) reduced ((0+1)+(2+3))+((4+5)+(6+7)); e^(s - max) by exp1's
  * steps, summed in eight lanes (position j in lane j % 8) reduced as sum8; each value element an
- * FMA chain in position order. The AVX2 code (attend_heads) does it eight positions or outputs at
- * a time, the plain code one lane at a time: the same operations, so the same bits. Other head
- * dimensions take a plain loop of their own. sc: scratch for hi - lo + 1 scores, rounded up to 8. */
+ * FMA chain in position order. The AVX2 code (attend_heads, which forward_rows calls for those
+ * head dimensions instead of this) does it eight positions or outputs at a time, the plain code
+ * here one lane at a time: the same operations, so the same bits. Other head dimensions take a
+ * plain loop of their own. sc: scratch for hi - lo + 1 scores, rounded up to 8. */
 static inline __attribute__((always_inline)) void attend_row(const float *q, const float *kb, const float *vb, long lo,
                                                             long hi, long hd, long split, const long *map, float *sc,
                                                             float *o) {
     const long n = hi - lo + 1;
-#if TSQ_HAS_AVX2
-    if (hd % 8 == 0) {
-        attend_heads(1, &q, kb, vb, lo, hi, hd, split, map, &sc, &o);
-        return;
-    }
-#else
+#if !TSQ_HAS_AVX2
     if (hd % 8 == 0) { /* the AVX2 code's operations, one lane at a time */
         float mx = -INFINITY;
         for (long j = 0; j < n; j++) {
