@@ -140,6 +140,10 @@ static void pair_group(const xgroup *a, const xgroup *b, int sh, xpair *o) {
 }
 
 static void pair_rows(const xgroup *xq, long m, long ng, int sh, xpair *out) {
+    /* called inside a parallel region, the pairs are shared out among its threads (one thread alone
+     * did a prefill chunk's while the others waited, ~1% of a prefill); outside one, this thread
+     * does them all */
+#pragma omp for schedule(static)
     for (long p = 0; p < m / 2; p++)
         for (long g = 0; g < ng; g++) pair_group(xq + 2 * p * ng + g, xq + (2 * p + 1) * ng + g, sh, out + p * ng + g);
 }
@@ -1317,15 +1321,9 @@ static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes
     if (!xp) return -2;
     for (long c0 = 0; c0 < m; c0 += ROW_CHUNK) {
         const long c1 = m - c0 < ROW_CHUNK ? m : c0 + ROW_CHUNK;
-        const xgroup *xc = xq + c0 * ng;
-        const int sh = offset_shift(type);
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
         {
-            /* the chunk's rows in pairs (tiles start at even rows of the chunk), shared out: one
-             * thread alone did it while the others waited (~1% of a prefill) */
-#pragma omp for schedule(static)
-            for (long p = 0; p < (c1 - c0) / 2; p++)
-                for (long g = 0; g < ng; g++) pair_group(xc + 2 * p * ng + g, xc + (2 * p + 1) * ng + g, sh, xp + p * ng + g);
+            pair_rows(xq + c0 * ng, c1 - c0, ng, offset_shift(type), xp); /* tiles start at even rows of the chunk */
 #pragma omp for schedule(static)
             for (long b0 = 0; b0 < n_rows; b0 += nb) {
                 const long b1 = n_rows - b0 < nb ? n_rows : b0 + nb;
