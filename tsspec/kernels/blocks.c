@@ -180,14 +180,62 @@ static inline __attribute__((always_inline)) const float *kv_row(const float *b,
 #define ATT_HEADS 2
 #endif
 
+#if TSQ_SIMD
+/* _mm256_hadd_ps's sums in each 128-bit lane of a 512-bit register: (a0+a1, a2+a3, b0+b1, b2+b3) */
+static inline __m512 hadd512(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+#endif
+
 /* The scores of R heads (queries q[0..R)) against keys j0..j0+7 (c of them live; past the span a
  * valid row, masked to -inf): per head and key eight FMA chains over the head dimension, keys
- * 0-3 and 4-7 reduced apart by hadd ((0+1)+(2+3)), then added across the 128-bit halves. */
+ * 0-3 and 4-7 reduced apart by hadd ((0+1)+(2+3)), then added across the 128-bit halves. With
+ * AVX-512, heads go two to a register (head r in the low half, r + 1 in the high, each key
+ * broadcast to both): every lane does the 256-bit lane's FMA chain and the same sums, in half the
+ * instructions; an odd last head takes the 256-bit path. */
 static inline __attribute__((always_inline)) void scores8(const int R, const float *const *q, const float *kb, long j0,
                                                           long hd, long c, long split, const long *map, __m256 *s) {
     const float *kr[8];
     for (int p = 0; p < 8; p++) kr[p] = kv_row(kb, j0 + (p < c ? p : c - 1), hd, split, map);
     __m256 h[ATT_HEADS][2];
+#if TSQ_SIMD
+    const int r0 = R & ~1; /* heads 0..r0-1 in pairs, an odd last one in 256 bits */
+    __m512 hz[ATT_HEADS / 2][2];
+    for (int half = 0; half < 2; half++) {
+        __m512 a[ATT_HEADS / 2][4];
+        __m256 a1[4];
+        for (int p = 0; p < 4; p++) {
+            for (int r = 0; r < r0 / 2; r++) a[r][p] = _mm512_setzero_ps();
+            a1[p] = _mm256_setzero_ps();
+        }
+        for (long i = 0; i < hd; i += 8) {
+            __m512 kv[4];
+            for (int p = 0; p < 4; p++)
+                kv[p] = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(kr[4 * half + p] + i))));
+            for (int r = 0; r < r0 / 2; r++) {
+                const __m512 qv = _mm512_castpd_ps(_mm512_insertf64x4(
+                    _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(q[2 * r] + i))),
+                    _mm256_castps_pd(_mm256_loadu_ps(q[2 * r + 1] + i)), 1));
+                for (int p = 0; p < 4; p++) a[r][p] = _mm512_fmadd_ps(qv, kv[p], a[r][p]);
+            }
+            if (R & 1) {
+                const __m256 qv = _mm256_loadu_ps(q[r0] + i);
+                for (int p = 0; p < 4; p++) a1[p] = _mm256_fmadd_ps(qv, _mm512_castps512_ps256(kv[p]), a1[p]);
+            }
+        }
+        for (int r = 0; r < r0 / 2; r++) hz[r][half] = hadd512(hadd512(a[r][0], a[r][1]), hadd512(a[r][2], a[r][3]));
+        if (R & 1) h[r0][half] = _mm256_hadd_ps(_mm256_hadd_ps(a1[0], a1[1]), _mm256_hadd_ps(a1[2], a1[3]));
+    }
+    for (int r = 0; r < r0 / 2; r++) {
+        /* 128-bit lanes: hz[r][0] = (h_2r lo, hi, h_2r+1 lo, hi) for keys 0-3, hz[r][1] for 4-7 */
+        const __m512 lo = _mm512_shuffle_f32x4(hz[r][0], hz[r][1], 0x88); /* lanes 0, 2 of each */
+        const __m512 hi = _mm512_shuffle_f32x4(hz[r][0], hz[r][1], 0xDD); /* lanes 1, 3 of each */
+        const __m512 sum = _mm512_add_ps(lo, hi), t = _mm512_shuffle_f32x4(sum, sum, 0xD8);
+        s[2 * r] = _mm512_castps512_ps256(t);
+        s[2 * r + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));
+    }
+#else
+    const int r0 = 0;
     for (int half = 0; half < 2; half++) {
         __m256 a[ATT_HEADS][4];
         for (int r = 0; r < R; r++)
@@ -203,9 +251,11 @@ static inline __attribute__((always_inline)) void scores8(const int R, const flo
         for (int r = 0; r < R; r++)
             h[r][half] = _mm256_hadd_ps(_mm256_hadd_ps(a[r][0], a[r][1]), _mm256_hadd_ps(a[r][2], a[r][3]));
     }
+#endif
     const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
     for (int r = 0; r < R; r++) {
-        s[r] = _mm256_add_ps(_mm256_permute2f128_ps(h[r][0], h[r][1], 0x20), _mm256_permute2f128_ps(h[r][0], h[r][1], 0x31));
+        if (r >= r0)
+            s[r] = _mm256_add_ps(_mm256_permute2f128_ps(h[r][0], h[r][1], 0x20), _mm256_permute2f128_ps(h[r][0], h[r][1], 0x31));
         if (c < 8) s[r] = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s[r], live);
     }
 }
