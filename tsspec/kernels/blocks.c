@@ -210,8 +210,11 @@ static inline __attribute__((always_inline)) void scores8(const int R, const flo
         }
         for (long i = 0; i < hd; i += 8) {
             __m512 kv[4];
-            for (int p = 0; p < 4; p++)
-                kv[p] = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(kr[4 * half + p] + i))));
+            __m256 k1[4];
+            for (int p = 0; p < 4; p++) {
+                k1[p] = _mm256_loadu_ps(kr[4 * half + p] + i);
+                if (r0) k1[p] = _mm512_castps512_ps256(kv[p] = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(k1[p]))));
+            }
             for (int r = 0; r < r0 / 2; r++) {
                 const __m512 qv = _mm512_castpd_ps(_mm512_insertf64x4(
                     _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(q[2 * r] + i))),
@@ -220,7 +223,7 @@ static inline __attribute__((always_inline)) void scores8(const int R, const flo
             }
             if (R & 1) {
                 const __m256 qv = _mm256_loadu_ps(q[r0] + i);
-                for (int p = 0; p < 4; p++) a1[p] = _mm256_fmadd_ps(qv, _mm512_castps512_ps256(kv[p]), a1[p]);
+                for (int p = 0; p < 4; p++) a1[p] = _mm256_fmadd_ps(qv, k1[p], a1[p]);
             }
         }
         for (int r = 0; r < r0 / 2; r++) hz[r][half] = hadd512(hadd512(a[r][0], a[r][1]), hadd512(a[r][2], a[r][3]));
