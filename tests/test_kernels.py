@@ -377,12 +377,13 @@ def test_fused_attention_head_dims(tmp_path, head_dim, n_heads, n_kv):
     and the plain path (12, not a multiple of 8); and by query heads per KV head (1 to 8), which the
     SIMD code takes several at a time, fewer at once where a lone row must still give both threads
     work (4 heads on one KV head: 4 at once in the prompt, 2 for a lone row): close to torch's
-    blocks, rows bitwise alone."""
+    blocks, rows bitwise alone. The prompt's rows attend in blocks of rows, over 100 positions: more
+    than one block of positions for the value sums, parked between them."""
     path = write_tiny_model(tmp_path / "m.gguf", "llama", quant="Q4_0", d_model=64, ffn_dim=128, vocab_size=320,
                             n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim)
     m = load_model(path, n_ctx=256)
     assert m.fused is not None
-    ids = [int(t) for t in np.random.default_rng(2).integers(0, 300, size=45)]
+    ids = [int(t) for t in np.random.default_rng(2).integers(0, 300, size=100)]
     fused = m.forward(ids, m.make_cache(), all_logits=True).logits
     keep, m.runner = m.runner, TorchRunner()
     ref = m.forward(ids, m.make_cache(), all_logits=True).logits
@@ -390,7 +391,7 @@ def test_fused_attention_head_dims(tmp_path, head_dim, n_heads, n_kv):
     assert float((fused - ref).abs().max()) <= 0.05 * float(ref.abs().max())
     c = m.make_cache()
     m.forward(ids[:30], c)
-    for i in range(30, 45):
+    for i in range(30, 100):
         assert torch.equal(m.forward([ids[i]], c).logits[0], fused[i])
 
 

@@ -285,15 +285,17 @@ static inline __attribute__((always_inline)) void softmax8(float *sc, long n, __
     for (long j = 0; j < n; j += 8) _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_loadu_ps(sc + j), inv));
 }
 
-/* o[r][0..8U) = sum over j < n of p[r][j] v_(lo + j)[i0 + 0..8U) for R heads, each an FMA chain in
- * j order; each value vector loaded once for the R heads */
+/* o[r][i0 + 0..8U) = sum over j in [j0, j1) of p[r][j] v_(lo + j)[i0 + 0..8U) for R heads, each an
+ * FMA chain in j order, started from o's values where cont (the chain's earlier positions, parked
+ * there: a float stored and loaded back is the same float) and from zero otherwise; each value
+ * vector loaded once for the R heads */
 static inline __attribute__((always_inline)) void value_sum(const int R, const float *const *p, const float *vb, long lo,
-                                                            long i0, long n, long hd, long split, const long *map,
-                                                            float *const *o, const int U) {
+                                                            long i0, long j0, long j1, int cont, long hd, long split,
+                                                            const long *map, float *const *o, const int U) {
     __m256 a[ATT_HEADS][8];
     for (int r = 0; r < R; r++)
-        for (int u = 0; u < U; u++) a[r][u] = _mm256_setzero_ps();
-    for (long j = 0; j < n; j++) {
+        for (int u = 0; u < U; u++) a[r][u] = cont ? _mm256_loadu_ps(o[r] + i0 + 8 * u) : _mm256_setzero_ps();
+    for (long j = j0; j < j1; j++) {
         const float *v = kv_row(vb, lo + j, hd, split, map) + i0;
         __m256 vv[8];
         for (int u = 0; u < U; u++) vv[u] = _mm256_loadu_ps(v + 8 * u);
@@ -310,12 +312,12 @@ static inline __attribute__((always_inline)) void value_sum(const int R, const f
 /* value_sum sixteen outputs to a register: each output is still one FMA chain in j order (a lane
  * per output), so the width changes no bits, and half the instructions */
 static inline __attribute__((always_inline)) void value_sum16(const int R, const float *const *p, const float *vb,
-                                                              long lo, long i0, long n, long hd, long split,
-                                                              const long *map, float *const *o, const int U) {
+                                                              long lo, long i0, long j0, long j1, int cont, long hd,
+                                                              long split, const long *map, float *const *o, const int U) {
     __m512 a[ATT_HEADS][8];
     for (int r = 0; r < R; r++)
-        for (int u = 0; u < U; u++) a[r][u] = _mm512_setzero_ps();
-    for (long j = 0; j < n; j++) {
+        for (int u = 0; u < U; u++) a[r][u] = cont ? _mm512_loadu_ps(o[r] + i0 + 16 * u) : _mm512_setzero_ps();
+    for (long j = j0; j < j1; j++) {
         const float *v = kv_row(vb, lo + j, hd, split, map) + i0;
         __m512 vv[8];
         for (int u = 0; u < U; u++) vv[u] = _mm512_loadu_ps(v + 16 * u);
@@ -329,53 +331,81 @@ static inline __attribute__((always_inline)) void value_sum16(const int R, const
 }
 #endif
 
-/* R heads' attention over positions [lo, hi] of one KV head (hd a multiple of 8): queries q[r],
- * outputs o[r], scratch sc[r] (hi - lo + 1 scores rounded up to 8). Outputs in registers across all
- * positions: 64 at a time for one head (32 for several), then 32, then 8; with AVX-512 128 (64),
- * 64, 16, then 8. */
-static inline __attribute__((always_inline)) void attend_heads_r(const int R, const float *const *q, const float *kb,
-                                                                 const float *vb, long lo, long hi, long hd, long split,
-                                                                 const long *map, float *const *sc, float *const *o) {
-    const long n = hi - lo + 1;
-    __m256 vmx[ATT_HEADS];
-    for (int r = 0; r < R; r++) vmx[r] = _mm256_set1_ps(-INFINITY);
-    for (long j = 0; j < n; j += 8) {
-        __m256 s[ATT_HEADS];
-        scores8(R, q, kb, lo + j, hd, n - j, split, map, s);
-        for (int r = 0; r < R; r++) {
-            _mm256_storeu_ps(sc[r] + j, s[r]);
-            vmx[r] = _mm256_max_ps(vmx[r], s[r]);
-        }
+/* Consecutive rows of one sequence that attend over the same first position go through the
+ * attention together, up to ATT_ROWS of them: each block of keys, and of values, is read from L2 or
+ * beyond once for all of them and then from L1 (each row read its KV head's whole cache for itself,
+ * about half the time of a 512-row chunk after 3.5k positions). Every row keeps its operations and
+ * their order: its own scores, softmax and value chains, parked in its outputs between blocks of
+ * positions. */
+#define ATT_ROWS 8
+#define ATT_SPAN 64 /* positions per block of values: 64 of them, 64 outputs wide, are 16 KiB */
+
+/* R heads' attention for B rows (row b: queries q[b * ATT_HEADS + r], outputs o[..], scratch sc[..]
+ * of hi[b] - lo + 1 scores rounded up to 8) over positions [lo, hi[b]] of one KV head (hd a multiple
+ * of 8; a token tree's rows one at a time). Outputs in registers across a block of positions (all
+ * of them for one row): 64 at a time for one head (32 for several), then 32, then 8; with AVX-512
+ * 128 (64), 64, 16, then 8. */
+static inline __attribute__((always_inline)) void attend_rows_r(const int R, const int B, const float *const *q,
+                                                                const float *kb, const float *vb, long lo,
+                                                                const long *hi, long hd, long split, const long *map,
+                                                                float *const *sc, float *const *o) {
+    long n[ATT_ROWS], nmax = 0;
+    __m256 vmx[ATT_ROWS][ATT_HEADS];
+    for (int b = 0; b < B; b++) {
+        n[b] = hi[b] - lo + 1;
+        nmax = n[b] > nmax ? n[b] : nmax;
+        for (int r = 0; r < R; r++) vmx[b][r] = _mm256_set1_ps(-INFINITY);
     }
-    for (int r = 0; r < R; r++) softmax8(sc[r], n, vmx[r]);
+    for (long j = 0; j < nmax; j += 8)
+        for (int b = 0; b < B; b++) {
+            if (j >= n[b]) continue;
+            __m256 s[ATT_HEADS];
+            scores8(R, q + b * ATT_HEADS, kb, lo + j, hd, n[b] - j, split, map, s);
+            for (int r = 0; r < R; r++) {
+                _mm256_storeu_ps(sc[b * ATT_HEADS + r] + j, s[r]);
+                vmx[b][r] = _mm256_max_ps(vmx[b][r], s[r]);
+            }
+        }
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < R; r++) softmax8(sc[b * ATT_HEADS + r], n[b], vmx[b][r]);
     const float *const *p = (const float *const *)sc;
+    const long span = B > 1 ? ATT_SPAN : nmax;
+/* the value sums over outputs [i0, i0 + W), block of positions by block, row by row */
+#define VALUES(SUM, RR, U)                                                                         \
+    for (long j0 = 0; j0 < nmax; j0 += span)                                                          \
+        for (int b = 0; b < B; b++)                                                                   \
+            if (j0 < n[b])                                                                            \
+                SUM(RR, p + b * ATT_HEADS, vb, lo, i0, j0, j0 + span < n[b] ? j0 + span : n[b], j0 > 0, hd, \
+                    split, map, o + b * ATT_HEADS, U);
     long i0 = 0;
 #if TSQ_SIMD
     if (R == 1)
-        for (; i0 + 128 <= hd; i0 += 128) value_sum16(1, p, vb, lo, i0, n, hd, split, map, o, 8);
-    for (; i0 + 64 <= hd; i0 += 64) value_sum16(R, p, vb, lo, i0, n, hd, split, map, o, 4);
-    for (; i0 + 16 <= hd; i0 += 16) value_sum16(R, p, vb, lo, i0, n, hd, split, map, o, 1);
+        for (; i0 + 128 <= hd; i0 += 128) { VALUES(value_sum16, 1, 8) }
+    for (; i0 + 64 <= hd; i0 += 64) { VALUES(value_sum16, R, 4) }
+    for (; i0 + 16 <= hd; i0 += 16) { VALUES(value_sum16, R, 1) }
 #else
     if (R == 1)
-        for (; i0 + 64 <= hd; i0 += 64) value_sum(1, p, vb, lo, i0, n, hd, split, map, o, 8);
-    for (; i0 + 32 <= hd; i0 += 32) value_sum(R, p, vb, lo, i0, n, hd, split, map, o, 4);
+        for (; i0 + 64 <= hd; i0 += 64) { VALUES(value_sum, 1, 8) }
+    for (; i0 + 32 <= hd; i0 += 32) { VALUES(value_sum, R, 4) }
 #endif
-    for (; i0 < hd; i0 += 8) value_sum(R, p, vb, lo, i0, n, hd, split, map, o, 1);
+    for (; i0 < hd; i0 += 8) { VALUES(value_sum, R, 1) }
+#undef VALUES
 }
 
-static void attend_heads(int R, const float *const *q, const float *kb, const float *vb, long lo, long hi, long hd,
-                         long split, const long *map, float *const *sc, float *const *o) {
+static void attend_rows(int R, int B, const float *const *q, const float *kb, const float *vb, long lo, const long *hi,
+                        long hd, long split, const long *map, float *const *sc, float *const *o) {
     switch (R) {
-    case 1: attend_heads_r(1, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
-    case 2: attend_heads_r(2, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
+    case 1: attend_rows_r(1, B, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
+    case 2: attend_rows_r(2, B, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
 #if ATT_HEADS > 2
-    case 3: attend_heads_r(3, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
-    default: attend_heads_r(4, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
+    case 3: attend_rows_r(3, B, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
+    default: attend_rows_r(4, B, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
 #endif
     }
 }
 #else
 #define ATT_HEADS 1
+#define ATT_ROWS 1
 #endif
 
 /* One query row's attention over positions [lo, hi] of one KV head: o = softmax(q . k_j) v_j.
@@ -468,6 +498,9 @@ typedef struct {
     long npath;
 } tree_rows;
 
+/* the first position a row at pos attends to: pos - window + 1 under a sliding window */
+static inline long att_lo(long window, long pos) { return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0; }
+
 static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
                         const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
                         const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at, int ntap,
@@ -487,9 +520,10 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     float *y = malloc(sizeof(float) * m * d);
     xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
     long *rseq = malloc(sizeof(long) * m), *rpos = malloc(sizeof(long) * m), *rslot = malloc(sizeof(long) * m);
-    float *scores = NULL; /* attention scratch, maxpos + 8 floats per head a thread takes at once */
+    long *blk = malloc(sizeof(long) * (m + 1)); /* a layer's blocks of rows for the attention */
+    float *scores = NULL; /* attention scratch, maxpos + 8 floats per head and row a thread takes at once */
     int rc = 0;
-    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos || !rslot) { rc = -2; goto done; }
+    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos || !rslot || !blk) { rc = -2; goto done; }
     long maxpos = 0;
     for (long s = 0; s < ns; s++) {
         if (row0[s + 1] < row0[s] || start[s] < 0 || start[s] + row0[s + 1] - row0[s] > cap[s]) { rc = -3; goto done; }
@@ -510,15 +544,25 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
             if (rpos[r] > maxpos) maxpos = rpos[r];
         }
     }
-    if (!(scores = malloc(sizeof(float) * (maxpos + 8) * ATT_HEADS * nt))) { rc = -2; goto done; }
-    /* attention's work items: each KV head's rep query heads in nshare shares of hs (at most
-     * ATT_HEADS, the last share possibly smaller), enough shares for every thread to have one */
-    long nshare = (rep + ATT_HEADS - 1) / ATT_HEADS;
-    while (nshare < rep && m * nkv * nshare < nt) nshare++;
-    const long hs = (rep + nshare - 1) / nshare;
-    nshare = (rep + hs - 1) / hs;
+    if (!(scores = malloc(sizeof(float) * (maxpos + 8) * ATT_HEADS * ATT_ROWS * nt))) { rc = -2; goto done; }
     for (int li = l0; li < l1 && !rc; li++) {
         const tsq_layer *L = layers + li;
+        /* the attention's blocks of rows (attend_rows): consecutive rows of one sequence's chain
+         * whose spans start at the same position (a sliding window moves each row's start), up to
+         * ATT_ROWS; block i is rows [blk[i], blk[i + 1]) */
+        long nblk = 0;
+        for (long r = 0; r < m; r++)
+            if (r == 0 || tree || r - blk[nblk - 1] >= ATT_ROWS || rseq[r] != rseq[r - 1] ||
+                att_lo(L->window, rpos[r]) != att_lo(L->window, rpos[r - 1]))
+                blk[nblk++] = r;
+        blk[nblk] = m;
+        /* attention's work items: a block of rows, a KV head, and a share of its rep query heads
+         * (nshare shares of hs, at most ATT_HEADS, the last possibly smaller): enough shares for
+         * every thread to have one */
+        long nshare = (rep + ATT_HEADS - 1) / ATT_HEADS;
+        while (nshare < rep && nblk * nkv * nshare < nt) nshare++;
+        const long hs = (rep + nshare - 1) / nshare;
+        nshare = (rep + hs - 1) / hs;
         const float *ct = cos_t[L->rope], *st = sin_t[L->rope];
         copy_taps(h, m, d, li, tap_at, ntap, tap_out);
         #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
@@ -545,44 +589,50 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
 #pragma omp parallel num_threads(nt) if (nt > 1 && m * nh > 1)
         {
 #ifdef _OPENMP
-            float *sc0 = scores + (maxpos + 8) * ATT_HEADS * omp_get_thread_num();
+            float *sc0 = scores + (maxpos + 8) * ATT_HEADS * ATT_ROWS * omp_get_thread_num();
 #else
             float *sc0 = scores;
 #endif
-            /* (row, KV head, share of its query heads) dealt out one at a time: a prompt's later
-             * rows attend over more positions, and contiguous shares left one thread with most of
-             * the work */
+            /* (block of rows, KV head, share of its query heads) dealt out one at a time: a
+             * prompt's later rows attend over more positions, and contiguous shares left one
+             * thread with most of the work */
 #pragma omp for schedule(static, 1)
-            for (long t = 0; t < m * nkv * nshare; t++) {
-                const long r = t / (nkv * nshare), g = t / nshare % nkv, h0 = g * rep + t % nshare * hs;
-                const long s = rseq[r], cp = cap[s], pos = rpos[r];
-                const long lo = L->window > 0 && pos - L->window + 1 > 0 ? pos - L->window + 1 : 0;
+            for (long t = 0; t < nblk * nkv * nshare; t++) {
+                const long i = t / (nkv * nshare), g = t / nshare % nkv, h0 = g * rep + t % nshare * hs;
+                const long r0 = blk[i], nb = blk[i + 1] - r0, s = rseq[r0], cp = cap[s];
+                const long lo = att_lo(L->window, rpos[r0]);
                 const int nr = (int)(h0 + hs <= (g + 1) * rep ? hs : (g + 1) * rep - h0);
                 const float *kb = kc[s] + ((long)li * nkv + g) * cp * hd, *vb = vc[s] + ((long)li * nkv + g) * cp * hd;
                 const long split = tree ? tree->base[s] : 0;
-                const long *map = tree ? tree->path + tree->off[r] : NULL;
-                const float *q[ATT_HEADS];
-                float *o[ATT_HEADS], *sc[ATT_HEADS];
-                for (int j = 0; j < nr; j++) {
-                    q[j] = qkv + r * w3 + (h0 + j) * hd;
-                    o[j] = att + r * qd + (h0 + j) * hd;
-                    sc[j] = sc0 + (maxpos + 8) * j;
+                const long *map = tree ? tree->path + tree->off[r0] : NULL;
+                const float *q[ATT_ROWS * ATT_HEADS];
+                float *o[ATT_ROWS * ATT_HEADS], *sc[ATT_ROWS * ATT_HEADS];
+                long hi[ATT_ROWS];
+                for (int b = 0; b < nb; b++) {
+                    hi[b] = rpos[r0 + b];
+                    for (int j = 0; j < nr; j++) {
+                        q[b * ATT_HEADS + j] = qkv + (r0 + b) * w3 + (h0 + j) * hd;
+                        o[b * ATT_HEADS + j] = att + (r0 + b) * qd + (h0 + j) * hd;
+                        sc[b * ATT_HEADS + j] = sc0 + (maxpos + 8) * (b * ATT_HEADS + j);
+                    }
                 }
 #if TSQ_HAS_AVX2
                 if (hd % 8 == 0) {
                     if (tree)
-                        attend_heads(nr, q, kb, vb, lo, pos, hd, split, map, sc, o);
+                        attend_rows(nr, 1, q, kb, vb, lo, hi, hd, split, map, sc, o);
                     else
-                        attend_heads(nr, q, kb, vb, lo, pos, hd, 0, NULL, sc, o);
+                        attend_rows(nr, (int)nb, q, kb, vb, lo, hi, hd, 0, NULL, sc, o);
                     continue;
                 }
 #endif
-                for (int j = 0; j < nr; j++) {
-                    if (tree)
-                        attend_row(q[j], kb, vb, lo, pos, hd, split, map, sc[j], o[j]);
-                    else
-                        attend_row(q[j], kb, vb, lo, pos, hd, 0, NULL, sc[j], o[j]);
-                }
+                for (int b = 0; b < nb; b++)
+                    for (int j = 0; j < nr; j++) {
+                        const int k = b * ATT_HEADS + j;
+                        if (tree)
+                            attend_row(q[k], kb, vb, lo, hi[b], hd, split, map, sc[k], o[k]);
+                        else
+                            attend_row(q[k], kb, vb, lo, hi[b], hd, 0, NULL, sc[k], o[k]);
+                    }
             }
         }
         if ((rc = tsq_linear_apply(&L->o, att, m, y, xq, nt))) break;
@@ -604,7 +654,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     }
     if (!rc) copy_taps(h, m, d, l1, tap_at, ntap, tap_out);
 done:
-    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(rslot); free(scores);
+    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(rslot); free(blk); free(scores);
     return rc;
 }
 
