@@ -333,22 +333,23 @@ static inline __attribute__((always_inline)) void value_sum16(const int R, const
 
 /* Consecutive rows of one sequence that attend over the same first position go through the
  * attention together, up to ATT_ROWS of them: each block of keys, and of values, is read from L2 or
- * beyond once for all of them and then from L1 (each row read its KV head's whole cache for itself,
- * about half the time of a 512-row chunk after 3.5k positions). Every row keeps its operations and
- * their order: its own scores, softmax and value chains, parked in its outputs between blocks of
- * positions. */
+ * beyond once for all of them and then from L1 (row by row, re-reading the cache took about half of
+ * a 512-row chunk after 3.5k positions). Every row keeps its operations and their order: its own
+ * scores, softmax and value chains, parked in its outputs between blocks of positions. A token
+ * tree's rows, each with its own path (maps[b]), share the cache's positions before split. */
 #define ATT_ROWS 8
 #define ATT_SPAN 64 /* positions per block of values: 64 of them, 64 outputs wide, are 16 KiB */
 
 /* R heads' attention for B rows (row b: queries q[b * ATT_HEADS + r], outputs o[..], scratch sc[..]
  * of hi[b] - lo + 1 scores rounded up to 8) over positions [lo, hi[b]] of one KV head (hd a multiple
- * of 8; a token tree's rows one at a time). Outputs in registers across a block of positions (all
- * of them for one row): 64 at a time for one head (32 for several), then 32, then 8; with AVX-512
- * 128 (64), 64, 16, then 8. */
+ * of 8; maps NULL for a chain, else row b's tree path maps[b]). Outputs in registers across a block
+ * of positions (all of them for one row): 64 at a time for one head (32 for several), then 32, then
+ * 8; with AVX-512 128 (64), 64, 16, then 8. */
 static inline __attribute__((always_inline)) void attend_rows_r(const int R, const int B, const float *const *q,
                                                                 const float *kb, const float *vb, long lo,
-                                                                const long *hi, long hd, long split, const long *map,
-                                                                float *const *sc, float *const *o) {
+                                                                const long *hi, long hd, long split,
+                                                                const long *const *maps, float *const *sc,
+                                                                float *const *o) {
     long n[ATT_ROWS], nmax = 0;
     __m256 vmx[ATT_ROWS][ATT_HEADS];
     for (int b = 0; b < B; b++) {
@@ -360,7 +361,7 @@ static inline __attribute__((always_inline)) void attend_rows_r(const int R, con
         for (int b = 0; b < B; b++) {
             if (j >= n[b]) continue;
             __m256 s[ATT_HEADS];
-            scores8(R, q + b * ATT_HEADS, kb, lo + j, hd, n[b] - j, split, map, s);
+            scores8(R, q + b * ATT_HEADS, kb, lo + j, hd, n[b] - j, split, maps ? maps[b] : NULL, s);
             for (int r = 0; r < R; r++) {
                 _mm256_storeu_ps(sc[b * ATT_HEADS + r] + j, s[r]);
                 vmx[b][r] = _mm256_max_ps(vmx[b][r], s[r]);
@@ -370,13 +371,13 @@ static inline __attribute__((always_inline)) void attend_rows_r(const int R, con
         for (int r = 0; r < R; r++) softmax8(sc[b * ATT_HEADS + r], n[b], vmx[b][r]);
     const float *const *p = (const float *const *)sc;
     const long span = B > 1 ? ATT_SPAN : nmax;
-/* the value sums over outputs [i0, i0 + W), block of positions by block, row by row */
+/* the value sums over one stretch of outputs from i0, block of positions by block, row by row */
 #define VALUES(SUM, RR, U)                                                                         \
     for (long j0 = 0; j0 < nmax; j0 += span)                                                          \
         for (int b = 0; b < B; b++)                                                                   \
             if (j0 < n[b])                                                                            \
                 SUM(RR, p + b * ATT_HEADS, vb, lo, i0, j0, j0 + span < n[b] ? j0 + span : n[b], j0 > 0, hd, \
-                    split, map, o + b * ATT_HEADS, U);
+                    split, maps ? maps[b] : NULL, o + b * ATT_HEADS, U);
     long i0 = 0;
 #if TSQ_SIMD
     if (R == 1)
@@ -392,17 +393,23 @@ static inline __attribute__((always_inline)) void attend_rows_r(const int R, con
 #undef VALUES
 }
 
+/* a chain's rows (maps NULL, which the compiler folds) or a tree's */
+#define ATTEND_ROWS(MAPS)                                                                             \
+    switch (R) {                                                                                      \
+    case 1: attend_rows_r(1, B, q, kb, vb, lo, hi, hd, split, MAPS, sc, o); break;                    \
+    case 2: attend_rows_r(2, B, q, kb, vb, lo, hi, hd, split, MAPS, sc, o); break;                    \
+    case 3: if (ATT_HEADS > 2) attend_rows_r(3, B, q, kb, vb, lo, hi, hd, split, MAPS, sc, o); break; \
+    default: if (ATT_HEADS > 2) attend_rows_r(4, B, q, kb, vb, lo, hi, hd, split, MAPS, sc, o); break; \
+    }
 static void attend_rows(int R, int B, const float *const *q, const float *kb, const float *vb, long lo, const long *hi,
-                        long hd, long split, const long *map, float *const *sc, float *const *o) {
-    switch (R) {
-    case 1: attend_rows_r(1, B, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
-    case 2: attend_rows_r(2, B, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
-#if ATT_HEADS > 2
-    case 3: attend_rows_r(3, B, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
-    default: attend_rows_r(4, B, q, kb, vb, lo, hi, hd, split, map, sc, o); break;
-#endif
+                        long hd, long split, const long *const *maps, float *const *sc, float *const *o) {
+    if (maps) {
+        ATTEND_ROWS(maps)
+    } else {
+        ATTEND_ROWS(NULL)
     }
 }
+#undef ATTEND_ROWS
 #else
 #define ATT_HEADS 1
 #define ATT_ROWS 1
@@ -547,12 +554,12 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     if (!(scores = malloc(sizeof(float) * (maxpos + 8) * ATT_HEADS * ATT_ROWS * nt))) { rc = -2; goto done; }
     for (int li = l0; li < l1 && !rc; li++) {
         const tsq_layer *L = layers + li;
-        /* the attention's blocks of rows (attend_rows): consecutive rows of one sequence's chain
-         * whose spans start at the same position (a sliding window moves each row's start), up to
+        /* the attention's blocks of rows (attend_rows): consecutive rows of one sequence whose
+         * spans start at the same position (a sliding window moves each row's start), up to
          * ATT_ROWS; block i is rows [blk[i], blk[i + 1]) */
         long nblk = 0;
         for (long r = 0; r < m; r++)
-            if (r == 0 || tree || r - blk[nblk - 1] >= ATT_ROWS || rseq[r] != rseq[r - 1] ||
+            if (r == 0 || r - blk[nblk - 1] >= ATT_ROWS || rseq[r] != rseq[r - 1] ||
                 att_lo(L->window, rpos[r]) != att_lo(L->window, rpos[r - 1]))
                 blk[nblk++] = r;
         blk[nblk] = m;
@@ -604,12 +611,13 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
                 const int nr = (int)(h0 + hs <= (g + 1) * rep ? hs : (g + 1) * rep - h0);
                 const float *kb = kc[s] + ((long)li * nkv + g) * cp * hd, *vb = vc[s] + ((long)li * nkv + g) * cp * hd;
                 const long split = tree ? tree->base[s] : 0;
-                const long *map = tree ? tree->path + tree->off[r0] : NULL;
                 const float *q[ATT_ROWS * ATT_HEADS];
                 float *o[ATT_ROWS * ATT_HEADS], *sc[ATT_ROWS * ATT_HEADS];
                 long hi[ATT_ROWS];
+                const long *maps[ATT_ROWS];
                 for (int b = 0; b < nb; b++) {
                     hi[b] = rpos[r0 + b];
+                    maps[b] = tree ? tree->path + tree->off[r0 + b] : NULL;
                     for (int j = 0; j < nr; j++) {
                         q[b * ATT_HEADS + j] = qkv + (r0 + b) * w3 + (h0 + j) * hd;
                         o[b * ATT_HEADS + j] = att + (r0 + b) * qd + (h0 + j) * hd;
@@ -618,10 +626,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
                 }
 #if TSQ_HAS_AVX2
                 if (hd % 8 == 0) {
-                    if (tree)
-                        attend_rows(nr, 1, q, kb, vb, lo, hi, hd, split, map, sc, o);
-                    else
-                        attend_rows(nr, (int)nb, q, kb, vb, lo, hi, hd, 0, NULL, sc, o);
+                    attend_rows(nr, (int)nb, q, kb, vb, lo, hi, hd, split, tree ? maps : NULL, sc, o);
                     continue;
                 }
 #endif
@@ -629,7 +634,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
                     for (int j = 0; j < nr; j++) {
                         const int k = b * ATT_HEADS + j;
                         if (tree)
-                            attend_row(q[k], kb, vb, lo, hi[b], hd, split, map, sc[k], o[k]);
+                            attend_row(q[k], kb, vb, lo, hi[b], hd, split, maps[b], sc[k], o[k]);
                         else
                             attend_row(q[k], kb, vb, lo, hi[b], hd, 0, NULL, sc[k], o[k]);
                     }
