@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Paired speed of the native attention (kernels/blocks.c's attend_heads) at two revisions.
+"""Paired speed of the native attention (kernels/blocks.c's attend_rows; attend_heads before it) at two revisions.
 
     python scripts/ab_attention.py --base REV [--new REV] [--shapes 256x4x512,128x2x2048x8]
                                    [--rounds 15] [--json FILE]

@@ -420,7 +420,7 @@ static void attend_rows(int R, int B, const float *const *q, const float *kb, co
  * Head dimensions that are a multiple of 8: a score is eight FMA chains over the head dimension
  * (lane u takes elements 8t + u) reduced ((0+1)+(2+3))+((4+5)+(6+7)); e^(s - max) by exp1's
  * steps, summed in eight lanes (position j in lane j % 8) reduced as sum8; each value element an
- * FMA chain in position order. The AVX2 code (attend_heads, which forward_rows calls for those
+ * FMA chain in position order. The AVX2 code (attend_rows, which forward_rows calls for those
  * head dimensions instead of this) does it eight positions or outputs at a time, the plain code
  * here one lane at a time: the same operations, so the same bits. Other head dimensions take a
  * plain loop of their own. sc: scratch for hi - lo + 1 scores, rounded up to 8. */
