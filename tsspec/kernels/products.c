@@ -614,10 +614,13 @@ static inline __attribute__((always_inline)) void pf_ahead(const void *p, const 
     for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PF_AHEAD + o, _MM_HINT_T0);
 #endif
 }
-/* (44 KiB of input rows in a 48 KiB L1: qwen2.5-coder-1.5b's 1536-wide rows fit 16 to a tile; with
- * 32 KiB they went 8 to a tile and 32-row Q4_K products took 1.2-1.3x longer) */
+/* (47 KiB of input rows in a 48 KiB L1: qwen2.5-coder-1.5b's 1536-wide rows fit 17 to a tile, 44.6
+ * KiB; with 32 KiB they went 8 to a tile and 32-row Q4_K products took 1.2-1.3x longer, and with 44
+ * KiB a 17-row verify (16 drafted tokens) was taken in k-chunks on every matrix, its accumulators
+ * parked between them: a forward of qwen2.5-coder-1.5b's blocks and head 0.912x the time with 47,
+ * gemma3-270m's 13 rows 0.974x, scripts/ab_kernels.py) */
 static inline int one_q_tile(long m, long ng) {
-    return m <= TILE || (m <= QTILE_MAX && m * ng * (long)sizeof(xgroup) <= 44 * 1024);
+    return m <= TILE || (m <= QTILE_MAX && m * ng * (long)sizeof(xgroup) <= 47 * 1024);
 }
 
 
