@@ -832,6 +832,36 @@ static inline __attribute__((always_inline)) void step512(const int sh, const in
     if (mn) *accm = _mm512_fmadd_ps(mwz, _mm512_loadu_ps(xg->fs), *accm);
 }
 
+/* A Q6_K half super-block's four code vectors (the low 4 bits from ql0 / ql1, bits 4-5 from qh:
+ * code vector u takes ql's low nibbles for u < 2, its high ones after, and qh's bits 2u, 2u + 1),
+ * in every 256-bit half that the loads filled. With GFNI each byte's bits move in one affine map
+ * (bits 2u, 2u + 1 of qh to 4, 5; bits 4-7 of ql to 0-3) and a ternary-logic op merges the low
+ * nibble in: 10 instructions for the shifts and masks' 20. The same bytes either way. */
+static inline __attribute__((always_inline)) void q6k_codes512(__m512i ql0, __m512i ql1, __m512i qh, __m512i Z[4]) {
+    const __m512i m4z = _mm512_set1_epi8(0x0F);
+#ifdef __GFNI__
+    /* gf2p8affine: output bit i of a byte = parity(matrix byte 7 - i & input byte) */
+    const __m512i hi4 = _mm512_set1_epi64(0x1020408000000000LL); /* bits 4-7 -> 0-3 */
+    for (int u = 0; u < 4; u++) {
+        const long long m = (long long)(((1ULL << (2 * u)) << 24) | ((1ULL << (2 * u + 1)) << 16)); /* 2u, 2u+1 -> 4, 5 */
+        const __m512i h = _mm512_gf2p8affine_epi64_epi8(qh, _mm512_set1_epi64(m), 0);
+        const __m512i ql = (u & 1) ? ql1 : ql0;
+        if (u < 2) /* (ql & 0x0F) | h */
+            Z[u] = _mm512_ternarylogic_epi32(ql, h, m4z, 0xEC);
+        else
+            Z[u] = _mm512_or_si512(_mm512_gf2p8affine_epi64_epi8(ql, hi4, 0), h);
+    }
+#else
+    const __m512i m3z = _mm512_set1_epi8(3);
+    for (int u = 0; u < 4; u++) {
+        const __m512i ql = (u & 1) ? ql1 : ql0;
+        const __m512i lo = (u < 2) ? _mm512_and_si512(ql, m4z) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4z);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * u), m3z);
+        Z[u] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+    }
+#endif
+}
+
 /* nrows weight rows (rb bytes apart; results to y[0..nrows)) against the tr input rows of a tile
  * (rows xstride groups apart), over groups [g0, g1). Rows 0..2*(tr/2)-1 are read as pairs from xp
  * (pair p xstride groups after pair p-1; pair_rows), two rows per 512-bit instruction; an odd last
@@ -940,14 +970,8 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
                 const __m512i ql0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 64 * gi)));
                 const __m512i ql1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 64 * gi + 32)));
                 const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 128 + 32 * gi)));
-                const __m512i m4z = _mm512_set1_epi8(0x0F), m3z = _mm512_set1_epi8(3);
-                for (int u = 0; u < 4; u++) {
-                    const __m512i ql = (u & 1) ? ql1 : ql0;
-                    const __m512i lo = (u < 2) ? _mm512_and_si512(ql, m4z) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4z);
-                    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * u), m3z);
-                    Z[u] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
-                    W[u] = _mm512_castsi512_si256(Z[u]);
-                }
+                q6k_codes512(ql0, ql1, qh, Z);
+                for (int u = 0; u < 4; u++) W[u] = _mm512_castsi512_si256(Z[u]);
                 const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 192 + 8 * gi)));
                 const __m256i s8 = _mm256_permutevar8x32_epi32(sc, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
                 a = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(rd16(p + 208))), _mm256_cvtepi32_ps(s8));
