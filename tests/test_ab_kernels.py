@@ -36,12 +36,14 @@ def test_unknown_revision_is_one_clear_error():
     assert "Traceback" not in r.stderr
 
 
-def test_gfni_nibbles_give_the_shift_and_mask_bits(tmp_path):
-    """nibbles512 takes high nibbles with gf2p8affineqb where the compiler targets GFNI; the same
-    source built without it (the shift and mask) gives every logit the same bits. (Every type's
-    SIMD product is also held to the plain C reference in test_kernels.)"""
-    quant = "Q4_0"
-    path = write_tiny_model(tmp_path / "m.gguf", "llama", quant=quant, d_model=64, ffn_dim=128, vocab_size=320)
+@pytest.mark.parametrize("quant,d_model", [("Q4_0", 64), ("Q6_K", 256)])
+def test_gfni_nibbles_give_the_shift_and_mask_bits(tmp_path, quant, d_model):
+    """nibbles512 (Q4_0 here) and q6k_codes512 (Q6_K: the 512-bit products of 2 rows and more) take
+    their code bits with gf2p8affineqb where the compiler targets GFNI; the same source built without
+    it (the shifts and masks, what an AVX-512 CPU without GFNI compiles) gives every logit the same
+    bits. (Every type's SIMD product is also held to the plain C reference in test_kernels.)"""
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", quant=quant, d_model=d_model, ffn_dim=2 * d_model,
+                            vocab_size=320)
     src = ab_kernels.source_at(None)
     assert b"#ifdef __GFNI__" in src["products.c"]
     libs = [ab_kernels.build({**src, "products.c": b"#undef __GFNI__\n" + src["products.c"]}), ab_kernels.build(src)]
