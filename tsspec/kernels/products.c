@@ -120,7 +120,10 @@ static void quantize_row(const float *x, long k, xgroup *out) {
 long tsq_xrow_bytes(long k) { return n_groups(k) * (long)sizeof(xgroup); }
 
 #if TSQ_SIMD
-/* rows 2p and 2p+1 of xq (m rows of ng groups) as pair p of out (m / 2 pairs of ng groups), each
+/* rows 2p and 2p+1 of xq (m rows of ng groups) as pair p of out, group by group (group g's m / 2
+ * pairs side by side at out + g * (m / 2): a tile's pairs of one group are then a constant stride
+ * apart, and its products advance one pointer a group where they advanced one a pair, 2-5% of a
+ * 16- or 512-row forward of qwen2.5-coder-1.5b, scripts/ab_kernels.py), each
  * code sum s as -s 2^sh (the weight type's offset, offset_shift): exact integers, the shift the
  * 256-bit product does per row and group done once here, and the 512-bit product's integer sums
  * start from it where the 256-bit one subtracts s 2^sh after them (the same integer either way) */
@@ -145,7 +148,7 @@ static void pair_rows(const xgroup *xq, long m, long ng, int sh, xpair *out) {
      * does them all */
 #pragma omp for schedule(static)
     for (long p = 0; p < m / 2; p++)
-        for (long g = 0; g < ng; g++) pair_group(xq + 2 * p * ng + g, xq + (2 * p + 1) * ng + g, sh, out + p * ng + g);
+        for (long g = 0; g < ng; g++) pair_group(xq + 2 * p * ng + g, xq + (2 * p + 1) * ng + g, sh, out + g * (m / 2) + p);
 }
 
 /* one input row paired with itself: for a lone row, two weight rows share each 512-bit register */
@@ -864,14 +867,15 @@ static inline __attribute__((always_inline)) void q6k_codes512(__m512i ql0, __m5
 
 /* nrows weight rows (rb bytes apart; results to y[0..nrows)) against the tr input rows of a tile
  * (rows xstride groups apart), over groups [g0, g1). Rows 0..2*(tr/2)-1 are read as pairs from xp
- * (pair p xstride groups after pair p-1; pair_rows), two rows per 512-bit instruction; an odd last
+ * (pair p of group g at xp[g * ps + p]; pair_rows), two rows per 512-bit instruction; an odd last
  * row from x, in 256 bits. Each lane does the same operations either way, so a row's result does
  * not depend on whether it shared a register. With a state ([nrows][QTILE_MAX * 16]) the accumulators
  * start from it unless g0 == 0 and are parked there unless g1 is the row's end, so a product taken
  * in k-chunks does the same float steps as one taken whole. */
 static inline __attribute__((always_inline)) void
 dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed, const xgroup *x, const xpair *xp,
-             long xstride, const int chunked, long g0, long g1, float *state, float *y, long ldy, long nrows, long rb) {
+             long xstride, long ps, const int chunked, long g0, long g1, float *state, float *y, long ldy, long nrows,
+             long rb) {
     const long ng = n_groups(k), nblocks = k / QB;
     const int np = tr / 2, odd = tr & 1, ro = tr - 1; /* pairs; the odd row, if any, is row ro */
     if (!chunked) { g0 = 0; g1 = ng; }
@@ -891,7 +895,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     const int sh = offset_shift(type), mg = type == T_Q4_1;
     /* W, a, mw: a weight group for one row (256 bits); Z, az, mwz: the same in both halves of 512 */
 #define ROWS(W, a, mw, Z, az, mwz, g)                                                                 \
-    for (int p = 0; p < np; p++) step512(sh, mg, Z, az, mwz, xp + p * xstride + (g), &accz[p], &accmz[p]); \
+    for (int p = 0; p < np; p++) step512(sh, mg, Z, az, mwz, xp + (g) * ps + p, &accz[p], &accmz[p]); \
     if (odd) step256(sh, mg, W, a, mw, x + ro * xstride + (g), &acc1, &accm1);
     if (type == T_Q4_K) { /* a super-block (two groups) at a time: its scales unpacked once */
         const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -907,7 +911,7 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
                * super-block and no second set of accumulators */
                 const __m512 mwz8 = dup_ps(mw8);
                 for (int q = 0; q < np; q++)
-                    accz[q] = _mm512_fmadd_ps(mwz8, _mm512_loadu_ps(xp[q * xstride + 2 * sb].fs), accz[q]);
+                    accz[q] = _mm512_fmadd_ps(mwz8, _mm512_loadu_ps(xp[2 * sb * ps + q].fs), accz[q]);
                 if (odd) acc1 = _mm256_fmadd_ps(mw8, _mm256_loadu_ps(x[ro * xstride + 2 * sb].fs), acc1);
             }
             for (int gi = 0; gi < 2; gi++) {
@@ -1032,14 +1036,14 @@ dot_simd_q_t(const int type, const int tr, const uint8_t *w, long k, int packed,
     default: CALL(17); break;                                                                         \
     }
 
-static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, const xpair *xp, long xs, int tr,
-                       long g0, long g1, float *st, float *y, long ldy, long nrows, long rb) {
-#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define Q4K(n) dot_simd_q_t(T_Q4_K, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
-#define Q6K(n) dot_simd_q_t(T_Q6_K, n, w, k, pk, x, xp, xs, CH, g0, g1, st, y, ldy, nrows, rb)
+static void dot_simd_q(int type, const uint8_t *w, long k, int pk, const xgroup *x, const xpair *xp, long xs, long ps,
+                       int tr, long g0, long g1, float *st, float *y, long ldy, long nrows, long rb) {
+#define Q40(n) dot_simd_q_t(T_Q4_0, n, w, k, pk, x, xp, xs, ps, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q41(n) dot_simd_q_t(T_Q4_1, n, w, k, pk, x, xp, xs, ps, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q50(n) dot_simd_q_t(T_Q5_0, n, w, k, pk, x, xp, xs, ps, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q80(n) dot_simd_q_t(T_Q8_0, n, w, k, pk, x, xp, xs, ps, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q4K(n) dot_simd_q_t(T_Q4_K, n, w, k, pk, x, xp, xs, ps, CH, g0, g1, st, y, ldy, nrows, rb)
+#define Q6K(n) dot_simd_q_t(T_Q6_K, n, w, k, pk, x, xp, xs, ps, CH, g0, g1, st, y, ldy, nrows, rb)
 #define ALL_TYPES(FOR)                                                                                \
     switch (type) {                                                                                   \
     case T_Q4_0: FOR(tr, Q40) break;                                                                  \
@@ -1126,7 +1130,7 @@ dot_pairw_t(const int type, const uint8_t *w, long k, const xgroup *x, const xpa
         y[n] = hsum8(mn ? _mm256_add_ps(acc_a, accm_a) : acc_a);
         y[n + 1] = hsum8(mn ? _mm256_add_ps(acc_b, accm_b) : acc_b);
     }
-    if (n < nrows) dot_simd_q(type, w + n * rb, k, 1, x, NULL, ng, 1, 0, ng, NULL, y + n, 1, 1, rb);
+    if (n < nrows) dot_simd_q(type, w + n * rb, k, 1, x, NULL, ng, 0, 1, 0, ng, NULL, y + n, 1, 1, rb);
 }
 
 /* dot_pairw_t for a record type (group_major) */
@@ -1273,7 +1277,7 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
             if (n0 < n1 && pairw)
                 dot_pairw(type, w + n0 * row_bytes, k, xq, xp, n1 - n0, row_bytes, y + n0);
             else if (n0 < n1)
-                dot_simd_q(type, w + n0 * row_bytes, k, packed, xq, xp, ng, (int)m, 0, ng, NULL, y + n0, ldy, n1 - n0,
+                dot_simd_q(type, w + n0 * row_bytes, k, packed, xq, xp, ng, m / 2, (int)m, 0, ng, NULL, y + n0, ldy, n1 - n0,
                            row_bytes);
         }
         return 0;
@@ -1359,7 +1363,7 @@ static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes
                     const int tr = (int)(c1 - r < th ? c1 - r : th);
                     for (long g0 = 0; g0 < ng; g0 += kc) {
                         const long g1 = ng - g0 < kc ? ng : g0 + kc;
-                        dot_simd_q(type, w + b0 * row_bytes, k, packed, xq + r * ng, xp + (r - c0) / 2 * ng, ng, tr, g0,
+                        dot_simd_q(type, w + b0 * row_bytes, k, packed, xq + r * ng, xp + (r - c0) / 2, ng, (c1 - c0) / 2, tr, g0,
                                    g1, kc < ng ? state[0] : NULL, y + r * ldy + b0, ldy, b1 - b0, row_bytes);
                     }
                 }
