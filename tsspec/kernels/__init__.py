@@ -348,6 +348,10 @@ SIGNATURES: dict[str, tuple] = {
     "tsq_amx_init": (_I, []),
     "tsq_amx_use": (_I, [_I, _L]),
     "tsq_matmul_amx": (_I, [_I, _P, _I, _L, _L, _L, _P, _L, _P, _L, _I, _I]),
+    "tsq_sb_tiles_built": (_I, []),
+    "tsq_quantize_sb": (None, [_P, _L, _L, _P, _P, _P, _I]),
+    "tsq_matmul_sb": (_I, [_I, _P, _I, _L, _L, _L, _P, _L, _P, _L, _I, _I]),
+    "tsq_matmul_sb_q": (_I, [_I, _P, _I, _L, _L, _L, _P, _P, _P, _L, _P, _L, _I, _I]),
 }
 
 # Input rows from which the tiles take a product under TSSPEC_AMX=1. Measured on a Sapphire Rapids
@@ -750,6 +754,43 @@ def matmul_tiles(type_name: str, w: np.ndarray, k: int, xq: "torch.Tensor", y: "
     rc = h.tsq_matmul_amx(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, rb, n, k, _ptr(xq), m, _ptr(y), ldy, nt,
                           1 if emulate else 0)
     _check_rc(rc, f"{type_name}: the tile backend cannot multiply rows of {k} elements here")
+
+
+# matmul_sb's modes: the C reference, the AMX tiles, the tiles with their instruction done in C
+SB_MODES = {"reference": 0, "tiles": 1, "emulated": 2}
+
+
+def sb_tiles_built() -> bool:
+    """Whether the loaded library has the super-block tile form (the AVX-512 level with VBMI): its
+    ``emulated`` mode then runs on this CPU, its ``tiles`` mode where AMX runs too."""
+    return bool(lib().tsq_sb_tiles_built())
+
+
+def matmul_sb(type_name: str, w: np.ndarray, k: int, x: "torch.Tensor", y: "torch.Tensor", *, packed: bool = False,
+              threads: int | None = None, mode: str = "reference") -> None:
+    """y[m, n] = x [m, k] against the Q4_K rows ``w`` in the super-block arithmetic (prompt_tiles.c:
+    inputs quantized per 256 elements, one float step per super-block), through ``mode``
+    (``SB_MODES``); every mode gives the same bits. A ValueError for another type, or a mode this
+    build or CPU cannot run."""
+    h = lib()
+    n, rb = w.shape
+    m, ldy = y.shape
+    nt = threads if threads is not None else thread_count()
+    rc = h.tsq_matmul_sb(TYPE_IDS[type_name], _ptr(w), 1 if packed else 0, rb, n, k, _ptr(x), m, _ptr(y), ldy, nt,
+                         SB_MODES[mode])
+    _check_rc(rc, f"{type_name}: the super-block product ({mode}) cannot multiply rows of {k} elements here")
+
+
+def quantize_sb(x: "torch.Tensor") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [m, k] (k a multiple of 256) -> (codes int8 [m, k], dx float32 [m, k / 256], the
+    32-element code sums int16 [m, k / 32]): the input form of the super-block arithmetic."""
+    h = lib()
+    m, k = x.shape
+    q = np.empty((m, k), dtype=np.int8)
+    dx = np.empty((m, k // 256), dtype=np.float32)
+    xs = np.empty((m, k // 32), dtype=np.int16)
+    h.tsq_quantize_sb(_ptr(x), m, k, q.ctypes.data, dx.ctypes.data, xs.ctypes.data, thread_count())
+    return q, dx, xs
 
 
 def dequant_rows(type_name: str, w: np.ndarray, k: int, ids, *, packed: bool = False) -> "torch.Tensor":

@@ -302,6 +302,7 @@ TSQ_INTERNAL void tsq_weight_row_simd(int type, const uint8_t *w, long ng, long 
 /* amx.c: the AMX-INT8 tile products (tsq_matmul hands them the multi-row quantized products while
  * tsq_amx_use has switched them on) */
 TSQ_INTERNAL int tsq_amx_on(long m);
+int tsq_amx_init(void);
 TSQ_INTERNAL int tsq_matmul_tiles(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k,
                                   const xgroup *xq, long m, float *y, long ldy, int n_threads, int emulate);
 

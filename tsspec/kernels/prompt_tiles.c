@@ -1,0 +1,505 @@
+/* prompt_tiles.c: Q4_K products with one float step per 256-element super-block, on AMX-INT8 tiles
+ * (issue 47's super-block route), for prompt rows.
+ *
+ * The arithmetic (not the one the other products share: see products.c's header; this one rounds
+ * otherwise, so only rows that every run forwards alike may take it, which prompt rows are):
+ *   input rows quantized per 256-element super-block s: int8 codes x (|x| <= 127), one float
+ *   dx = amax / 127, and the eight 32-element code sums xs_j (tsq_quantize_sb);
+ *   per weight row and super-block, with sc_j and m_j its 6-bit sub-block scales and minimums,
+ *   d and dmin its two f16 factors and q its 4-bit codes:
+ *     S = sum_j sc_j * sum_{e in j} q_e x_e,   M = sum_j m_j * xs_j   (exact integers, |S| < 2^25)
+ *     acc = fma((float)S, d * dx, acc);  acc = fma(-(float)M, dmin * dx, acc)
+ *   in super-block order from acc = 0. sb_reference does exactly this one element at a time.
+ *
+ * On the tiles, sc = 8 sh + sl (sh, sl <= 7), so the A operands q sh and q sl (<= 105) fit a signed
+ * byte; TDPBSSD sums them against the input codes exactly in any order, and S = 8 C_hi + C_lo. The
+ * minimums leave the tiles: M by four VPDPWSSD a weight row from the 32-element sums as int16 pairs.
+ * The weights stay as stored (the file's blocks, or tsq_repack's transposed codes): each 16-row panel's
+ * super-block is unpacked in registers straight into the A operands (a byte permute through a
+ * 128-entry table of q f, index q | f << 4), and the input's B operands take the same element order
+ * (sb_perm), so no copy of the weights is kept. Per panel the next super-block is unpacked before
+ * this one's tile products are issued, input tiles go in pairs (four accumulators, each A tile
+ * loaded once for both), and a pair's float steps run after the next pair's products are issued
+ * (a vector load right behind a tile store waits for it). scripts/bf16_q4k.c measured this form as
+ * a model before it was built here.
+ *
+ * mode 0 runs sb_reference (any CPU), 1 the tiles (AMX and the kernel's permission), 2 the same
+ * sequence with the tile instructions done in C (any CPU with the AVX-512 level and VBMI), so the
+ * tiles' data movement and float steps are tested where there are no tiles.
+ */
+#define _GNU_SOURCE
+#include "tsq.h"
+
+#if TSQ_SIMD && defined(__AVX512VBMI__) && defined(__x86_64__) && defined(__GNUC__) &&                          \
+    (__GNUC__ >= 11 || (defined(__clang__) && __clang_major__ >= 12))
+#define SB_TILES 1
+#include <immintrin.h>
+#define SB_AMX __attribute__((target("amx-tile,amx-int8")))
+#else
+#define SB_TILES 0
+#endif
+
+#define SB 256
+#define SB_TR 16                       /* rows of a tile: weight rows (A, C), input rows (C's columns) */
+#define SB_OP (4 * 1024)               /* one A operand of a panel's super-block: 4 chunks x 16 rows x 64 */
+#define SB_BT (4 * 1024)               /* one input tile's B operands of one super-block */
+#define SB_BLOCK_BYTES (1L << 20)      /* input tiles a panel takes in one pass: their B operands stay in L2 */
+
+/* ------------------------------------------------------------------ the input, per super-block */
+
+/* x [m, k] (k a multiple of 256) -> codes q [m, k], dx [m, k / 256], xs [m, k / 32] (the
+ * 32-element sums of q). A row's result depends on that row alone. */
+void tsq_quantize_sb(const float *x, long m, long k, int8_t *q, float *dx, int16_t *xs, int nt) {
+    const long nsb = k / SB;
+    if (nt < 1) nt = 1;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
+    for (long r = 0; r < m; r++)
+        for (long s = 0; s < nsb; s++) {
+            const float *v = x + r * k + s * SB;
+            int8_t *o = q + r * k + s * SB;
+            int16_t *sums = xs + (r * nsb + s) * 8;
+#if TSQ_HAS_AVX2 /* the same operations eight elements at a time (max is exact in any order) */
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 mx = _mm256_setzero_ps();
+            for (int i = 0; i < SB; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+#else
+            float amax = 0.0f;
+            for (int i = 0; i < SB; i++) {
+                const float a = fabsf(v[i]);
+                amax = a > amax ? a : amax;
+            }
+#endif
+            const float iscale = amax > 0.0f ? 127.0f / amax : 0.0f;
+            dx[r * nsb + s] = amax > 0.0f ? amax / 127.0f : 0.0f;
+#if TSQ_HAS_AVX2
+            const __m256 is = _mm256_set1_ps(iscale), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+            for (int j = 0; j < 8; j++) {
+                __m256i acc = _mm256_setzero_si256();
+                int32_t c32[32];
+                for (int i = 0; i < 32; i += 8) {
+                    __m256 t = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 32 * j + i), is),
+                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    t = _mm256_min_ps(_mm256_max_ps(t, lo), hi);
+                    const __m256i c = _mm256_cvtps_epi32(t);
+                    acc = _mm256_add_epi32(acc, c);
+                    _mm256_storeu_si256((__m256i *)(c32 + i), c);
+                }
+                for (int i = 0; i < 32; i++) o[32 * j + i] = (int8_t)c32[i];
+                __m128i a4 = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+                a4 = _mm_add_epi32(a4, _mm_shuffle_epi32(a4, 0x4e));
+                a4 = _mm_add_epi32(a4, _mm_shuffle_epi32(a4, 0xb1));
+                sums[j] = (int16_t)_mm_cvtsi128_si32(a4);
+            }
+#else
+            for (int j = 0; j < 8; j++) {
+                int sum = 0;
+                for (int i = 0; i < 32; i++) {
+                    float t = rintf(v[32 * j + i] * iscale); /* to nearest, ties to even */
+                    t = t < -127.0f ? -127.0f : t > 127.0f ? 127.0f : t;
+                    const int c = (int)t;
+                    o[32 * j + i] = (int8_t)c;
+                    sum += c;
+                }
+                sums[j] = (int16_t)sum;
+            }
+#endif
+        }
+}
+
+/* ------------------------------------------------------------------ the reference */
+
+/* the 4-bit code of element e (0..255) of a Q4_K super-block whose codes start at qs, as stored
+ * (packed: tsq_repack's transposed words, products.c transpose_codes) */
+static inline int q4k_code(const uint8_t *qs, int packed, int e) {
+    int byte, hi;
+    if (!packed) {
+        byte = 32 * (e / 64) + e % 32;
+        hi = (e % 64) / 32;
+    } else { /* group h, sub-block b of it, element i of that: word 4 (i / 16) + b of vector j */
+        const int h = e / 128, b = (e % 128) / 32, i = e % 32, j = (i % 16) / 4;
+        byte = 64 * h + 32 * (j / 2) + 4 * (4 * (i / 16) + b) + i % 4;
+        hi = j & 1;
+    }
+    return hi ? qs[byte] >> 4 : qs[byte] & 15;
+}
+
+static void sb_reference(const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
+                         const float *dx, const int16_t *xs, long m, float *y, long ldy, int nt) {
+    const long nsb = k / SB;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && n >= 64)
+    for (long i = 0; i < n; i++)
+        for (long c = 0; c < m; c++) {
+            float acc = 0.0f;
+            for (long s = 0; s < nsb; s++) {
+                const uint8_t *blk = w + i * row_bytes + s * 144;
+                const int8_t *xc = q + c * k + s * SB;
+                int32_t S = 0, M = 0;
+                for (int j = 0; j < 8; j++) {
+                    int sc, mn;
+                    scale_min_k4(j, blk + 4, &sc, &mn);
+                    int32_t isum = 0;
+                    for (int e = 32 * j; e < 32 * j + 32; e++) isum += q4k_code(blk + 16, packed, e) * xc[e];
+                    S += sc * isum;
+                    M += mn * xs[(c * nsb + s) * 8 + j];
+                }
+                const float dxv = dx[c * nsb + s];
+                acc = fmaf((float)S, f16_to_f32(rd16(blk)) * dxv, acc);
+                acc = fmaf(-(float)M, f16_to_f32(rd16(blk + 2)) * dxv, acc);
+            }
+            y[c * ldy + i] = acc;
+        }
+}
+
+#if SB_TILES
+/* ------------------------------------------------------------------ the tiles */
+
+/* Where the A operands' bytes come from. A panel's super-block is unpacked as chunks c = 2 h + nib
+ * (h: the 128-element group, nib: low or high nibbles of its 64 stored bytes); byte p of chunk c is
+ * super-block element perm[c][p], of sub-block perm[c][p] / 32. */
+static void sb_perm(int packed, int perm[4][64]) {
+    for (int c = 0; c < 4; c++)
+        for (int p = 0; p < 64; p++) {
+            const int h = c / 2, nib = c % 2;
+            if (!packed) {
+                perm[c][p] = 64 * (2 * h + p / 32) + 32 * nib + p % 32;
+            } else {
+                const int j = nib + 2 * (p / 32), pp = p % 32, L = pp / 4;
+                perm[c][p] = 128 * h + 32 * (L % 4) + 16 * (L / 4) + 4 * j + pp % 4;
+            }
+        }
+}
+
+typedef struct { /* an input tile's operands, per super-block */
+    int8_t *B;   /* [t][s][chunk 4][K/4 16][col 16][4] */
+    int32_t *xp; /* [t][s][pair 4][col 16]: (xs_2q, xs_2q+1) as int16 pairs */
+    float *dx;   /* [t][s][col 16] */
+} sb_input;
+
+static void sb_prepare(const int8_t *q, const float *dx, const int16_t *xs, long m, long k, const int perm[4][64],
+                       const sb_input *in, int nt) {
+    const long nsb = k / SB, ntile = (m + SB_TR - 1) / SB_TR;
+    /* chunk c takes bytes of group c / 2 only: one two-table byte permute of that group's 128 codes,
+     * then its 4-byte words scattered down the B tile's 16 rows, at the input's column */
+    uint8_t idxb[4][64] __attribute__((aligned(64)));
+    for (int c = 0; c < 4; c++)
+        for (int p = 0; p < 64; p++) idxb[c][p] = (uint8_t)(perm[c][p] - 128 * (c / 2));
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(64));
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && ntile * nsb > 1)
+    for (long ts = 0; ts < ntile * nsb; ts++) {
+        const long t = ts / nsb, s = ts % nsb;
+        int8_t *B = in->B + ts * SB_BT;
+        int32_t *xp = in->xp + ts * 64;
+        float *d = in->dx + ts * SB_TR;
+        for (int col = 0; col < SB_TR; col++) {
+            const long r = t * SB_TR + col;
+            if (r >= m) {
+                for (int c = 0; c < 4; c++)
+                    _mm512_i32scatter_epi32(B + c * 1024 + col * 4, rows, _mm512_setzero_si512(), 1);
+                for (int p = 0; p < 4; p++) xp[p * 16 + col] = 0;
+                d[col] = 0.0f;
+                continue;
+            }
+            const int8_t *x = q + r * k + s * SB;
+            for (int c = 0; c < 4; c++) {
+                const __m512i v = _mm512_permutex2var_epi8(_mm512_loadu_si512(x + 128 * (c / 2)),
+                                                           _mm512_load_si512(idxb[c]),
+                                                           _mm512_loadu_si512(x + 128 * (c / 2) + 64));
+                _mm512_i32scatter_epi32(B + c * 1024 + col * 4, rows, v, 1);
+            }
+            const int16_t *sums = xs + (r * nsb + s) * 8;
+            for (int p = 0; p < 4; p++)
+                xp[p * 16 + col] = (int32_t)(((uint32_t)(uint16_t)sums[2 * p + 1] << 16) | (uint16_t)sums[2 * p]);
+            d[col] = dx[r * nsb + s];
+        }
+    }
+}
+
+/* q f for f = 0..7 and q = 0..15, at f << 4 | q: the A operands' byte permute */
+static const int8_t QF[128] __attribute__((aligned(64))) = {
+#define QF_ROW(f) 0, f, 2 * f, 3 * f, 4 * f, 5 * f, 6 * f, 7 * f, 8 * f, 9 * f, 10 * f, 11 * f, 12 * f, 13 * f, 14 * f, 15 * f
+    QF_ROW(0), QF_ROW(1), QF_ROW(2), QF_ROW(3), QF_ROW(4), QF_ROW(5), QF_ROW(6), QF_ROW(7)
+#undef QF_ROW
+};
+
+typedef struct { /* a panel's weight rows' factors for one super-block */
+    float d[SB_TR], dmin[SB_TR];
+    int32_t mp[SB_TR][4]; /* (m_2q, m_2q+1) as int16 pairs */
+} sb_meta;
+
+/* Weight row r of a panel, super-block blk: its A operands (A + (op * 4 + c) * 1024 + r * 64, op 0
+ * q sh, op 1 q sl) and factors. sel[c]: per byte of chunk c, the sub-block (0..7) it belongs to. */
+static inline __attribute__((always_inline)) void sb_unpack_row(const uint8_t *blk, const __m512i sel[4], int8_t *A,
+                                                                int r, sb_meta *meta) {
+    int sc[8], mn[8];
+    uint8_t f[16];
+    for (int j = 0; j < 8; j++) {
+        scale_min_k4(j, blk + 4, &sc[j], &mn[j]);
+        f[j] = (uint8_t)((sc[j] >> 3) << 4);
+        f[8 + j] = (uint8_t)((sc[j] & 7) << 4);
+    }
+    for (int p = 0; p < 4; p++) meta->mp[r][p] = (int32_t)((uint32_t)mn[2 * p] | ((uint32_t)mn[2 * p + 1] << 16));
+    meta->d[r] = f16_to_f32(rd16(blk));
+    meta->dmin[r] = f16_to_f32(rd16(blk + 2));
+    const __m512i F = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)f));
+    const __m512i t0 = _mm512_load_si512(QF), t1 = _mm512_load_si512(QF + 64), m4 = _mm512_set1_epi8(15);
+    const __m512i eight = _mm512_set1_epi8(8);
+    for (int h = 0; h < 2; h++) {
+        const __m512i Q = _mm512_loadu_si512(blk + 16 + 64 * h);
+        const __m512i nibs[2] = {_mm512_and_si512(Q, m4), _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4)};
+        for (int nib = 0; nib < 2; nib++) {
+            const int c = 2 * h + nib;
+            const __m512i fh = _mm512_shuffle_epi8(F, sel[c]), fl = _mm512_shuffle_epi8(F, _mm512_add_epi8(sel[c], eight));
+            _mm512_store_si512(A + c * 1024 + r * 64,
+                               _mm512_permutex2var_epi8(t0, _mm512_or_si512(nibs[nib], fh), t1));
+            _mm512_store_si512(A + SB_OP + c * 1024 + r * 64,
+                               _mm512_permutex2var_epi8(t0, _mm512_or_si512(nibs[nib], fl), t1));
+        }
+    }
+}
+
+/* a panel's super-block s: rows r0..r0 + nr of W, the rest zero */
+static inline __attribute__((always_inline)) void sb_unpack(const uint8_t *w, long row_bytes, long r0, long nr, long s,
+                                                            const __m512i sel[4], int8_t *A, sb_meta *meta) {
+    for (int r = 0; r < nr; r++) sb_unpack_row(w + (r0 + r) * row_bytes + s * 144, sel, A, r, meta);
+    for (int r = (int)nr; r < SB_TR; r++) {
+        for (int c = 0; c < 8; c++) memset(A + c * 1024 + r * 64, 0, 64);
+        meta->d[r] = meta->dmin[r] = 0.0f;
+        memset(meta->mp[r], 0, sizeof meta->mp[r]);
+    }
+}
+
+/* The tile products of one super-block for input tiles b0 and (pair) b1: c[0], c[1] = C_hi, C_lo of
+ * b0; c[2], c[3] those of b1. tmm0-3 the sums, tmm4/5 A_hi/A_lo of a chunk, tmm6/7 B of b0/b1. */
+static const struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} SB_CFG = {.palette_id = 1, .colsb = {64, 64, 64, 64, 64, 64, 64, 64}, .rows = {16, 16, 16, 16, 16, 16, 16, 16}};
+
+static SB_AMX void sb_tiles_begin(void) { _tile_loadconfig(&SB_CFG); }
+static SB_AMX void sb_tiles_end(void) { _tile_release(); }
+
+static inline SB_AMX void sb_products_hw(const int8_t *A, const int8_t *b0, const int8_t *b1, int pair,
+                                         int32_t (*c)[256]) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (pair) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int ch = 0; ch < 4; ch++) {
+        _tile_loadd(4, A + ch * 1024, 64);
+        _tile_loadd(5, A + SB_OP + ch * 1024, 64);
+        _tile_loadd(6, b0 + ch * 1024, 64);
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 5, 6);
+        if (pair) {
+            _tile_loadd(7, b1 + ch * 1024, 64);
+            _tile_dpbssd(2, 4, 7);
+            _tile_dpbssd(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    if (pair) {
+        _tile_stored(2, c[2], 64);
+        _tile_stored(3, c[3], 64);
+    }
+}
+
+/* TDPBSSD in C: c[r][n] += sum over kk < 64 of A[r][kk] B[kk / 4][4 n + kk % 4], signed bytes;
+ * integer sums, so the instruction's result */
+static void sb_dp_emu(const int8_t *A, const int8_t *B, int32_t *c) {
+    for (int r = 0; r < SB_TR; r++)
+        for (int n = 0; n < SB_TR; n++) {
+            int32_t s = 0;
+            for (int kk = 0; kk < 64; kk++) s += (int32_t)A[r * 64 + kk] * B[(kk / 4) * 64 + 4 * n + kk % 4];
+            c[r * SB_TR + n] += s;
+        }
+}
+
+static void sb_products_emu(const int8_t *A, const int8_t *b0, const int8_t *b1, int pair, int32_t (*c)[256]) {
+    for (int u = 0; u < (pair ? 4 : 2); u++) memset(c[u], 0, sizeof c[u]);
+    for (int ch = 0; ch < 4; ch++) {
+        sb_dp_emu(A + ch * 1024, b0 + ch * 1024, c[0]);
+        sb_dp_emu(A + SB_OP + ch * 1024, b0 + ch * 1024, c[1]);
+        if (pair) {
+            sb_dp_emu(A + ch * 1024, b1 + ch * 1024, c[2]);
+            sb_dp_emu(A + SB_OP + ch * 1024, b1 + ch * 1024, c[3]);
+        }
+    }
+}
+
+/* one weight row's float steps for one input tile and super-block (the reference's, 16 inputs at
+ * once): acc = fma(S, d dx, acc), acc = fma(-M, dmin dx, acc) */
+static inline __attribute__((always_inline)) void sb_float_step(const sb_meta *meta, int r, const int32_t *chi,
+                                                                const int32_t *clo, const int32_t *xp, __m512 dx,
+                                                                float *a) {
+    const __m512i si = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(chi), 3), _mm512_load_si512(clo));
+    __m512i mi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_load_si512(xp), _mm512_set1_epi32(meta->mp[r][0]));
+    mi = _mm512_dpwssd_epi32(mi, _mm512_load_si512(xp + 16), _mm512_set1_epi32(meta->mp[r][1]));
+    mi = _mm512_dpwssd_epi32(mi, _mm512_load_si512(xp + 32), _mm512_set1_epi32(meta->mp[r][2]));
+    mi = _mm512_dpwssd_epi32(mi, _mm512_load_si512(xp + 48), _mm512_set1_epi32(meta->mp[r][3]));
+    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(_mm512_set1_ps(meta->d[r]), dx), _mm512_load_ps(a));
+    v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mi), _mm512_mul_ps(_mm512_set1_ps(meta->dmin[r]), dx), v);
+    _mm512_store_ps(a, v);
+}
+
+/* One panel (weight rows r0..r0 + nr) against input tiles t0..t1: acc [(t - t0) * 16 + r][16],
+ * then written to y. A2: two super-blocks' operands (2 x 2 SB_OP), meta2 their factors. */
+static inline __attribute__((always_inline)) void
+sb_panel_body(const uint8_t *w, long row_bytes, long r0, long nr, long k, const sb_input *in, long t0, long t1,
+              long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y, long ldy, const int hw) {
+    const long nsb = k / SB, nt = t1 - t0;
+    int32_t C[2][4][256] __attribute__((aligned(64)));
+    memset(acc, 0, sizeof(float) * nt * SB_TR * SB_TR);
+    sb_unpack(w, row_bytes, r0, nr, 0, sel, A2, meta2);
+    for (long s = 0; s < nsb; s++) {
+        const int8_t *A = A2 + (s & 1) * 2 * SB_OP;
+        const sb_meta *meta = meta2 + (s & 1);
+        if (s + 1 < nsb) sb_unpack(w, row_bytes, r0, nr, s + 1, sel, A2 + ((s + 1) & 1) * 2 * SB_OP, meta2 + ((s + 1) & 1));
+        long prev = -1;
+        for (long t = 0; t < nt + 2; t += 2) {
+            if (t < nt) {
+                const int pair = t + 1 < nt;
+                const long ts0 = (t0 + t) * nsb + s, ts1 = pair ? ts0 + nsb : ts0;
+                int32_t (*c)[256] = C[(t / 2) & 1];
+                if (hw)
+                    sb_products_hw(A, in->B + ts0 * SB_BT, in->B + ts1 * SB_BT, pair, c);
+                else
+                    sb_products_emu(A, in->B + ts0 * SB_BT, in->B + ts1 * SB_BT, pair, c);
+            }
+            if (prev >= 0) {
+                int32_t (*c)[256] = C[(prev / 2) & 1];
+                for (int u = 0; u <= (prev + 1 < nt); u++) {
+                    const long ts = (t0 + prev + u) * nsb + s;
+                    const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
+                    const int32_t *xp = in->xp + ts * 64;
+                    for (int r = 0; r < SB_TR; r++)
+                        sb_float_step(meta, r, c[2 * u] + r * SB_TR, c[2 * u + 1] + r * SB_TR, xp, dx,
+                                      acc + ((prev + u) * SB_TR + r) * SB_TR);
+                }
+            }
+            prev = t < nt ? t : -1;
+        }
+    }
+    for (long t = 0; t < nt; t++)
+        for (long r = 0; r < nr; r++)
+            for (long col = 0; col < SB_TR && (t0 + t) * SB_TR + col < m; col++)
+                y[((t0 + t) * SB_TR + col) * ldy + r0 + r] = acc[(t * SB_TR + r) * SB_TR + col];
+}
+
+static void sb_panel_emu(const uint8_t *w, long row_bytes, long r0, long nr, long k, const sb_input *in, long t0,
+                         long t1, long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y,
+                         long ldy) {
+    sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 0);
+}
+
+static SB_AMX void sb_panel_hw(const uint8_t *w, long row_bytes, long r0, long nr, long k, const sb_input *in, long t0,
+                               long t1, long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y,
+                               long ldy) {
+    sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 1);
+}
+
+static int sb_tiles(const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q, const float *dx,
+                    const int16_t *xs, long m, float *y, long ldy, int nt, int hw) {
+    const long nsb = k / SB, ntile = (m + SB_TR - 1) / SB_TR, npanel = (n + SB_TR - 1) / SB_TR;
+    int perm[4][64];
+    sb_perm(packed, perm);
+    sb_input in = {aligned_alloc(64, (size_t)ntile * nsb * SB_BT), aligned_alloc(64, (size_t)ntile * nsb * 64 * 4),
+                   aligned_alloc(64, (size_t)ntile * nsb * SB_TR * 4)};
+    int rc = 0;
+    if (!in.B || !in.xp || !in.dx) {
+        rc = -2;
+        goto done;
+    }
+    sb_prepare(q, dx, xs, m, k, (const int (*)[64])perm, &in, nt);
+    /* per chunk, each byte's sub-block: the same for every row of a layout */
+    uint8_t selb[4][64] __attribute__((aligned(64)));
+    for (int c = 0; c < 4; c++)
+        for (int p = 0; p < 64; p++) selb[c][p] = (uint8_t)(perm[c][p] / 32);
+    const __m512i sel[4] = {_mm512_load_si512(selb[0]), _mm512_load_si512(selb[1]), _mm512_load_si512(selb[2]),
+                            _mm512_load_si512(selb[3])};
+    const long per_tile = nsb * (SB_BT + 64 * 4 + SB_TR * 4);
+    long tb = SB_BLOCK_BYTES / per_tile;
+    tb = tb < 2 ? 2 : tb & ~1L;
+#pragma omp parallel num_threads(nt) if (nt > 1 && npanel > 1)
+    {
+        long p0, p1;
+        thread_share(npanel, &p0, &p1);
+        const long tbe = tb < ntile ? tb : ntile;
+        int8_t *A2 = p0 < p1 ? aligned_alloc(64, 4 * SB_OP) : NULL;
+        sb_meta *meta2 = p0 < p1 ? aligned_alloc(64, 2 * sizeof(sb_meta)) : NULL;
+        float *acc = p0 < p1 ? aligned_alloc(64, sizeof(float) * tbe * SB_TR * SB_TR) : NULL;
+        if (p0 < p1 && (!A2 || !meta2 || !acc)) {
+#pragma omp atomic write
+            rc = -2;
+        } else if (p0 < p1) {
+            if (hw) sb_tiles_begin();
+            for (long t0 = 0; t0 < ntile; t0 += tb)
+                for (long p = p0; p < p1; p++) {
+                    const long r0 = p * SB_TR, nr = n - r0 < SB_TR ? n - r0 : SB_TR;
+                    const long t1 = t0 + tb < ntile ? t0 + tb : ntile;
+                    if (hw)
+                        sb_panel_hw(w, row_bytes, r0, nr, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy);
+                    else
+                        sb_panel_emu(w, row_bytes, r0, nr, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy);
+                }
+            if (hw) sb_tiles_end();
+        }
+        free(A2);
+        free(meta2);
+        free(acc);
+    }
+done:
+    free(in.B);
+    free(in.xp);
+    free(in.dx);
+    return rc;
+}
+#endif
+
+/* 1 where this build has the tile form (mode 2 then runs on this CPU; mode 1 also needs AMX) */
+int tsq_sb_tiles_built(void) { return SB_TILES; }
+
+/* y [m, n] (row stride ldy) = x's rows against n Q4_K weight rows w in the super-block arithmetic,
+ * x already quantized by tsq_quantize_sb. mode: 0 the reference, 1 the tiles, 2 the tiles
+ * emulated. -> 0; -1 for what it does not take (another type, k not whole super-blocks, row_bytes
+ * wrong, a mode this build or CPU lacks); -2 out of memory. */
+int tsq_matmul_sb_q(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
+                    const float *dx, const int16_t *xs, long m, float *y, long ldy, int nt, int mode) {
+    if (type != T_Q4_K || k % SB || row_bytes != k / SB * 144 || m < 0 || n < 0 || ldy < n) return -1;
+    if (nt < 1) nt = 1;
+    if (m == 0 || n == 0) return 0;
+    if (mode == 0) {
+        sb_reference(w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt);
+        return 0;
+    }
+#if SB_TILES
+    if (mode == 2) return sb_tiles(w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt, 0);
+    if (mode == 1 && tsq_amx_init() == 0) return sb_tiles(w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt, 1);
+#endif
+    return -1;
+}
+
+/* tsq_matmul_sb_q from float rows x [m, k]: quantizes them first (scratch of its own) */
+int tsq_matmul_sb(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const float *x, long m,
+                  float *y, long ldy, int nt, int mode) {
+    if (k % SB || m < 0) return -1;
+    int8_t *q = malloc((size_t)m * k + 1);
+    float *dx = malloc(sizeof(float) * (m * (k / SB) + 1));
+    int16_t *xs = malloc(sizeof(int16_t) * (m * (k / 32) + 1));
+    int rc = -2;
+    if (q && dx && xs) {
+        tsq_quantize_sb(x, m, k, q, dx, xs, nt);
+        rc = tsq_matmul_sb_q(type, w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt, mode);
+    }
+    free(q);
+    free(dx);
+    free(xs);
+    return rc;
+}
