@@ -200,3 +200,177 @@ def test_every_level_gives_the_same_bits():
     first = next(iter(outs.values()))
     for name, y in outs.items():
         assert torch.equal(y, first), name
+
+
+# ----------------------------------------------------------------------------- the route in a model
+
+ROUTES = ["reference"] + (["emulated"] if TILES_BUILT else [])
+
+
+@pytest.fixture
+def route():
+    """switch the route for one test and put it back off"""
+    yield kernels.use_prompt_tiles
+    kernels.use_prompt_tiles("off")
+
+
+@pytest.fixture(scope="module")
+def q4k_model(tmp_path_factory):
+    from tiny import write_tiny_model
+    from tsspec.models import load_model
+
+    d = tmp_path_factory.mktemp("prompt_tiles")
+    m = load_model(write_tiny_model(d / "q4k.gguf", "qwen2", seed=3, quant="Q4_K", d_model=256, ffn_dim=512,
+                                    n_heads=4, n_kv_heads=2, vocab_size=300, ctx=512))
+    if m.fused is None:
+        pytest.skip("the tiny model runs off the native blocks here")
+    return m
+
+
+PROMPT = [int(t) for t in np.random.default_rng(1).integers(0, 300, 40)]
+
+
+def last_logits(model, chunks, step=5):
+    cache = model.make_cache()
+    out = None
+    for a, b in chunks:
+        out = model.forward(PROMPT[a:b], cache, prompt=True)
+    return out.logits[-1].clone(), model.forward([step], cache).logits[-1].clone()
+
+
+def test_prompt_rows_take_the_route_in_any_chunking(q4k_model, route):
+    off = last_logits(q4k_model, [(0, 40)])
+    outs = {}
+    for mode in ROUTES:
+        route(mode)
+        outs[mode] = [last_logits(q4k_model, [(0, 40)]), last_logits(q4k_model, [(0, 17), (17, 40)])]
+    route("off")
+    ref = outs["reference"][0]
+    # another arithmetic (so the route really ran), near the default one
+    assert not torch.equal(bits(ref[0]), bits(off[0]))
+    assert torch.nn.functional.cosine_similarity(ref[0], off[0], 0) > 0.99
+    for mode, (whole, chunked) in outs.items():  # every mode, every chunking: the same bits
+        for a, b in zip((*whole, *chunked), (*ref, *ref)):
+            assert torch.equal(bits(a), bits(b)), mode
+
+
+@HW
+def test_hardware_route_equals_reference_in_a_model(q4k_model, route):
+    route("reference")
+    ref = last_logits(q4k_model, [(0, 40)])
+    route("tiles")
+    got = last_logits(q4k_model, [(0, 25), (25, 40)])
+    for a, b in zip(got, ref):
+        assert torch.equal(bits(a), bits(b))
+
+
+def test_generated_rows_keep_the_default_arithmetic(q4k_model, route):
+    """a row forwarded without the prompt mark is the same bits whether the route is on or off"""
+    outs = []
+    for mode in ("off", ROUTES[-1]):
+        route(mode)
+        cache = q4k_model.make_cache()
+        q4k_model.forward(PROMPT[:10], cache)  # unmarked: not prompt rows
+        outs.append(q4k_model.forward(PROMPT[10:14], cache, all_logits=True).logits.clone())
+    assert torch.equal(bits(outs[0]), bits(outs[1]))
+
+
+def test_a_batch_of_prompt_and_generated_rows(q4k_model, route):
+    """one forward carrying one sequence's prompt chunk and another's verify rows gives each the bits
+    of its own forward"""
+    from tsspec.models.protocols import ForwardItem
+
+    route(ROUTES[-1])
+    c1, c2 = q4k_model.make_cache(), q4k_model.make_cache()
+    q4k_model.forward(PROMPT[:8], c2, prompt=True)
+    outs = q4k_model.forward_batch([ForwardItem(PROMPT[:20], c1, True, None, prompt=True),
+                                    ForwardItem(PROMPT[8:12], c2, True)])
+    a1, a2 = q4k_model.make_cache(), q4k_model.make_cache()
+    alone1 = q4k_model.forward(PROMPT[:20], a1, all_logits=True, prompt=True).logits
+    q4k_model.forward(PROMPT[:8], a2, prompt=True)
+    alone2 = q4k_model.forward(PROMPT[8:12], a2, all_logits=True).logits
+    assert torch.equal(bits(outs[0].logits), bits(alone1))
+    assert torch.equal(bits(outs[1].logits), bits(alone2))
+
+
+@pytest.mark.parametrize("mode", ROUTES)
+def test_speculative_equals_plain_with_the_route(q4k_model, route, mode):
+    from tsspec.sampling import Sampler, SamplingParams
+    from tsspec.spec.loop import decode
+    from tsspec.spec.ngram import NGramSpeculator
+    from tsspec.spec.plan import SpecPlan
+    from tsspec.spec.stats import SpecStats
+
+    route(mode)
+    prompt = [5, 6, 7, 8, 9] * 6 + PROMPT[:300]
+    for sampler in (Sampler(), Sampler(SamplingParams(temperature=0.8, top_k=20, seed=4))):
+        want = decode(q4k_model, sampler, prompt, 32)
+        stats = SpecStats()
+        got = decode(q4k_model, sampler, prompt, 32, SpecPlan(NGramSpeculator(max_draft_tokens=6), window=6),
+                     stats=stats)
+        assert got == want
+        assert stats.drafted > 0
+
+
+def test_kept_caches_offer_prompt_rows_only_while_the_route_is_on(q4k_model, route):
+    from tsspec.prefix_cache import PrefixCache
+
+    pool = PrefixCache(q4k_model.make_cache)
+    cache = q4k_model.make_cache()
+    q4k_model.forward(PROMPT[:30], cache, prompt=True)
+    pool.give(PROMPT[:30], cache, prompt_len=20)
+    assert len(next(iter(pool.entries.values()))[0]) == 30  # off: every row is made alike
+    route("reference")
+    pool.give(PROMPT[:30], cache, prompt_len=20)
+    assert len(list(pool.entries.values())[-1][0]) == 20
+    assert pool.take(PROMPT[:30])[1] == 20
+
+
+def test_a_bad_switch_is_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tiny import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "m.gguf", "llama", quant="Q4_0", d_model=64, ffn_dim=128, vocab_size=320)
+    env = {**os.environ, "TSSPEC_CACHE": os.environ.get("TSSPEC_CACHE", str(tmp_path / "cache"))}
+    for extra, want in (({"TSSPEC_PROMPT_TILES": "often"}, "TSSPEC_PROMPT_TILES='often': expected 0 or 1"),
+                        ({"TSSPEC_PROMPT_TILES": "1", "TSSPEC_AMX": "0"},
+                         "TSSPEC_PROMPT_TILES=1: TSSPEC_AMX=0 forbids the tiles")):
+        r = subprocess.run([sys.executable, "-m", "tsspec", "generate", "-m", str(path), "-p", "hi", "-n", "2"],
+                           capture_output=True, text=True, env={**env, **extra}, timeout=300)
+        assert r.returncode != 0 and want in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@HW
+def test_the_switch_through_the_cli(tmp_path):
+    """TSSPEC_PROMPT_TILES=1 on a 600-token prompt on two threads: plain and n-gram speculation give
+    the same tokens (the plain run on the lean path, the speculative one on the model), and
+    ``tsspec info`` says the route is on"""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tiny import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen2", quant="Q4_K", d_model=256, ffn_dim=512, vocab_size=320,
+                            ctx=1024)
+    prompt = tmp_path / "p.txt"
+    prompt.write_text(" ".join(f"w{i % 97}" for i in range(300)))
+    env = {**os.environ, "TSSPEC_CACHE": os.environ.get("TSSPEC_CACHE", str(tmp_path / "cache")),
+           "TSSPEC_PROMPT_TILES": "1", "OMP_NUM_THREADS": "2"}
+    outs = []
+    for spec in ([], ["--spec", "--spec-type", "ngram"]):
+        r = subprocess.run([sys.executable, "-m", "tsspec", "generate", "-m", str(path), "-f", str(prompt), "-n", "24",
+                            "--json", *spec], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["prompt_tokens"] >= 600
+        outs.append(out["token_ids"])
+    assert outs[0] == outs[1] and len(outs[0]) == 24
+    r = subprocess.run([sys.executable, "-m", "tsspec", "info", str(path), "--no-load"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert "prompt rows: on the AMX tiles" in r.stdout, r.stdout

@@ -113,7 +113,7 @@ class Conversation:
             cache.reset()
             self.prefix.give([], cache)
             raise
-        self.prefix.give(prompt + result.generated_ids, cache)
+        self.prefix.give(prompt + result.generated_ids, cache, len(prompt))
         self.messages.append({"role": "user", "content": user})
         self.messages.append({"role": "assistant", "content": result.text})
         turn = Turn(result.text, result.token_ids, result.stop_reason, len(prompt), reused, len(prompt) - reused,

@@ -10,6 +10,12 @@ from typing import Sequence
 from .models.cache import common_prefix
 
 
+def _prompt_rows_differ() -> bool:
+    from . import kernels
+
+    return kernels.available() and kernels.prompt_tiles_on()
+
+
 class PrefixCache:
     """Kept caches of finished sequences, keyed by the tokens each holds; at most ``slots``, least
     recently used first out. A chat keeps one (its conversation's); a server keeps several."""
@@ -40,10 +46,16 @@ class PrefixCache:
         _, cache = self.entries.pop(best)
         return cache, cache.keep(min(best_n, len(prompt) - 1))
 
-    def give(self, tokens: Sequence[int], cache) -> None:
-        """Return a cache holding ``tokens`` (position by position; extra ones are ignored), most recent."""
+    def give(self, tokens: Sequence[int], cache, prompt_len: int | None = None) -> None:
+        """Return a cache holding ``tokens`` (position by position; extra ones are ignored), most
+        recent. ``prompt_len``: how many of them were its prompt; while prompt rows round otherwise
+        than generated ones (``kernels.prompt_tiles_on``), only those are offered for reuse, so a
+        reply over a kept cache is the one a fresh run over the whole prompt gives."""
+        keep = cache.length
+        if prompt_len is not None and _prompt_rows_differ():
+            keep = min(keep, prompt_len)
         self._ids += 1
-        self.entries[self._ids] = (list(tokens[: cache.length]), cache)
+        self.entries[self._ids] = (list(tokens[:keep]), cache)
         while len(self.entries) > self.slots:
             self.entries.popitem(last=False)
 

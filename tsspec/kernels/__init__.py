@@ -349,6 +349,10 @@ SIGNATURES: dict[str, tuple] = {
     "tsq_amx_use": (_I, [_I, _L]),
     "tsq_matmul_amx": (_I, [_I, _P, _I, _L, _L, _L, _P, _L, _P, _L, _I, _I]),
     "tsq_sb_tiles_built": (_I, []),
+    "tsq_sb_use": (_I, [_I]),
+    "tsq_sb_in_use": (_I, []),
+    "tsq_forward_prompt": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _L, _P, _P, _I, _I]),
+    "tsq_forward_batch_prompt": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P, _P]),
     "tsq_quantize_sb": (None, [_P, _L, _L, _P, _P, _P, _I]),
     "tsq_matmul_sb": (_I, [_I, _P, _I, _L, _L, _L, _P, _L, _P, _L, _I, _I]),
     "tsq_matmul_sb_q": (_I, [_I, _P, _I, _L, _L, _L, _P, _P, _P, _L, _P, _L, _I, _I]),
@@ -436,6 +440,84 @@ def _setup_amx(h: ctypes.CDLL) -> None:
     _amx = "in use"
 
 
+_prompt_tiles = "off"  # prompt_tiles_status()'s answer once the library is loaded
+
+
+def _setup_prompt_tiles(h: ctypes.CDLL) -> None:
+    """Switch prompt rows' Q4_K products onto the tiles as ``TSSPEC_PROMPT_TILES`` says (after
+    ``_setup_amx``): where they cannot run, or fail their self-check, that is ``_amx_error`` for
+    lib() to raise, one line."""
+    global _prompt_tiles, _amx_error
+    from ..env import amx_mode, prompt_tiles_mode
+    from ..errors import BadInput
+
+    h.tsq_sb_use(0)  # a reloaded library keeps its state
+    _prompt_tiles = "off"
+    if not prompt_tiles_mode():
+        return
+    why = None
+    if amx_mode() == "0":
+        why = "TSSPEC_AMX=0 forbids the tiles"
+    elif h.tsq_amx_init() != 0:
+        why = f"AMX cannot run here: {AMX_REASONS.get(h.tsq_amx_init(), h.tsq_amx_init())}"
+    elif not h.tsq_sb_tiles_built():
+        why = "this build has no super-block tile form (it needs AVX-512 VBMI)"
+    else:
+        try:
+            bad = prompt_tiles_self_check(h)
+        except Exception as e:  # noqa: BLE001 - the tiles' own failure, never the library's
+            bad = f"{type(e).__name__}: {e}"
+        if bad:
+            why = f"the tiles failed their self-check ({bad})"
+    if why is not None:
+        _amx_error = _amx_error or BadInput(f"TSSPEC_PROMPT_TILES=1: {why}")
+        return
+    h.tsq_sb_use(1)
+    _prompt_tiles = "on the AMX tiles (TSSPEC_PROMPT_TILES=1)"
+
+
+def prompt_tiles_self_check(h: ctypes.CDLL, *, hardware: bool = True) -> str | None:
+    """The super-block tile product (``hardware``: real tiles; else the emulation) against its
+    reference on random Q4_K rows, 33 input rows and 40 weight rows, 1 and 2 threads: None when
+    every bit agrees, else what differed."""
+    rng = np.random.default_rng(9)
+    k, tid = 512, TYPE_IDS["Q4_K"]
+    x = rng.standard_normal((33, k)).astype(np.float32)
+    rb = h.tsq_row_bytes(tid, k)
+    w = _sane_scales("Q4_K", rng.integers(0, 256, size=(40, rb), dtype=np.uint8))
+    ref = np.zeros((33, 40), dtype=np.float32)
+    if h.tsq_matmul_sb(tid, _ptr(w), 0, rb, 40, k, _ptr(x), 33, _ptr(ref), 40, 1, 0):
+        return "the reference refused"
+    for nt in (1, 2):
+        y = np.full((33, 40), np.nan, dtype=np.float32)
+        if h.tsq_matmul_sb(tid, _ptr(w), 0, rb, 40, k, _ptr(x), 33, _ptr(y), 40, nt, 1 if hardware else 2):
+            return f"{nt} threads: refused"
+        if not np.array_equal(y.view(np.int32), ref.view(np.int32)):
+            return f"{nt} threads"
+    return None
+
+
+def use_prompt_tiles(mode: str) -> None:
+    """Route prompt rows' Q4_K products: "off", "tiles" (the hardware), "emulated" or "reference"
+    (the same arithmetic on any CPU: tests run a whole model through the route this way).
+    ``TSSPEC_PROMPT_TILES`` sets this when the library loads; tests set it and put it back."""
+    codes = {"off": 0, "tiles": 1, "emulated": 2, "reference": 3}
+    if lib().tsq_sb_use(codes[mode]):
+        raise ValueError(f"prompt rows cannot take the super-block route ({mode}) here")
+
+
+def prompt_tiles_on() -> bool:
+    """Whether prompt rows' Q4_K products now round otherwise than generated rows' (the super-block
+    route is on, in any mode): a kept cache may then reuse prompt rows only."""
+    h = lib()
+    return bool(h is not None and h.tsq_sb_in_use())
+
+
+def prompt_tiles_status() -> str:
+    """What prompt rows' Q4_K products take, for ``tsspec info``."""
+    return _prompt_tiles if lib() is not None else "off"
+
+
 def amx_self_check(h: ctypes.CDLL, *, hardware: bool = True) -> str | None:
     """The tile backend against the reference product on random weights of every quantized type,
     33 input rows (three tiles, a short one) and 40 weight rows (a short panel), on 1 and 2 threads:
@@ -488,7 +570,8 @@ def products_line() -> str:
     if not _openmp:
         notes.append("built without OpenMP: one thread")
     extra = f" [{'; '.join(notes)}]" if notes else ""
-    return f"native, {_level.label}{extra}; AMX: {amx_status()}"
+    line = f"native, {_level.label}{extra}; AMX: {amx_status()}"
+    return line + (f"; prompt rows: {_prompt_tiles}" if prompt_tiles_on() else "")
 
 
 def use_tiles(mode: int, min_rows: int = AMX_MIN_ROWS) -> None:
@@ -564,6 +647,7 @@ def lib() -> ctypes.CDLL | None:
             if h is None:
                 raise RuntimeError("; ".join(_skipped))
             _setup_amx(h)
+            _setup_prompt_tiles(h)
             _lib = h
         except Exception as e:  # noqa: BLE001 - any failure means: use the pure-torch formats
             from ..errors import BadInput
@@ -973,24 +1057,27 @@ class FusedBlocks:
         self.output = output  # the final norm and LM head, where the head is native too
 
     def run(self, h, l0: int, l1: int, start: int, k_cache, v_cache, cos: list, sin: list,
-            taps: Sequence[int] = ()) -> "torch.Tensor | None":
+            taps: Sequence[int] = (), prompt: bool = False) -> "torch.Tensor | None":
         """Blocks [l0, l1) on the residual ``h`` [m, d] (float32, contiguous, updated in place):
         torch tensors, or numpy arrays throughout (``models.lean``; without ``taps``).
         ``taps`` (layers in [l0, l1]; l1: after the last): the residual entering each, copied out
-        in the same call -> [m, len(taps) * d], tap j of a row in columns j*d..(j+1)*d."""
+        in the same call -> [m, len(taps) * d], tap j of a row in columns j*d..(j+1)*d. ``prompt``:
+        the rows are prompt rows (their Q4_K products take the super-block route where it is on)."""
         if taps:
-            return self.run_batch(h, l0, l1, [0, h.shape[0]], [start], [k_cache], [v_cache], cos, sin, taps)
+            return self.run_batch(h, l0, l1, [0, h.shape[0]], [start], [k_cache], [v_cache], cos, sin, taps,
+                                  prompt=[prompt])
         h_lib = lib()
         cos_p = (ctypes.c_void_p * len(cos))(*[_ptr(t) for t in cos])
         sin_p = (ctypes.c_void_p * len(sin))(*[_ptr(t) for t in sin])
-        rc = h_lib.tsq_forward(ctypes.byref(self.config), self.layers, l0, l1, _ptr(h), h.shape[0], start,
-                               _ptr(k_cache), _ptr(v_cache), k_cache.shape[2], cos_p, sin_p, thread_count())
+        args = (ctypes.byref(self.config), self.layers, l0, l1, _ptr(h), h.shape[0], start, _ptr(k_cache),
+                _ptr(v_cache), k_cache.shape[2], cos_p, sin_p, thread_count())
+        rc = h_lib.tsq_forward_prompt(*args, 1) if prompt else h_lib.tsq_forward(*args)
         _check_rc(rc, f"native block forward failed ({rc})", RuntimeError)
 
     def run_batch(self, h: torch.Tensor, l0: int, l1: int, row0: list[int], starts: list[int],
                   k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos: list[torch.Tensor],
-                  sin: list[torch.Tensor], taps: Sequence[int] = (), trees: Sequence | None = None
-                  ) -> torch.Tensor | None:
+                  sin: list[torch.Tensor], taps: Sequence[int] = (), trees: Sequence | None = None,
+                  prompt: Sequence[bool] | None = None) -> torch.Tensor | None:
         """Blocks [l0, l1) on the rows of several sequences, ``h`` [m, d] updated in place: rows
         ``row0[s]:row0[s + 1]`` are sequence s's, at positions ``starts[s]..`` of its own cache
         (``k_caches[s]``/``v_caches[s]`` [layers, n_kv, capacity, head_dim], float32, contiguous).
@@ -1000,7 +1087,10 @@ class FusedBlocks:
         ``trees`` (None: every sequence's rows are a chain): token trees, one
         ``models.runners.TreeLayout`` per sequence (a chain's too). A tree row is written to slot
         ``starts[s]`` + its index and sits at its layout's position; its attention reads the cache's
-        first ``base`` slots, then its path's slots, so it gets the bits a chain of its path gets."""
+        first ``base`` slots, then its path's slots, so it gets the bits a chain of its path gets.
+
+        ``prompt`` (None: none): per sequence, whether its rows are prompt rows (``run``'s); a tree
+        is never a prompt."""
         import torch
 
         ns = len(starts)
@@ -1024,7 +1114,11 @@ class FusedBlocks:
                 ptrs(*[v.data_ptr() for v in v_caches]), longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p,
                 thread_count(), (ctypes.c_int * len(taps))(*taps), len(taps),
                 None if out is None else out.data_ptr())
-        if trees is None:
+        if trees is None and prompt is not None and any(prompt):
+            if len(prompt) != ns:
+                raise ValueError("run_batch: one prompt flag per sequence")
+            rc = h_lib.tsq_forward_batch_prompt(*args, (ctypes.c_uint8 * ns)(*[1 if p else 0 for p in prompt]))
+        elif trees is None:
             rc = h_lib.tsq_forward_batch_taps(*args)
         else:
             if len(trees) != ns or any(len(t.positions) != row0[s + 1] - row0[s] for s, t in enumerate(trees)):

@@ -12,7 +12,7 @@ int tsq_sizeof_layer(void) { return (int)sizeof(tsq_layer); }
 int tsq_sizeof_config(void) { return (int)sizeof(tsq_config); }
 
 /* y [m, n_total] = x [m, k] W.T (+ bias); xq: scratch for the quantized input */
-int tsq_linear_apply(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt) {
+static int linear_plain(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt) {
     int have = 0;
     long col = 0;
     for (int i = 0; i < L->nparts; i++) {
@@ -26,6 +26,57 @@ int tsq_linear_apply(const tsq_linear *L, const float *x, long m, float *y, xgro
         for (long r = 0; r < m; r++)
             for (long j = 0; j < L->n_total; j++) y[r * L->n_total + j] += L->bias[j];
     return 0;
+}
+
+/* linear_plain for prompt rows while the super-block route is on (prompt_tiles.c): the Q4_K parts
+ * in its arithmetic, the others as linear_plain takes them */
+static int linear_prompt(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt, int mode) {
+    const long k = L->k;
+    int8_t *q = malloc((size_t)m * k);
+    float *dx = malloc(sizeof(float) * m * (k / 256));
+    int16_t *xs = malloc(sizeof(int16_t) * m * (k / 32));
+    int rc = q && dx && xs ? 0 : -2, have = 0;
+    if (!rc) tsq_quantize_sb(x, m, k, q, dx, xs, nt);
+    long col = 0;
+    for (int i = 0; i < L->nparts && !rc; i++) {
+        if (L->type[i] == T_Q4_K) {
+            rc = tsq_matmul_sb_q(T_Q4_K, L->w[i], L->packed[i], L->row_bytes[i], L->n[i], k, q, dx, xs, m, y + col,
+                                 L->n_total, nt, mode);
+        } else {
+            if (!is_float_type(L->type[i]) && !have) { tsq_quantize(x, m, k, xq); have = 1; }
+            rc = tsq_matmul(L->type[i], L->w[i], L->packed[i], L->row_bytes[i], L->n[i], k, x, xq, m, y + col,
+                            L->n_total, nt, 1);
+        }
+        col += L->n[i];
+    }
+    free(q);
+    free(dx);
+    free(xs);
+    if (!rc && L->bias)
+        for (long r = 0; r < m; r++)
+            for (long j = 0; j < L->n_total; j++) y[r * L->n_total + j] += L->bias[j];
+    return rc;
+}
+
+/* linear_plain, with rows r where pr[r] is set (prompt rows; pr NULL: none) taken by the super-block
+ * route where it is on and the layer has Q4_K parts. Runs of rows alike go as one product each. */
+int tsq_linear_apply_rows(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt,
+                          const uint8_t *pr) {
+    const int mode = pr ? tsq_sb_product_mode() : -1;
+    int any = 0;
+    for (int i = 0; i < L->nparts; i++) any |= L->type[i] == T_Q4_K;
+    if (mode < 0 || !any || L->k % 256) return linear_plain(L, x, m, y, xq, nt);
+    int rc = 0;
+    for (long a = 0, b; a < m && !rc; a = b) {
+        for (b = a + 1; b < m && !pr[b] == !pr[a]; b++) {}
+        rc = pr[a] ? linear_prompt(L, x + a * L->k, b - a, y + a * L->n_total, xq, nt, mode)
+                   : linear_plain(L, x + a * L->k, b - a, y + a * L->n_total, xq, nt);
+    }
+    return rc;
+}
+
+int tsq_linear_apply(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt) {
+    return linear_plain(L, x, m, y, xq, nt);
 }
 
 /* out = x * rsqrt(mean(x^2) + eps) * w over n elements (out may alias x) */
@@ -511,7 +562,7 @@ static inline long att_lo(long window, long pos) { return window > 0 && pos - wi
 static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
                         const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
                         const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at, int ntap,
-                        float *tap_out, const tree_rows *tree) {
+                        float *tap_out, const tree_rows *tree, const uint8_t *prompt) {
     const long d = c->d_model, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv, f = c->ffn_dim;
     const long qd = nh * hd, kvd = nkv * hd, rep = nh / nkv;
     if (nt < 1) nt = 1;
@@ -528,9 +579,10 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     xgroup *xq = malloc((size_t)tsq_xrow_bytes(kmax) * m);
     long *rseq = malloc(sizeof(long) * m), *rpos = malloc(sizeof(long) * m), *rslot = malloc(sizeof(long) * m);
     long *blk = malloc(sizeof(long) * (m + 1)); /* a layer's blocks of rows for the attention */
+    uint8_t *pr = prompt ? calloc(m, 1) : NULL; /* prompt rows (tsq_linear_apply_rows) */
     float *scores = NULL; /* attention scratch, maxpos + 8 floats per head and row a thread takes at once */
     int rc = 0;
-    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos || !rslot || !blk) { rc = -2; goto done; }
+    if (!x || !qkv || !att || !gu || !y || !xq || !rseq || !rpos || !rslot || !blk || (prompt && !pr)) { rc = -2; goto done; }
     long maxpos = 0;
     for (long s = 0; s < ns; s++) {
         if (row0[s + 1] < row0[s] || start[s] < 0 || start[s] + row0[s + 1] - row0[s] > cap[s]) { rc = -3; goto done; }
@@ -549,6 +601,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
                     if (tree->path[o + j] < b || tree->path[o + j] > rslot[r]) { rc = -3; goto done; }
             }
             if (rpos[r] > maxpos) maxpos = rpos[r];
+            if (pr) pr[r] = prompt[s] != 0;
         }
     }
     if (!(scores = malloc(sizeof(float) * (maxpos + 8) * ATT_HEADS * ATT_ROWS * nt))) { rc = -2; goto done; }
@@ -574,7 +627,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
         copy_taps(h, m, d, li, tap_at, ntap, tap_out);
         #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
         for (long r = 0; r < m; r++) tsq_rms_norm_row(h + r * d, L->attn_norm, d, c->eps, x + r * d);
-        if ((rc = tsq_linear_apply(&L->qkv, x, m, qkv, xq, nt))) break;
+        if ((rc = tsq_linear_apply_rows(&L->qkv, x, m, qkv, xq, nt, pr))) break;
         const long w3 = qd + 2 * kvd;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
         for (long r = 0; r < m; r++) {
@@ -640,17 +693,17 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
                     }
             }
         }
-        if ((rc = tsq_linear_apply(&L->o, att, m, y, xq, nt))) break;
+        if ((rc = tsq_linear_apply_rows(&L->o, att, m, y, xq, nt, pr))) break;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
         for (long r = 0; r < m; r++) {
             if (L->post_attn_norm) tsq_rms_norm_row(y + r * d, L->post_attn_norm, d, c->eps, y + r * d);
             for (long i = 0; i < d; i++) h[r * d + i] += y[r * d + i];
             tsq_rms_norm_row(h + r * d, L->ffn_norm, d, c->eps, x + r * d);
         }
-        if ((rc = tsq_linear_apply(&L->gate_up, x, m, gu, xq, nt))) break;
+        if ((rc = tsq_linear_apply_rows(&L->gate_up, x, m, gu, xq, nt, pr))) break;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
         for (long r = 0; r < m; r++) tsq_act_row(c->act == 1, gu + r * 2 * f, gu + r * 2 * f + f, x + r * f, f);
-        if ((rc = tsq_linear_apply(&L->down, x, m, y, xq, nt))) break;
+        if ((rc = tsq_linear_apply_rows(&L->down, x, m, y, xq, nt, pr))) break;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && m >= 4)
         for (long r = 0; r < m; r++) {
             if (L->post_ffn_norm) tsq_rms_norm_row(y + r * d, L->post_ffn_norm, d, c->eps, y + r * d);
@@ -659,7 +712,7 @@ static int forward_rows(const tsq_config *c, const tsq_layer *layers, int l0, in
     }
     if (!rc) copy_taps(h, m, d, l1, tap_at, ntap, tap_out);
 done:
-    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(rslot); free(blk); free(scores);
+    free(x); free(qkv); free(att); free(gu); free(y); free(xq); free(rseq); free(rpos); free(rslot); free(blk); free(scores); free(pr);
     return rc;
 }
 
@@ -690,7 +743,7 @@ int tsq_forward(const tsq_config *c, const tsq_layer *layers, int l0, int l1, fl
                 int nt) {
     const long row0[2] = {0, m};
     float *const k1[1] = {kc}, *const v1[1] = {vc};
-    return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt, NULL, 0, NULL, NULL);
+    return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt, NULL, 0, NULL, NULL, NULL);
 }
 
 /* Several sequences' rows in one pass (see forward_rows): row0[ns + 1], start/kc/vc/cap[ns]; and
@@ -701,7 +754,27 @@ int tsq_forward_batch_taps(const tsq_config *c, const tsq_layer *layers, int l0,
                            const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at,
                            int ntap, float *tap_out) {
     return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
-                        tap_out, NULL);
+                        tap_out, NULL, NULL);
+}
+
+/* tsq_forward with the rows marked as prompt rows when `prompt` is set (prompt_tiles.c) */
+int tsq_forward_prompt(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long start,
+                       float *kc, float *vc, long cap, const float *const *cos_t, const float *const *sin_t, int nt,
+                       int prompt) {
+    const long row0[2] = {0, m};
+    float *const k1[1] = {kc}, *const v1[1] = {vc};
+    const uint8_t p1[1] = {(uint8_t)(prompt != 0)};
+    return forward_rows(c, layers, l0, l1, h, m, 1, row0, &start, k1, v1, &cap, cos_t, sin_t, nt, NULL, 0, NULL, NULL,
+                        p1);
+}
+
+/* tsq_forward_batch_taps with prompt[s] set where sequence s's rows are prompt rows */
+int tsq_forward_batch_prompt(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
+                             const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
+                             const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at,
+                             int ntap, float *tap_out, const uint8_t *prompt) {
+    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
+                        tap_out, NULL, prompt);
 }
 
 /* tsq_forward_batch_taps with token trees, laid out as forward_rows takes them: base[ns], pos[m],
@@ -713,6 +786,6 @@ int tsq_forward_tree(const tsq_config *c, const tsq_layer *layers, int l0, int l
                      long npath) {
     const tree_rows t = {base, pos, off, path, npath};
     return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
-                        tap_out, &t);
+                        tap_out, &t, NULL);
 }
 

@@ -43,7 +43,7 @@
 #define SB_TR 16                       /* rows of a tile: weight rows (A, C), input rows (C's columns) */
 #define SB_OP (4 * 1024)               /* one A operand of a panel's super-block: 4 chunks x 16 rows x 64 */
 #define SB_BT (4 * 1024)               /* one input tile's B operands of one super-block */
-#define SB_BLOCK_BYTES (1L << 20)      /* input tiles a panel takes in one pass: their B operands stay in L2 */
+#define SB_BLOCK_BYTES (8L << 20)      /* input tiles a panel takes in one pass (512 rows of 8960: all of them) */
 
 /* ------------------------------------------------------------------ the input, per super-block */
 
@@ -349,6 +349,35 @@ static inline __attribute__((always_inline)) void sb_float_step(const sb_meta *m
     _mm512_store_ps(a, v);
 }
 
+/* a[r][c] (16 x 16) to y[c * ldy + r] for r < nr, c < nc: in registers (unpacks, then 128-bit lane
+ * moves), one masked store per input row where 256 scalar stores were */
+static inline __attribute__((always_inline)) void sb_store_transposed(const float *a, float *y, long ldy, int nr,
+                                                                      int nc) {
+    __m512 r[16], t[16], u[16], col[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(a + 16 * i);
+    for (int k = 0; k < 8; k++) { /* lane L: rows 2k, 2k+1 at columns 4L, 4L+1 (lo) and 4L+2, 4L+3 (hi) */
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int g = 0; g < 4; g++) { /* u[4g + j], lane L: rows 4g..4g+3 at column 4L + j */
+        u[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; j++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88), v1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88),
+                     v3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
+        col[j] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        col[j + 8] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+        col[j + 4] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        col[j + 12] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+    }
+    const __mmask16 k = (__mmask16)((1u << nr) - 1);
+    for (int c = 0; c < nc; c++) _mm512_mask_storeu_ps(y + c * ldy, k, col[c]);
+}
+
 /* One panel (weight rows r0..r0 + nr) against input tiles t0..t1: acc [(t - t0) * 16 + r][16],
  * then written to y. A2: two super-blocks' operands (2 x 2 SB_OP), meta2 their factors. */
 static inline __attribute__((always_inline)) void
@@ -387,10 +416,11 @@ sb_panel_body(const uint8_t *w, long row_bytes, long r0, long nr, long k, const 
             prev = t < nt ? t : -1;
         }
     }
-    for (long t = 0; t < nt; t++)
-        for (long r = 0; r < nr; r++)
-            for (long col = 0; col < SB_TR && (t0 + t) * SB_TR + col < m; col++)
-                y[((t0 + t) * SB_TR + col) * ldy + r0 + r] = acc[(t * SB_TR + r) * SB_TR + col];
+    for (long t = 0; t < nt; t++) {
+        const long left = m - (t0 + t) * SB_TR;
+        sb_store_transposed(acc + t * SB_TR * SB_TR, y + (t0 + t) * SB_TR * ldy + r0, ldy, (int)nr,
+                            left < SB_TR ? (int)left : SB_TR);
+    }
 }
 
 static void sb_panel_emu(const uint8_t *w, long row_bytes, long r0, long nr, long k, const sb_input *in, long t0,
@@ -462,6 +492,29 @@ done:
     return rc;
 }
 #endif
+
+/* ------------------------------------------------------------------ the switch */
+
+static int sb_use = 0; /* tsq_sb_use */
+
+/* Prompt rows' Q4_K products (tsq_linear_apply_rows) in the super-block arithmetic: 0 off, 1 on
+ * the tiles, 2 on their emulation, 3 through the reference (2 and 3: tests, on any CPU with that
+ * mode). Switch it between forwards only. -> 0, or -1 where the mode cannot run here. */
+int tsq_sb_use(int mode) {
+    if (mode < 0 || mode > 3) return -1;
+#if SB_TILES
+    if (mode == 1 && tsq_amx_init() != 0) return -1;
+#else
+    if (mode == 1 || mode == 2) return -1;
+#endif
+    sb_use = mode;
+    return 0;
+}
+
+int tsq_sb_in_use(void) { return sb_use; }
+
+/* tsq_matmul_sb_q's mode for prompt rows' products, -1 while the route is off */
+TSQ_INTERNAL int tsq_sb_product_mode(void) { return sb_use == 0 ? -1 : sb_use == 3 ? 0 : sb_use; }
 
 /* 1 where this build has the tile form (mode 2 then runs on this CPU; mode 1 also needs AMX) */
 int tsq_sb_tiles_built(void) { return SB_TILES; }

@@ -54,6 +54,8 @@ class TransformerModel:
     # ``forward_batch`` shares one forward among several sequences' rows (``SpecTarget``'s
     # protocol attribute; a trunk that cannot, such as a hybrid, says False and runs them in turn)
     batches_sequences = True
+    # ``forward`` takes ``prompt`` (``ForwardItem.prompt``): the loop marks prompt chunks for it
+    marks_prompt_rows = True
 
     def __init__(self, cfg: ArchConfig, blocks: list[Block], embed: torch.Tensor, out_norm: torch.Tensor,
                  lm_head: Linear, n_ctx: int | None = None, path=None, device=None):
@@ -121,9 +123,10 @@ class TransformerModel:
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], cache: KVCache, *, all_logits: bool = False,
                 taps: Sequence[int] | None = None, parents: Sequence[int] | None = None,
-                base: int | None = None) -> ForwardOutput:
-        """``tokens`` appended to ``cache`` (``parents``, ``base``: as a token tree, see ``ForwardItem``)."""
-        return self._forward([ForwardItem(tokens, cache, all_logits, taps, parents, base)])[0]
+                base: int | None = None, prompt: bool = False) -> ForwardOutput:
+        """``tokens`` appended to ``cache`` (``parents``, ``base``: as a token tree; ``prompt``: they
+        are prompt tokens; see ``ForwardItem``)."""
+        return self._forward([ForwardItem(tokens, cache, all_logits, taps, parents, base, prompt)])[0]
 
     @torch.inference_mode()
     def forward_batch(self, items: Sequence[ForwardItem]) -> list[ForwardOutput]:

@@ -146,6 +146,7 @@ class HybridModel(TransformerModel):
     # a recurrent state per sequence, advanced in place and undone through the cache's slots: its
     # forward takes one sequence, and ``forward_batch`` runs the items one after another
     batches_sequences = False
+    marks_prompt_rows = False  # its layers run in torch: every row on one arithmetic
 
     def __init__(self, cfg: ArchConfig, layers: list, embed: torch.Tensor, out_norm: torch.Tensor,
                  lm_head: Linear, n_ctx: int | None = None, path=None, *, verify_snapshots: bool = True):

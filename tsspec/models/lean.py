@@ -144,8 +144,9 @@ class LeanTrunk:
         cfg = self.cfg
         return LeanCache(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, self.max_context)
 
-    def forward(self, tokens: Sequence[int], cache: LeanCache) -> np.ndarray:
-        """``tokens`` appended to ``cache``; -> the last row's logits [vocab] (float32)."""
+    def forward(self, tokens: Sequence[int], cache: LeanCache, *, prompt: bool = False) -> np.ndarray:
+        """``tokens`` appended to ``cache``; -> the last row's logits [vocab] (float32). ``prompt``:
+        they are prompt tokens (``ForwardItem.prompt``)."""
         from .. import kernels
 
         if len(tokens) == 0:
@@ -158,7 +159,7 @@ class LeanTrunk:
                                     packed=self.embed.packed)
         if self.cfg.embed_scale != 1.0:
             h = h * self.cfg.embed_scale  # float32 times a Python float: float32, as torch's product
-        self.fused.run(h, 0, self.cfg.n_layers, start, cache.k, cache.v, self.cos, self.sin)
+        self.fused.run(h, 0, self.cfg.n_layers, start, cache.k, cache.v, self.cos, self.sin, prompt=prompt)
         cache.length = start + len(tokens)
         return self.fused.output(h[-1:])[0]
 

@@ -40,6 +40,10 @@ class ForwardItem(NamedTuple):
     # and the cache's length came from earlier forwards, and ``parents`` then names the parents of
     # every node, those first (``runners.tree_layout``). None: the tree begins with these tokens.
     base: int | None = None
+    # the tokens are prompt tokens: every run forwards them alike (plain or speculative, in any
+    # chunking), so a trunk may give their rows another arithmetic than generated rows' (the native
+    # blocks' super-block route, kernels/prompt_tiles.c). Never a tree.
+    prompt: bool = False
 
 
 @runtime_checkable

@@ -238,15 +238,16 @@ class NativeRunner(TorchRunner):
         cos, sin = model.rope_lists()
         taps = sorted(t for t in want if 0 <= t <= model.n_layers)
         trees = tree_layouts(items, starts)
+        prompt = [bool(getattr(it, "prompt", False)) for it in items]
         if trees is not None:
             rows = self.fused.run_batch(h, 0, model.n_layers, row0, starts, [it.cache.k for it in items],
                                         [it.cache.v for it in items], cos, sin, taps, trees=trees)
         elif len(items) == 1:
             c = items[0].cache
-            rows = self.fused.run(h, 0, model.n_layers, starts[0], c.k, c.v, cos, sin, taps)
+            rows = self.fused.run(h, 0, model.n_layers, starts[0], c.k, c.v, cos, sin, taps, prompt=prompt[0])
         else:
             rows = self.fused.run_batch(h, 0, model.n_layers, row0, starts, [it.cache.k for it in items],
-                                        [it.cache.v for it in items], cos, sin, taps)
+                                        [it.cache.v for it in items], cos, sin, taps, prompt=prompt)
         if not taps:
             return h, None
         d = h.shape[1]

@@ -227,7 +227,7 @@ class Scheduler:
             self._fail(job, e)
             return
         srv = self.server
-        srv.prefix.give(job.prompt + result.generated_ids, job.cache)
+        srv.prefix.give(job.prompt + result.generated_ids, job.cache, len(job.prompt))
         job.cache = None
         m, s = srv.metrics, result.stats
         m.requests += 1

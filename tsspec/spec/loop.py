@@ -46,7 +46,10 @@ def forward_each(target: SpecTarget, items: Sequence[ForwardItem]) -> list[Forwa
 
 
 def _forward(target: SpecTarget, it: ForwardItem) -> ForwardOutput:
-    """One item's forward (a tree's parents passed where it is one)."""
+    """One item's forward (a tree's parents passed where it is one; a prompt chunk marked as one
+    where the target takes the mark)."""
+    if it.prompt and getattr(target, "marks_prompt_rows", False):
+        return target.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps, prompt=True)
     if it.parents is not None:
         return target.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps, parents=it.parents)
     return target.forward(it.tokens, it.cache, all_logits=it.all_logits, taps=it.taps)
@@ -199,7 +202,7 @@ class DecodeState:
         and say which rows to forward. The forward may be shared with other sequences' rows
         (``step_together``); ``finish`` completes the step."""
         if self._todo:
-            item = ForwardItem(self._todo[:PREFILL_CHUNK], self.cache, False, self._taps_now())
+            item = ForwardItem(self._todo[:PREFILL_CHUNK], self.cache, False, self._taps_now(), prompt=True)
             return Rows(self.cache.length, NO_DRAFT, item, 0.0, prefill=True)
         t0 = time.perf_counter()
         pos = self.cache.length  # the last token takes this position

@@ -65,7 +65,7 @@ class LeanDecode:
         st = self.stats
         if self._todo:
             chunk, self._todo = self._todo[:PREFILL_CHUNK], self._todo[PREFILL_CHUNK:]
-            logits = self.trunk.forward(chunk, self.cache)
+            logits = self.trunk.forward(chunk, self.cache, prompt=True)
             if self._todo:
                 return []
             self.last = self._draw(logits)

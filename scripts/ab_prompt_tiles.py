@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Prefill with prompt rows on the super-block tile route against the default products, paired.
+
+    python scripts/ab_prompt_tiles.py [--models qwen2.5-coder-1.5b ...] [--tokens 512] [--rounds 8]
+                                      [--json FILE]
+
+One process per model, one model load: each round prefills the same prompt (``--tokens`` of
+README.md's text, as prompt rows, in the loop's chunks) into a fresh cache once with the route off
+(every row on the default arithmetic: TSSPEC_PROMPT_TILES=0) and once with prompt rows' Q4_K products
+on the AMX tiles (TSSPEC_PROMPT_TILES=1), the order flipped every round, so the host's slow and fast
+phases fall on both alike. Reports each side's median tokens a second, and the median and quartiles
+over rounds of tiles/off time. Needs a CPU with AMX. The two sides round differently by design;
+the script reports how far the last row's logits move (cosine, and whether the argmax agrees).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def prompt_tokens(model, n: int) -> list[int]:
+    from tsspec.tokenizer import Tokenizer
+
+    text = (ROOT / "README.md").read_text()
+    ids = list(Tokenizer.from_gguf(model.path).encode(text))
+    while len(ids) < n:
+        ids = ids + ids
+    return ids[:n]
+
+
+def prefill(model, ids: list[int]):
+    from tsspec.spec.run import PREFILL_CHUNK
+
+    cache = model.make_cache()
+    out = None
+    for a in range(0, len(ids), PREFILL_CHUNK):
+        out = model.forward(ids[a : a + PREFILL_CHUNK], cache, prompt=True)
+    return out.logits[-1]
+
+
+def run(name: str, tokens: int, rounds: int) -> dict:
+    import torch
+
+    from tsspec import kernels
+    from tsspec.hub import resolve_model
+    from tsspec.models import load_model
+
+    model = load_model(resolve_model(name, progress=False))
+    ids = prompt_tokens(model, tokens)
+    times: dict[str, list[float]] = {"off": [], "tiles": []}
+    last = {}
+    for mode in ("off", "tiles"):  # warm both
+        kernels.use_prompt_tiles(mode)
+        last[mode] = prefill(model, ids)
+    for r in range(rounds):
+        for mode in (("off", "tiles") if r % 2 == 0 else ("tiles", "off")):
+            kernels.use_prompt_tiles(mode)
+            t = time.perf_counter()
+            prefill(model, ids)
+            times[mode].append(time.perf_counter() - t)
+    kernels.use_prompt_tiles("off")
+    ratios = sorted(b / a for a, b in zip(times["off"], times["tiles"]))
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    a, b = last["off"].float(), last["tiles"].float()
+    res = {
+        "model": name, "tokens": len(ids), "rounds": rounds,
+        "off_tok_s": len(ids) / statistics.median(times["off"]),
+        "tiles_tok_s": len(ids) / statistics.median(times["tiles"]),
+        "tiles_over_off_time": statistics.median(ratios), "quartiles": [q[0], q[2]],
+        "last_row_cosine": torch.nn.functional.cosine_similarity(a, b, 0).item(),
+        "same_argmax": bool(a.argmax() == b.argmax()),
+        "times_s": times,
+    }
+    print(f"{name}: {len(ids)} tokens, off {res['off_tok_s']:.1f} tok/s, tiles {res['tiles_tok_s']:.1f} tok/s, "
+          f"tiles/off time {res['tiles_over_off_time']:.3f} [{q[0]:.3f}-{q[2]:.3f}], last row cosine "
+          f"{res['last_row_cosine']:.5f}, same argmax {res['same_argmax']}", flush=True)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b", "gemma3-270m", "smollm2-135m"])
+    ap.add_argument("--tokens", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    from tsspec import kernels
+
+    if not (kernels.available() and kernels.amx_usable() and kernels.sb_tiles_built()):
+        print("ab_prompt_tiles: needs the native kernels on a CPU with AMX the kernel grants", file=sys.stderr)
+        return 2
+    out = [run(m, args.tokens, args.rounds) for m in args.models]
+    if args.json:
+        args.json.write_text(json.dumps({"cpu_flags_amx": True, "threads": kernels.thread_count(), "runs": out},
+                                        indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
