@@ -5,7 +5,7 @@
                                       [--json FILE]
 
 One process per model, one model load: each round prefills the same prompt (``--tokens`` of
-README.md's text, as prompt rows, in the loop's chunks) into a fresh cache once with the route off
+README.md's text, as prompt rows, in the chunks a run takes on each side) into a fresh cache once with the route off
 (every row on the default arithmetic: TSSPEC_PROMPT_TILES=0) and once with prompt rows' Q4_K products
 on the AMX tiles (TSSPEC_PROMPT_TILES=1), the order flipped every round, so the host's slow and fast
 phases fall on both alike. Reports each side's median tokens a second, and the median and quartiles
@@ -37,12 +37,13 @@ def prompt_tokens(model, n: int) -> list[int]:
 
 
 def prefill(model, ids: list[int]):
-    from tsspec.spec.run import PREFILL_CHUNK
+    from tsspec.spec.run import prefill_chunk
 
     cache = model.make_cache()
     out = None
-    for a in range(0, len(ids), PREFILL_CHUNK):
-        out = model.forward(ids[a : a + PREFILL_CHUNK], cache, prompt=True)
+    n = prefill_chunk()  # as a run takes them: larger chunks while the route is on
+    for a in range(0, len(ids), n):
+        out = model.forward(ids[a : a + n], cache, prompt=True)
     return out.logits[-1]
 
 

@@ -374,3 +374,11 @@ def test_the_switch_through_the_cli(tmp_path):
     r = subprocess.run([sys.executable, "-m", "tsspec", "info", str(path), "--no-load"], capture_output=True, text=True,
                        env=env, timeout=300)
     assert "prompt rows: on the AMX tiles" in r.stdout, r.stdout
+
+
+def test_prefill_chunks_follow_the_route(route):
+    from tsspec.spec.run import PREFILL_CHUNK, TILE_PREFILL_CHUNK, prefill_chunk
+
+    assert prefill_chunk() == PREFILL_CHUNK
+    route("reference")
+    assert prefill_chunk() == TILE_PREFILL_CHUNK > PREFILL_CHUNK

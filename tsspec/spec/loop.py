@@ -28,7 +28,7 @@ from ..sampling import Sampler
 from .plan import PLAIN, SpecPlan
 from .protocols import (Cache, Draft, DraftContext, ForwardItem, ForwardOutput, Governor, SpecTarget, Speculator,
                         arms_after_prefix_reuse, drafts_within, tap_horizon)
-from .run import PREFILL_CHUNK, Run, _ms, prompt_to_forward  # noqa: F401 - Run and the prefill chunk are the loop's (re-exported)
+from .run import PREFILL_CHUNK, Run, _ms, prefill_chunk, prompt_to_forward  # noqa: F401 - Run and the prefill chunk are the loop's (re-exported)
 from .stats import SpecStats
 from . import tree
 from .verify import verify
@@ -121,7 +121,7 @@ class DecodeState:
 
     def begin(self, prompt: Sequence[int]) -> None:
         """Take ``prompt``: the steps that follow forward what the cache does not hold of it, in
-        chunks of ``PREFILL_CHUNK`` (``prefilling`` until then), the last of them drawing the
+        chunks of ``prefill_chunk()`` (``prefilling`` until then), the last of them drawing the
         first token. ``start`` runs them alone; ``step_together`` shares them with other sequences'."""
         reused = self.cache.length
         todo = prompt_to_forward(prompt, reused)
@@ -202,7 +202,7 @@ class DecodeState:
         and say which rows to forward. The forward may be shared with other sequences' rows
         (``step_together``); ``finish`` completes the step."""
         if self._todo:
-            item = ForwardItem(self._todo[:PREFILL_CHUNK], self.cache, False, self._taps_now(), prompt=True)
+            item = ForwardItem(self._todo[:prefill_chunk()], self.cache, False, self._taps_now(), prompt=True)
             return Rows(self.cache.length, NO_DRAFT, item, 0.0, prefill=True)
         t0 = time.perf_counter()
         pos = self.cache.length  # the last token takes this position

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .plan import PLAIN, SpecPlan
-from .run import PREFILL_CHUNK, _ms, prompt_to_forward
+from .run import _ms, prefill_chunk, prompt_to_forward
 from .stats import SpecStats
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 class LeanDecode:
     """``spec.loop.DecodeState``'s surface for ``Run`` (``begin``, ``prefilling``, ``step``), plain and
-    greedy: the prompt in chunks of ``PREFILL_CHUNK``, then one row per step; each token the argmax
+    greedy: the prompt in chunks of ``prefill_chunk()``, then one row per step; each token the argmax
     of its row over the drawable ids, as ``sampling.argmax`` takes it (the lowest of tied maxima)."""
 
     speculator = None
@@ -64,7 +64,8 @@ class LeanDecode:
     def step(self, budget: int) -> list[int]:
         st = self.stats
         if self._todo:
-            chunk, self._todo = self._todo[:PREFILL_CHUNK], self._todo[PREFILL_CHUNK:]
+            n = prefill_chunk()
+            chunk, self._todo = self._todo[:n], self._todo[n:]
             logits = self.trunk.forward(chunk, self.cache, prompt=True)
             if self._todo:
                 return []

@@ -13,6 +13,19 @@ if TYPE_CHECKING:
     from .loop import DecodeState
 
 PREFILL_CHUNK = 256  # prompt tokens one prefill step forwards
+# ... while prompt rows take the AMX tile route (kernels/prompt_tiles.c): its per-product work (each
+# weight unpacked once per chunk) spreads over more rows. A 1024-token prompt of qwen2.5-coder-1.5b
+# took 0.87x the time in chunks of 512 as in chunks of 256 (0.83x at 1024; the default products:
+# 1.01x), docs/RESULTS.md. Rows are computed alike in any chunking, so only speed changes.
+TILE_PREFILL_CHUNK = 512
+
+
+def prefill_chunk() -> int:
+    """The prompt tokens one prefill step forwards now (``PREFILL_CHUNK``, or
+    ``TILE_PREFILL_CHUNK`` while prompt rows are on the tiles)."""
+    from .. import kernels
+
+    return TILE_PREFILL_CHUNK if kernels.available() and kernels.prompt_tiles_on() else PREFILL_CHUNK
 
 
 def _ms(t0: float) -> float:
