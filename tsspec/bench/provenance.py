@@ -153,4 +153,4 @@ def kernels_info() -> dict[str, Any]:
     from .. import kernels
 
     return {"native": kernels.available(), "simd": kernels.simd(), "isa": kernels.level(), "unavailable": kernels.unavailable_reason(),
-            "amx": kernels.amx_status()}
+            "amx": kernels.amx_status(), "prompt_tiles": kernels.prompt_tiles_status()}
