@@ -382,3 +382,17 @@ def test_prefill_chunks_follow_the_route(route):
     assert prefill_chunk() == PREFILL_CHUNK
     route("reference")
     assert prefill_chunk() == TILE_PREFILL_CHUNK > PREFILL_CHUNK
+
+
+def test_a_prompt_chunk_beside_a_token_tree(q4k_model, route):
+    """a sequence's prompt chunk sharing a forward with another's token tree keeps its prompt rows'
+    bits (the server's case with --spec-tree)"""
+    from tsspec.models.protocols import ForwardItem
+
+    route(ROUTES[-1])
+    c1, c2 = q4k_model.make_cache(), q4k_model.make_cache()
+    q4k_model.forward(PROMPT[:8], c2, prompt=True)
+    tree = ForwardItem([7, 8, 9, 10], c2, True, None, [-1, 0, 0, 1])
+    outs = q4k_model.forward_batch([ForwardItem(PROMPT[:20], c1, True, None, prompt=True), tree])
+    alone = q4k_model.forward(PROMPT[:20], q4k_model.make_cache(), all_logits=True, prompt=True).logits
+    assert torch.equal(bits(outs[0].logits), bits(alone))

@@ -353,6 +353,8 @@ SIGNATURES: dict[str, tuple] = {
     "tsq_sb_in_use": (_I, []),
     "tsq_forward_prompt": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _L, _P, _P, _I, _I]),
     "tsq_forward_batch_prompt": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P, _P]),
+    "tsq_forward_tree_prompt": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P, _P, _P, _P,
+                                     _P, _L, _P]),
     "tsq_quantize_sb": (None, [_P, _L, _L, _P, _P, _P, _I]),
     "tsq_matmul_sb": (_I, [_I, _P, _I, _L, _L, _L, _P, _L, _P, _L, _I, _I]),
     "tsq_matmul_sb_q": (_I, [_I, _P, _I, _L, _L, _L, _P, _P, _P, _L, _P, _L, _I, _I]),
@@ -1089,8 +1091,8 @@ class FusedBlocks:
         ``starts[s]`` + its index and sits at its layout's position; its attention reads the cache's
         first ``base`` slots, then its path's slots, so it gets the bits a chain of its path gets.
 
-        ``prompt`` (None: none): per sequence, whether its rows are prompt rows (``run``'s); a tree
-        is never a prompt."""
+        ``prompt`` (None: none): per sequence, whether its rows are prompt rows (``run``'s), with or
+        without ``trees`` (a prompt chunk may share a forward with another sequence's tree)."""
         import torch
 
         ns = len(starts)
@@ -1114,10 +1116,13 @@ class FusedBlocks:
                 ptrs(*[v.data_ptr() for v in v_caches]), longs(*[k.shape[2] for k in k_caches]), cos_p, sin_p,
                 thread_count(), (ctypes.c_int * len(taps))(*taps), len(taps),
                 None if out is None else out.data_ptr())
-        if trees is None and prompt is not None and any(prompt):
+        marks = None
+        if prompt is not None and any(prompt):
             if len(prompt) != ns:
                 raise ValueError("run_batch: one prompt flag per sequence")
-            rc = h_lib.tsq_forward_batch_prompt(*args, (ctypes.c_uint8 * ns)(*[1 if p else 0 for p in prompt]))
+            marks = (ctypes.c_uint8 * ns)(*[1 if p else 0 for p in prompt])
+        if trees is None and marks is not None:
+            rc = h_lib.tsq_forward_batch_prompt(*args, marks)
         elif trees is None:
             rc = h_lib.tsq_forward_batch_taps(*args)
         else:
@@ -1131,7 +1136,11 @@ class FusedBlocks:
                 n += len(p)
             flat = [x for p in paths for x in p]
             m = h.shape[0]
-            rc = h_lib.tsq_forward_tree(*args, longs(*[t.base for t in trees]), (ctypes.c_long * m)(*pos),
-                                        (ctypes.c_long * m)(*off), (ctypes.c_long * max(n, 1))(*flat), n)
+            tree_args = (longs(*[t.base for t in trees]), (ctypes.c_long * m)(*pos), (ctypes.c_long * m)(*off),
+                         (ctypes.c_long * max(n, 1))(*flat), n)
+            if marks is not None:
+                rc = h_lib.tsq_forward_tree_prompt(*args, *tree_args, marks)
+            else:
+                rc = h_lib.tsq_forward_tree(*args, *tree_args)
         _check_rc(rc, f"native batched block forward failed ({rc})", RuntimeError)
         return out

@@ -789,3 +789,15 @@ int tsq_forward_tree(const tsq_config *c, const tsq_layer *layers, int l0, int l
                         tap_out, &t, NULL);
 }
 
+/* tsq_forward_tree with prompt[s] set where sequence s's rows are prompt rows (a sequence's prompt
+ * chunk sharing a forward with another's token tree) */
+int tsq_forward_tree_prompt(const tsq_config *c, const tsq_layer *layers, int l0, int l1, float *h, long m, long ns,
+                            const long *row0, const long *start, float *const *kc, float *const *vc, const long *cap,
+                            const float *const *cos_t, const float *const *sin_t, int nt, const int *tap_at,
+                            int ntap, float *tap_out, const long *base, const long *pos, const long *off,
+                            const long *path, long npath, const uint8_t *prompt) {
+    const tree_rows t = {base, pos, off, path, npath};
+    return forward_rows(c, layers, l0, l1, h, m, ns, row0, start, kc, vc, cap, cos_t, sin_t, nt, tap_at, ntap,
+                        tap_out, &t, prompt);
+}
+

@@ -241,7 +241,7 @@ class NativeRunner(TorchRunner):
         prompt = [bool(getattr(it, "prompt", False)) for it in items]
         if trees is not None:
             rows = self.fused.run_batch(h, 0, model.n_layers, row0, starts, [it.cache.k for it in items],
-                                        [it.cache.v for it in items], cos, sin, taps, trees=trees)
+                                        [it.cache.v for it in items], cos, sin, taps, trees=trees, prompt=prompt)
         elif len(items) == 1:
             c = items[0].cache
             rows = self.fused.run(h, 0, model.n_layers, starts[0], c.k, c.v, cos, sin, taps, prompt=prompt[0])
