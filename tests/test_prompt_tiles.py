@@ -396,3 +396,12 @@ def test_a_prompt_chunk_beside_a_token_tree(q4k_model, route):
     outs = q4k_model.forward_batch([ForwardItem(PROMPT[:20], c1, True, None, prompt=True), tree])
     alone = q4k_model.forward(PROMPT[:20], q4k_model.make_cache(), all_logits=True, prompt=True).logits
     assert torch.equal(bits(outs[0].logits), bits(alone))
+
+
+@EMU
+def test_the_load_time_self_check_runs_here():
+    """the check TSSPEC_PROMPT_TILES=1 runs at load, through the emulation on any CPU with the tile
+    form (on AMX, the hardware too), so its own code is run where the route is never switched on"""
+    assert kernels.prompt_tiles_self_check(kernels.lib(), hardware=False) is None
+    if kernels.amx_usable():
+        assert kernels.prompt_tiles_self_check(kernels.lib()) is None

@@ -490,12 +490,19 @@ def prompt_tiles_self_check(h: ctypes.CDLL, *, hardware: bool = True) -> str | N
     ref = np.zeros((33, 40), dtype=np.float32)
     if h.tsq_matmul_sb(tid, _ptr(w), 0, rb, 40, k, _ptr(x), 33, _ptr(ref), 40, 1, 0):
         return "the reference refused"
+    return _same_as(ref, lambda y, nt: h.tsq_matmul_sb(tid, _ptr(w), 0, rb, 40, k, _ptr(x), 33, _ptr(y), 40, nt,
+                                                       1 if hardware else 2))
+
+
+def _same_as(ref: np.ndarray, run, label: str = "") -> str | None:
+    """``run(y, threads)`` (-> a status, 0 fine) on 1 and 2 threads into a fresh ``y`` shaped as
+    ``ref``: None where every bit equals ``ref``, else which run differed or was refused"""
     for nt in (1, 2):
-        y = np.full((33, 40), np.nan, dtype=np.float32)
-        if h.tsq_matmul_sb(tid, _ptr(w), 0, rb, 40, k, _ptr(x), 33, _ptr(y), 40, nt, 1 if hardware else 2):
-            return f"{nt} threads: refused"
+        y = np.full(ref.shape, np.nan, dtype=np.float32)
+        if run(y, nt):
+            return f"{label}{nt} threads: refused"
         if not np.array_equal(y.view(np.int32), ref.view(np.int32)):
-            return f"{nt} threads"
+            return f"{label}{nt} threads"
     return None
 
 
@@ -539,12 +546,10 @@ def amx_self_check(h: ctypes.CDLL, *, hardware: bool = True) -> str | None:
         ref = np.zeros((33, 40), dtype=np.float32)
         if h.tsq_matmul(tid, _ptr(w), 0, rb, 40, k, _ptr(x), _ptr(xq), 33, _ptr(ref), 40, 1, 0):
             return name
-        for nt in (1, 2):
-            y = np.full((33, 40), np.nan, dtype=np.float32)
-            if h.tsq_matmul_amx(tid, _ptr(w), 0, rb, 40, k, _ptr(xq), 33, _ptr(y), 40, nt, 0 if hardware else 1):
-                return f"{name}, {nt} threads: refused"
-            if not np.array_equal(y.view(np.int32), ref.view(np.int32)):
-                return f"{name}, {nt} threads"
+        bad = _same_as(ref, lambda y, nt: h.tsq_matmul_amx(tid, _ptr(w), 0, rb, 40, k, _ptr(xq), 33, _ptr(y), 40,
+                                                           nt, 0 if hardware else 1), f"{name}, ")
+        if bad:
+            return bad
     return None
 
 
