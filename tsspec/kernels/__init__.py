@@ -430,16 +430,22 @@ def _setup_amx(h: ctypes.CDLL) -> None:
     if mode == "auto":
         _amx = AMX_AUTO_OFF
         return
-    try:
-        bad = amx_self_check(h)
-    except Exception as e:  # noqa: BLE001 - the tiles' own failure, never the library's
-        bad = f"{type(e).__name__}: {e}"
+    bad = _checked(amx_self_check, h)
     if bad:
         _amx = f"self-check failed ({bad}): not used"
         _amx_error = BadInput(f"TSSPEC_AMX=1: the AMX tiles failed their self-check on this machine ({bad})")
         return
     h.tsq_amx_use(1, AMX_MIN_ROWS)
     _amx = "in use"
+
+
+def _checked(check, h: ctypes.CDLL) -> str | None:
+    """A self-check's answer, an exception in it included (the tiles' own failure, never the
+    library's: it leaves them off and says why)."""
+    try:
+        return check(h)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
 
 
 _prompt_tiles = "off"  # prompt_tiles_status()'s answer once the library is loaded
@@ -464,13 +470,8 @@ def _setup_prompt_tiles(h: ctypes.CDLL) -> None:
         why = f"AMX cannot run here: {AMX_REASONS.get(h.tsq_amx_init(), h.tsq_amx_init())}"
     elif not h.tsq_sb_tiles_built():
         why = "this build has no super-block tile form (it needs AVX-512 VBMI)"
-    else:
-        try:
-            bad = prompt_tiles_self_check(h)
-        except Exception as e:  # noqa: BLE001 - the tiles' own failure, never the library's
-            bad = f"{type(e).__name__}: {e}"
-        if bad:
-            why = f"the tiles failed their self-check ({bad})"
+    elif bad := _checked(prompt_tiles_self_check, h):
+        why = f"the tiles failed their self-check ({bad})"
     if why is not None:
         _amx_error = _amx_error or BadInput(f"TSSPEC_PROMPT_TILES=1: {why}")
         return
