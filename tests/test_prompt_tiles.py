@@ -372,7 +372,7 @@ def test_the_switch_through_the_cli(tmp_path):
         outs.append(out["token_ids"])
     assert outs[0] == outs[1] and len(outs[0]) == 24
     r = subprocess.run([sys.executable, "-m", "tsspec", "info", str(path), "--no-load"], capture_output=True, text=True,
-                       env=env, timeout=300)
+                       env={**env, "COLUMNS": "400"}, timeout=300)  # the table's line unwrapped
     assert "prompt rows: on the AMX tiles" in r.stdout, r.stdout
 
 
