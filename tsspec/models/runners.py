@@ -238,7 +238,7 @@ class NativeRunner(TorchRunner):
         cos, sin = model.rope_lists()
         taps = sorted(t for t in want if 0 <= t <= model.n_layers)
         trees = tree_layouts(items, starts)
-        prompt = [bool(getattr(it, "prompt", False)) for it in items]
+        prompt = [it.prompt for it in items]
         if trees is not None:
             rows = self.fused.run_batch(h, 0, model.n_layers, row0, starts, [it.cache.k for it in items],
                                         [it.cache.v for it in items], cos, sin, taps, trees=trees, prompt=prompt)
