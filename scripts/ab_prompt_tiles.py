@@ -2,13 +2,13 @@
 """Prefill with prompt rows on the super-block tile route against the default products, paired.
 
     python scripts/ab_prompt_tiles.py [--models qwen2.5-coder-1.5b ...] [--tokens 512] [--rounds 8]
-                                      [--json FILE]
+                                      [--q4k-only] [--json FILE]
 
 One process per model, one model load: each round prefills the same prompt (``--tokens`` of
-README.md's text, as prompt rows, in the chunks a run takes on each side) into a fresh cache once with the route off
-(every row on the default arithmetic: TSSPEC_PROMPT_TILES=0) and once with prompt rows' Q4_K products
-on the AMX tiles (TSSPEC_PROMPT_TILES=1), the order flipped every round, so the host's slow and fast
-phases fall on both alike. Reports each side's median tokens a second, and the median and quartiles
+README.md's text, as prompt rows, in the chunks a run takes on each side) into a fresh cache once with
+the route off (every row on the default arithmetic: TSSPEC_PROMPT_TILES=0) and once with prompt rows'
+Q4_K and Q6_K products on the AMX tiles (TSSPEC_PROMPT_TILES=1; ``--q4k-only`` adds a side with Q4_K's
+only), each side first in turn, so the host's slow and fast phases fall on all alike. Reports each side's median tokens a second, and the median and quartiles
 over rounds of tiles/off time. Needs a CPU with AMX. The two sides round differently by design;
 the script reports how far the last row's logits move (cosine, and whether the argmax agrees).
 """
@@ -47,7 +47,15 @@ def prefill(model, ids: list[int]):
     return out.logits[-1]
 
 
-def run(name: str, tokens: int, rounds: int) -> dict:
+def use(side: str) -> None:
+    """the route as ``side`` takes it: off, tiles (Q4_K and Q6_K), or tiles-q4k (Q4_K only)"""
+    from tsspec import kernels
+
+    kernels.use_prompt_tiles("off" if side == "off" else "tiles")
+    kernels.prompt_tiles_types(["Q4_K"] if side == "tiles-q4k" else ["Q4_K", "Q6_K"])
+
+
+def run(name: str, tokens: int, rounds: int, sides: tuple[str, ...] = ("off", "tiles")) -> dict:
     import torch
 
     from tsspec import kernels
@@ -56,33 +64,35 @@ def run(name: str, tokens: int, rounds: int) -> dict:
 
     model = load_model(resolve_model(name, progress=False))
     ids = prompt_tokens(model, tokens)
-    times: dict[str, list[float]] = {"off": [], "tiles": []}
+    times: dict[str, list[float]] = {side: [] for side in sides}
     last = {}
-    for mode in ("off", "tiles"):  # warm both
-        kernels.use_prompt_tiles(mode)
-        last[mode] = prefill(model, ids)
+    for side in sides:  # warm each
+        use(side)
+        last[side] = prefill(model, ids)
     for r in range(rounds):
-        for mode in (("off", "tiles") if r % 2 == 0 else ("tiles", "off")):
-            kernels.use_prompt_tiles(mode)
+        for i in range(len(sides)):  # each side first in turn
+            side = sides[(r + i) % len(sides)]
+            use(side)
             t = time.perf_counter()
             prefill(model, ids)
-            times[mode].append(time.perf_counter() - t)
-    kernels.use_prompt_tiles("off")
-    ratios = sorted(b / a for a, b in zip(times["off"], times["tiles"]))
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-    a, b = last["off"].float(), last["tiles"].float()
-    res = {
-        "model": name, "tokens": len(ids), "rounds": rounds,
-        "off_tok_s": len(ids) / statistics.median(times["off"]),
-        "tiles_tok_s": len(ids) / statistics.median(times["tiles"]),
-        "tiles_over_off_time": statistics.median(ratios), "quartiles": [q[0], q[2]],
-        "last_row_cosine": torch.nn.functional.cosine_similarity(a, b, 0).item(),
-        "same_argmax": bool(a.argmax() == b.argmax()),
-        "times_s": times,
-    }
-    print(f"{name}: {len(ids)} tokens, off {res['off_tok_s']:.1f} tok/s, tiles {res['tiles_tok_s']:.1f} tok/s, "
-          f"tiles/off time {res['tiles_over_off_time']:.3f} [{q[0]:.3f}-{q[2]:.3f}], last row cosine "
-          f"{res['last_row_cosine']:.5f}, same argmax {res['same_argmax']}", flush=True)
+            times[side].append(time.perf_counter() - t)
+    use("off")
+    res = {"model": name, "tokens": len(ids), "rounds": rounds, "times_s": times,
+           "off_tok_s": len(ids) / statistics.median(times["off"])}
+    line = f"{name}: {len(ids)} tokens, off {res['off_tok_s']:.1f} tok/s"
+    for side in sides[1:]:
+        ratios = sorted(b / a for a, b in zip(times["off"], times[side]))
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        a, b = last["off"].float(), last[side].float()
+        key = side.replace("-", "_")
+        res |= {f"{key}_tok_s": len(ids) / statistics.median(times[side]),
+                f"{key}_over_off_time": statistics.median(ratios), f"{key}_quartiles": [q[0], q[2]],
+                f"{key}_last_row_cosine": torch.nn.functional.cosine_similarity(a, b, 0).item(),
+                f"{key}_same_argmax": bool(a.argmax() == b.argmax())}
+        line += (f"; {side} {res[key + '_tok_s']:.1f} tok/s, time {res[key + '_over_off_time']:.3f}x off "
+                 f"[{q[0]:.3f}-{q[2]:.3f}], last row cosine {res[key + '_last_row_cosine']:.5f}, same argmax "
+                 f"{res[key + '_same_argmax']}")
+    print(line, flush=True)
     return res
 
 
@@ -91,6 +101,8 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b", "gemma3-270m", "smollm2-135m"])
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--q4k-only", action="store_true",
+                    help="also run the route with Q4_K products only (Q6_K on the default arithmetic)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from tsspec import kernels
@@ -98,7 +110,8 @@ def main() -> int:
     if not (kernels.available() and kernels.amx_usable() and kernels.sb_tiles_built()):
         print("ab_prompt_tiles: needs the native kernels on a CPU with AMX the kernel grants", file=sys.stderr)
         return 2
-    out = [run(m, args.tokens, args.rounds) for m in args.models]
+    sides = ("off", "tiles", "tiles-q4k") if args.q4k_only else ("off", "tiles")
+    out = [run(m, args.tokens, args.rounds, sides) for m in args.models]
     if args.json:
         args.json.write_text(json.dumps({"cpu_flags_amx": True, "threads": kernels.thread_count(), "runs": out},
                                         indent=1))

@@ -1,6 +1,6 @@
 """The super-block arithmetic for prompt rows (tsspec/kernels/prompt_tiles.c).
 
-Q4_K products with inputs quantized per 256 elements and one float step per super-block. Three ways
+Q4_K and Q6_K products with inputs quantized per 256 elements and one float step per super-block. Three ways
 to run it must give the same bits: the C reference (every CPU and level), the AMX tiles (hardware),
 and the tiles' sequence with the tile instruction done in C (any CPU whose AVX-512 build has VBMI).
 The reference is checked against numpy's reading of the same arithmetic (quantized codes exactly, the
@@ -77,9 +77,40 @@ def q4k_parts(raw: np.ndarray, k: int):
     return codes, sc.reshape(n, -1), mn.reshape(n, -1), d, dmin
 
 
-def numpy_product(raw, k, x):
+def q6k_parts(raw: np.ndarray, k: int):
+    """the stored Q6_K rows' codes [n, k] (0..63), signed sub-block scales [n, k / 16] and d
+    [n, k / 256], read from the bytes as the format defines them: element 128 h + 32 u + i of a
+    super-block has ql[64 h + 32 (u % 2) + i]'s low (u < 2) or high nibble, and bits 2u, 2u + 1 of
+    qh[32 h + i] above them"""
+    n, nsb = raw.shape[0], k // 256
+    b = raw.reshape(n, nsb, 210)
+    ql = b[:, :, :128].reshape(n, nsb, 2, 2, 32).astype(np.int64)
+    qh = b[:, :, 128:192].reshape(n, nsb, 2, 32).astype(np.int64)
+    codes = np.empty((n, nsb, 2, 4, 32), np.int64)
+    for u in range(4):
+        lo = ql[:, :, :, u % 2] & 15 if u < 2 else ql[:, :, :, u % 2] >> 4
+        codes[:, :, :, u] = lo | (((qh >> (2 * u)) & 3) << 4)
+    sc = b[:, :, 192:208].copy().view(np.int8).astype(np.int64).reshape(n, -1)
+    d = b[:, :, 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    return codes.reshape(n, k), sc, d
+
+
+def numpy_product_q6k(raw, k, x):
+    """Q6_K's arithmetic in numpy: S = sum_j sc_j sum (q - 32) x exactly, float steps in float64"""
+    q, dx, _ = numpy_quantize(x.numpy())
+    codes, sc, d = q6k_parts(raw, k)
+    n, m, nsb = raw.shape[0], x.shape[0], k // 256
+    isum = np.einsum("nbe,mbe->nmb", (codes - 32).reshape(n, nsb * 16, 16),
+                     q.reshape(m, nsb * 16, 16).astype(np.int64))
+    S = (isum * sc[:, None, :]).reshape(n, m, nsb, 16).sum(axis=3)
+    return (S * (d[:, None, :] * dx[None]).astype(np.float64)).sum(axis=2).T
+
+
+def numpy_product(raw, k, x, type_name="Q4_K"):
     """the arithmetic in numpy: exact integer S and M per super-block, the float steps in float64
     (so within a float32 rounding or so of the C result, not bit for bit)"""
+    if type_name == "Q6_K":
+        return numpy_product_q6k(raw, k, x)
     q, dx, xs = numpy_quantize(x.numpy())
     codes, sc, mn, d, dmin = q4k_parts(raw, k)
     n, m, nsb = raw.shape[0], x.shape[0], k // 256
@@ -100,59 +131,90 @@ def test_quantize_sb_matches_numpy():
     assert np.abs(q).max() == 127 and (dx[2, 1] == 0) and not q[2, 256:512].any()
 
 
-def test_reference_is_the_arithmetic():
+KTYPES = ["Q4_K", "Q6_K"]
+
+
+@pytest.mark.parametrize("type_name", KTYPES)
+def test_reference_is_the_arithmetic(type_name):
     n, k = 37, 768
-    raw = random_blocks("Q4_K", n, k, seed=11)
+    raw = random_blocks(type_name, n, k, seed=11)
     x = inputs(9, k)
-    got = product(raw, k, x, "reference").numpy().astype(np.float64)
-    want = numpy_product(raw, k, x)
+    got = product(raw, k, x, "reference", type_name=type_name).numpy().astype(np.float64)
+    want = numpy_product(raw, k, x, type_name)
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     # and it is a product: close to the float one (per-256 int8 inputs: ~1% of the output's scale)
-    dense = gguf_dense("Q4_K", raw, k)
+    dense = gguf_dense(type_name, raw, k)
     f = x.numpy().astype(np.float64) @ dense.T.astype(np.float64)
     assert np.linalg.norm(got - f) / np.linalg.norm(f) < 0.02
 
 
-def test_repacked_rows_give_the_stored_rows_bits():
+@pytest.mark.parametrize("type_name", KTYPES)
+def test_repacked_rows_give_the_stored_rows_bits(type_name):
     n, k = 20, 512
-    raw = random_blocks("Q4_K", n, k, seed=2)
+    raw = random_blocks(type_name, n, k, seed=2)
     x = inputs(5, k)
-    assert torch.equal(bits(product(raw, k, x, "reference")),
-                       bits(product(kernels.repack("Q4_K", raw, k), k, x, "reference", packed=True)))
+    assert torch.equal(bits(product(raw, k, x, "reference", type_name=type_name)),
+                       bits(product(kernels.repack(type_name, raw, k), k, x, "reference", packed=True,
+                                    type_name=type_name)))
 
 
-def test_a_row_does_not_depend_on_the_others():
+@pytest.mark.parametrize("type_name", KTYPES)
+def test_a_row_does_not_depend_on_the_others(type_name):
     n, k = 24, 512
-    raw = random_blocks("Q4_K", n, k, seed=4)
+    raw = random_blocks(type_name, n, k, seed=4)
     x = inputs(33, k)
     modes = ["reference"] + (["emulated"] if TILES_BUILT else [])
     for mode in modes:
-        whole = product(raw, k, x, mode, threads=2)
+        whole = product(raw, k, x, mode, threads=2, type_name=type_name)
         for r in (0, 16, 32):
-            assert torch.equal(bits(product(raw, k, x[r : r + 1], mode)), bits(whole[r : r + 1])), (mode, r)
+            alone = product(raw, k, x[r : r + 1], mode, type_name=type_name)
+            assert torch.equal(bits(alone), bits(whole[r : r + 1])), (mode, r)
 
 
-def _tiles_equal_reference(mode):
+def _tiles_equal_reference(mode, type_name):
     for k, n in ((256, 16), (768, 37), (1536, 40)):
-        raw = random_blocks("Q4_K", n, k, seed=k)
+        raw = random_blocks(type_name, n, k, seed=k)
         x = inputs(64, k, seed=n)
         for packed in (False, True):
-            w = kernels.repack("Q4_K", raw, k) if packed else raw
+            w = kernels.repack(type_name, raw, k) if packed else raw
             for m in (1, 2, 15, 16, 17, 33, 64):
-                ref = product(w, k, x[:m], "reference", packed=packed)
+                ref = product(w, k, x[:m], "reference", packed=packed, type_name=type_name)
                 for threads in (1, 2):
-                    got = product(w, k, x[:m], mode, packed=packed, threads=threads)
+                    got = product(w, k, x[:m], mode, packed=packed, threads=threads, type_name=type_name)
                     assert torch.equal(bits(got), bits(ref)), (k, n, packed, m, threads)
 
 
 @EMU
-def test_emulated_tiles_equal_reference():
-    _tiles_equal_reference("emulated")
+@pytest.mark.parametrize("type_name", KTYPES)
+def test_emulated_tiles_equal_reference(type_name):
+    _tiles_equal_reference("emulated", type_name)
 
 
 @HW
-def test_hardware_tiles_equal_reference():
-    _tiles_equal_reference("tiles")
+@pytest.mark.parametrize("type_name", KTYPES)
+def test_hardware_tiles_equal_reference(type_name):
+    _tiles_equal_reference("tiles", type_name)
+
+
+@EMU
+def test_q6k_extremes_stay_exact():
+    """codes 0 and 63 under scales -128 and 127 (the digits' ends: -2, 0, 0 and 2, 0, -1), inputs at
+    +-127: the largest integer sums Q6_K's operands make"""
+    n, k = 32, 512
+    raw = random_blocks("Q6_K", n, k, seed=1).reshape(n, k // 256, 210)
+    raw[:16, :, :192] = 0  # every code 0: q - 32 = -32
+    raw[16:, :, :192] = 0xFF  # every code 63: 31
+    raw[::2, :, 192:208] = np.uint8(0x80)  # -128
+    raw[1::2, :, 192:208] = 127
+    raw = raw.reshape(n, -1)
+    x = torch.ones(3, k)
+    x[1] = -1
+    x[2, ::2] = -1
+    ref = product(raw, k, x, "reference", type_name="Q6_K")
+    assert torch.equal(bits(product(raw, k, x, "emulated", threads=2, type_name="Q6_K")), bits(ref))
+    assert np.allclose(ref.numpy(), numpy_product(raw, k, x, "Q6_K"), rtol=1e-6)
+    if kernels.amx_usable():
+        assert torch.equal(bits(product(raw, k, x, "tiles", threads=2, type_name="Q6_K")), bits(ref))
 
 
 @EMU
@@ -181,21 +243,25 @@ def test_bad_shapes_are_refused():
     raw = random_blocks("Q4_K", 4, 256, seed=1)
     with pytest.raises(ValueError):
         product(raw, 512, torch.randn(2, 512), "reference")  # rows of 256 elements taken as 512
+    with pytest.raises(ValueError):
+        product(raw, 256, torch.randn(2, 256), "reference", type_name="Q6_K")  # Q4_K rows read as Q6_K
     if not kernels.amx_usable():
         with pytest.raises(ValueError):
             product(raw, 256, torch.randn(2, 256), "tiles")
 
 
-def test_every_level_gives_the_same_bits():
+@pytest.mark.parametrize("type_name", KTYPES)
+def test_every_level_gives_the_same_bits(type_name):
     """the reference at every level this CPU runs (the quantizer has its own AVX2 code)"""
     n, k, m = 20, 768, 6
-    raw = random_blocks("Q4_K", n, k, seed=8)
+    raw = random_blocks(type_name, n, k, seed=8)
     x = inputs(m, k)
     outs = {}
     for name in kernels.cpu_levels():
         h = kernels.load_level(name)
         y = torch.zeros(m, n)
-        assert h.tsq_matmul_sb(kernels.TYPE_IDS["Q4_K"], raw.ctypes.data, 0, raw.shape[1], n, k, x.data_ptr(), m, y.data_ptr(), n, 1, 0) == 0
+        assert h.tsq_matmul_sb(kernels.TYPE_IDS[type_name], raw.ctypes.data, 0, raw.shape[1], n, k, x.data_ptr(), m,
+                               y.data_ptr(), n, 1, 0) == 0
         outs[name] = bits(y)
     first = next(iter(outs.values()))
     for name, y in outs.items():
@@ -214,17 +280,31 @@ def route():
     kernels.use_prompt_tiles("off")
 
 
-@pytest.fixture(scope="module")
-def q4k_model(tmp_path_factory):
+_MODELS: dict = {}
+
+
+def _tiny(quant, tmp_path_factory):
     from tiny import write_tiny_model
     from tsspec.models import load_model
 
-    d = tmp_path_factory.mktemp("prompt_tiles")
-    m = load_model(write_tiny_model(d / "q4k.gguf", "qwen2", seed=3, quant="Q4_K", d_model=256, ffn_dim=512,
-                                    n_heads=4, n_kv_heads=2, vocab_size=300, ctx=512))
-    if m.fused is None:
+    if quant not in _MODELS:
+        d = tmp_path_factory.mktemp("prompt_tiles")
+        _MODELS[quant] = load_model(write_tiny_model(d / f"{quant}.gguf", "qwen2", seed=3, quant=quant, d_model=256,
+                                                     ffn_dim=512, n_heads=4, n_kv_heads=2, vocab_size=300, ctx=512))
+    if _MODELS[quant].fused is None:
         pytest.skip("the tiny model runs off the native blocks here")
-    return m
+    return _MODELS[quant]
+
+
+@pytest.fixture(scope="module")
+def q4k_model(tmp_path_factory):
+    return _tiny("Q4_K", tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=KTYPES)
+def k_model(request, tmp_path_factory):
+    """a tiny model whose every matrix is Q4_K, then one whose every matrix is Q6_K"""
+    return _tiny(request.param, tmp_path_factory)
 
 
 PROMPT = [int(t) for t in np.random.default_rng(1).integers(0, 300, 40)]
@@ -238,12 +318,12 @@ def last_logits(model, chunks, step=5):
     return out.logits[-1].clone(), model.forward([step], cache).logits[-1].clone()
 
 
-def test_prompt_rows_take_the_route_in_any_chunking(q4k_model, route):
-    off = last_logits(q4k_model, [(0, 40)])
+def test_prompt_rows_take_the_route_in_any_chunking(k_model, route):
+    off = last_logits(k_model, [(0, 40)])
     outs = {}
     for mode in ROUTES:
         route(mode)
-        outs[mode] = [last_logits(q4k_model, [(0, 40)]), last_logits(q4k_model, [(0, 17), (17, 40)])]
+        outs[mode] = [last_logits(k_model, [(0, 40)]), last_logits(k_model, [(0, 17), (17, 40)])]
     route("off")
     ref = outs["reference"][0]
     # another arithmetic (so the route really ran), near the default one
@@ -255,13 +335,31 @@ def test_prompt_rows_take_the_route_in_any_chunking(q4k_model, route):
 
 
 @HW
-def test_hardware_route_equals_reference_in_a_model(q4k_model, route):
+def test_hardware_route_equals_reference_in_a_model(k_model, route):
     route("reference")
-    ref = last_logits(q4k_model, [(0, 40)])
+    ref = last_logits(k_model, [(0, 40)])
     route("tiles")
-    got = last_logits(q4k_model, [(0, 25), (25, 40)])
+    got = last_logits(k_model, [(0, 25), (25, 40)])
     for a, b in zip(got, ref):
         assert torch.equal(bits(a), bits(b))
+
+
+def test_the_route_takes_only_the_types_asked(k_model, route):
+    """with the route set to Q4_K only, a Q6_K model's prompt rows keep the default bits (and a
+    Q4_K model's still take the route); the types come back"""
+    off = last_logits(k_model, [(0, 40)])
+    route("reference")
+    on = last_logits(k_model, [(0, 40)])
+    assert kernels.prompt_tiles_types(["Q4_K"]) == ["Q4_K", "Q6_K"]
+    try:
+        only = last_logits(k_model, [(0, 40)])
+    finally:
+        assert kernels.prompt_tiles_types(["Q4_K", "Q6_K"]) == ["Q4_K"]
+    q6 = k_model.path.name.startswith("Q6_K")
+    assert torch.equal(bits(only[0]), bits((off if q6 else on)[0]))
+    assert not torch.equal(bits(on[0]), bits(off[0]))
+    with pytest.raises(ValueError, match="Q5_0"):
+        kernels.prompt_tiles_types(["Q5_0"])
 
 
 def test_generated_rows_keep_the_default_arithmetic(q4k_model, route):
@@ -294,7 +392,7 @@ def test_a_batch_of_prompt_and_generated_rows(q4k_model, route):
 
 
 @pytest.mark.parametrize("mode", ROUTES)
-def test_speculative_equals_plain_with_the_route(q4k_model, route, mode):
+def test_speculative_equals_plain_with_the_route(k_model, route, mode):
     from tsspec.sampling import Sampler, SamplingParams
     from tsspec.spec.loop import decode
     from tsspec.spec.ngram import NGramSpeculator
@@ -304,9 +402,9 @@ def test_speculative_equals_plain_with_the_route(q4k_model, route, mode):
     route(mode)
     prompt = [5, 6, 7, 8, 9] * 6 + PROMPT[:300]
     for sampler in (Sampler(), Sampler(SamplingParams(temperature=0.8, top_k=20, seed=4))):
-        want = decode(q4k_model, sampler, prompt, 32)
+        want = decode(k_model, sampler, prompt, 32)
         stats = SpecStats()
-        got = decode(q4k_model, sampler, prompt, 32, SpecPlan(NGramSpeculator(max_draft_tokens=6), window=6),
+        got = decode(k_model, sampler, prompt, 32, SpecPlan(NGramSpeculator(max_draft_tokens=6), window=6),
                      stats=stats)
         assert got == want
         assert stats.drafted > 0

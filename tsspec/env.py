@@ -29,7 +29,7 @@ from .errors import BadInput
 ENV_CACHE = "TSSPEC_CACHE"
 ENV_KERNELS = "TSSPEC_KERNELS"
 ENV_AMX = "TSSPEC_AMX"  # auto | 0 | 1: the AMX tile products (kernels/amx.c)
-ENV_PROMPT_TILES = "TSSPEC_PROMPT_TILES"  # 0 | 1: prompt rows' Q4_K products on AMX tiles (kernels/prompt_tiles.c)
+ENV_PROMPT_TILES = "TSSPEC_PROMPT_TILES"  # 0 | 1: prompt rows' Q4_K and Q6_K products on AMX tiles (kernels/prompt_tiles.c)
 ENV_ISA = "TSSPEC_ISA"  # auto | avx512 | avx2 | neon | scalar: the native kernels' instruction-set level
 ISA_WORDS = ("auto", "avx512", "avx2", "neon", "scalar")
 ENV_CC = "CC"
@@ -122,7 +122,7 @@ def amx_mode(env: Mapping[str, str] | None = None) -> str:
 
 
 def prompt_tiles_mode(env: Mapping[str, str] | None = None) -> bool:
-    """``TSSPEC_PROMPT_TILES``: 1 puts prompt rows' Q4_K products on the AMX tiles in the super-block
+    """``TSSPEC_PROMPT_TILES``: 1 puts prompt rows' Q4_K and Q6_K products on the AMX tiles in the super-block
     arithmetic (faster prefill; prompt rows then round otherwise than generated ones, so a kept
     cache reuses prompt rows only); 0 (default) keeps every row on one arithmetic. Booleans' other
     spellings read as 0/1; anything else is a BadInput."""

@@ -351,6 +351,7 @@ SIGNATURES: dict[str, tuple] = {
     "tsq_sb_tiles_built": (_I, []),
     "tsq_sb_use": (_I, [_I]),
     "tsq_sb_in_use": (_I, []),
+    "tsq_sb_types": (_I, [_I]),
     "tsq_forward_prompt": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _L, _P, _P, _I, _I]),
     "tsq_forward_batch_prompt": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P, _P]),
     "tsq_forward_tree_prompt": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P, _P, _P, _P,
@@ -452,7 +453,7 @@ _prompt_tiles = "off"  # prompt_tiles_status()'s answer once the library is load
 
 
 def _setup_prompt_tiles(h: ctypes.CDLL) -> None:
-    """Switch prompt rows' Q4_K products onto the tiles as ``TSSPEC_PROMPT_TILES`` says (after
+    """Switch prompt rows' Q4_K and Q6_K products onto the tiles as ``TSSPEC_PROMPT_TILES`` says (after
     ``_setup_amx``): where they cannot run, or fail their self-check, that is ``_amx_error`` for
     lib() to raise, one line."""
     global _prompt_tiles, _amx_error
@@ -481,18 +482,23 @@ def _setup_prompt_tiles(h: ctypes.CDLL) -> None:
 
 def prompt_tiles_self_check(h: ctypes.CDLL, *, hardware: bool = True) -> str | None:
     """The super-block tile product (``hardware``: real tiles; else the emulation) against its
-    reference on random Q4_K rows, 33 input rows and 40 weight rows, 1 and 2 threads: None when
-    every bit agrees, else what differed."""
+    reference on random Q4_K and Q6_K rows, 33 input rows and 40 weight rows, 1 and 2 threads: None
+    when every bit agrees, else what differed."""
     rng = np.random.default_rng(9)
-    k, tid = 512, TYPE_IDS["Q4_K"]
+    k = 512
     x = rng.standard_normal((33, k)).astype(np.float32)
-    rb = h.tsq_row_bytes(tid, k)
-    w = _sane_scales("Q4_K", rng.integers(0, 256, size=(40, rb), dtype=np.uint8))
-    ref = np.zeros((33, 40), dtype=np.float32)
-    if h.tsq_matmul_sb(tid, _ptr(w), 0, rb, 40, k, _ptr(x), 33, _ptr(ref), 40, 1, 0):
-        return "the reference refused"
-    return _same_as(ref, lambda y, nt: h.tsq_matmul_sb(tid, _ptr(w), 0, rb, 40, k, _ptr(x), 33, _ptr(y), 40, nt,
-                                                       1 if hardware else 2))
+    for name in ("Q4_K", "Q6_K"):
+        tid = TYPE_IDS[name]
+        rb = h.tsq_row_bytes(tid, k)
+        w = _sane_scales(name, rng.integers(0, 256, size=(40, rb), dtype=np.uint8))
+        ref = np.zeros((33, 40), dtype=np.float32)
+        if h.tsq_matmul_sb(tid, _ptr(w), 0, rb, 40, k, _ptr(x), 33, _ptr(ref), 40, 1, 0):
+            return f"{name}: the reference refused"
+        bad = _same_as(ref, lambda y, nt: h.tsq_matmul_sb(tid, _ptr(w), 0, rb, 40, k, _ptr(x), 33, _ptr(y), 40, nt,
+                                                          1 if hardware else 2), f"{name}, ")
+        if bad:
+            return bad
+    return None
 
 
 def _same_as(ref: np.ndarray, run, label: str = "") -> str | None:
@@ -508,7 +514,7 @@ def _same_as(ref: np.ndarray, run, label: str = "") -> str | None:
 
 
 def use_prompt_tiles(mode: str) -> None:
-    """Route prompt rows' Q4_K products: "off", "tiles" (the hardware), "emulated" or "reference"
+    """Route prompt rows' Q4_K and Q6_K products: "off", "tiles" (the hardware), "emulated" or "reference"
     (the same arithmetic on any CPU: tests run a whole model through the route this way).
     ``TSSPEC_PROMPT_TILES`` sets this when the library loads; tests set it and put it back."""
     codes = {"off": 0, "tiles": 1, "emulated": 2, "reference": 3}
@@ -516,15 +522,28 @@ def use_prompt_tiles(mode: str) -> None:
         raise ValueError(f"prompt rows cannot take the super-block route ({mode}) here")
 
 
+def prompt_tiles_types(names: list[str] | None = None) -> list[str]:
+    """The weight types whose prompt-row products take the super-block route while it is on (Q4_K
+    and Q6_K by default); ``names`` sets them (a subset of those two) and the ones before come back.
+    For scripts that compare one type's share; set it between forwards only."""
+    h = lib()
+    ids = {"Q4_K": TYPE_IDS["Q4_K"], "Q6_K": TYPE_IDS["Q6_K"]}
+    if names is not None and (bad := [n for n in names if n not in ids]):
+        raise ValueError(f"the super-block route takes Q4_K and Q6_K, not {', '.join(bad)}")
+    was = h.tsq_sb_types(0)
+    h.tsq_sb_types(was if names is None else sum(1 << ids[n] for n in set(names)))
+    return [n for n, i in ids.items() if was >> i & 1]
+
+
 def prompt_tiles_on() -> bool:
-    """Whether prompt rows' Q4_K products now round otherwise than generated rows' (the super-block
+    """Whether prompt rows' Q4_K and Q6_K products now round otherwise than generated rows' (the super-block
     route is on, in any mode): a kept cache may then reuse prompt rows only."""
     h = lib()
     return bool(h is not None and h.tsq_sb_in_use())
 
 
 def prompt_tiles_status() -> str:
-    """What prompt rows' Q4_K products take, for ``tsspec info``."""
+    """What prompt rows' Q4_K and Q6_K products take, for ``tsspec info``."""
     return _prompt_tiles if lib() is not None else "off"
 
 
@@ -860,7 +879,7 @@ def sb_tiles_built() -> bool:
 
 def matmul_sb(type_name: str, w: np.ndarray, k: int, x: "torch.Tensor", y: "torch.Tensor", *, packed: bool = False,
               threads: int | None = None, mode: str = "reference") -> None:
-    """y[m, n] = x [m, k] against the Q4_K rows ``w`` in the super-block arithmetic (prompt_tiles.c:
+    """y[m, n] = x [m, k] against the Q4_K or Q6_K rows ``w`` in the super-block arithmetic (prompt_tiles.c:
     inputs quantized per 256 elements, one float step per super-block), through ``mode``
     (``SB_MODES``); every mode gives the same bits. A ValueError for another type, or a mode this
     build or CPU cannot run."""
@@ -1070,7 +1089,7 @@ class FusedBlocks:
         torch tensors, or numpy arrays throughout (``models.lean``; without ``taps``).
         ``taps`` (layers in [l0, l1]; l1: after the last): the residual entering each, copied out
         in the same call -> [m, len(taps) * d], tap j of a row in columns j*d..(j+1)*d. ``prompt``:
-        the rows are prompt rows (their Q4_K products take the super-block route where it is on)."""
+        the rows are prompt rows (their Q4_K and Q6_K products take the super-block route where it is on)."""
         if taps:
             return self.run_batch(h, l0, l1, [0, h.shape[0]], [start], [k_cache], [v_cache], cos, sin, taps,
                                   prompt=[prompt])

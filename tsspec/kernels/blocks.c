@@ -28,8 +28,8 @@ static int linear_plain(const tsq_linear *L, const float *x, long m, float *y, x
     return 0;
 }
 
-/* linear_plain for prompt rows while the super-block route is on (prompt_tiles.c): the Q4_K parts
- * in its arithmetic, the others as linear_plain takes them */
+/* linear_plain for prompt rows while the super-block route is on (prompt_tiles.c): the Q4_K and
+ * Q6_K parts in its arithmetic, the others as linear_plain takes them */
 static int linear_prompt(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt, int mode) {
     const long k = L->k;
     int8_t *q = malloc((size_t)m * k);
@@ -39,8 +39,8 @@ static int linear_prompt(const tsq_linear *L, const float *x, long m, float *y, 
     if (!rc) tsq_quantize_sb(x, m, k, q, dx, xs, nt);
     long col = 0;
     for (int i = 0; i < L->nparts && !rc; i++) {
-        if (L->type[i] == T_Q4_K) {
-            rc = tsq_matmul_sb_q(T_Q4_K, L->w[i], L->packed[i], L->row_bytes[i], L->n[i], k, q, dx, xs, m, y + col,
+        if (tsq_sb_takes(L->type[i])) {
+            rc = tsq_matmul_sb_q(L->type[i], L->w[i], L->packed[i], L->row_bytes[i], L->n[i], k, q, dx, xs, m, y + col,
                                  L->n_total, nt, mode);
         } else {
             if (!is_float_type(L->type[i]) && !have) { tsq_quantize(x, m, k, xq); have = 1; }
@@ -59,12 +59,12 @@ static int linear_prompt(const tsq_linear *L, const float *x, long m, float *y, 
 }
 
 /* linear_plain, with rows r where pr[r] is set (prompt rows; pr NULL: none) taken by the super-block
- * route where it is on and the layer has Q4_K parts. Runs of rows alike go as one product each. */
+ * route where it is on and the layer has Q4_K or Q6_K parts. Runs of rows alike go as one product each. */
 int tsq_linear_apply_rows(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt,
                           const uint8_t *pr) {
     const int mode = pr ? tsq_sb_product_mode() : -1;
     int any = 0;
-    for (int i = 0; i < L->nparts; i++) any |= L->type[i] == T_Q4_K;
+    for (int i = 0; i < L->nparts; i++) any |= tsq_sb_takes(L->type[i]);
     if (mode < 0 || !any || L->k % 256) return linear_plain(L, x, m, y, xq, nt);
     int rc = 0;
     for (long a = 0, b; a < m && !rc; a = b) {

@@ -153,17 +153,63 @@ static void sb_reference(const uint8_t *w, int packed, long row_bytes, long n, l
         }
 }
 
+/* the 6-bit code of element e (0..255) of a Q6_K super-block blk, as stored (packed: tsq_repack's
+ * transposed words, products.c transpose_codes: element 32 b + 16 hh + 4 j + r of a half sits in byte
+ * 4 (4 hh + b) + r of its code vector j) */
+static inline int q6k_code(const uint8_t *blk, int packed, int e) {
+    const int h = e / 128, l = e % 128;
+    int u, i; /* code vector u (0..3), byte i (0..31) of half h */
+    if (!packed) {
+        u = l / 32;
+        i = l % 32;
+    } else {
+        const int b = l / 32, hh = (l % 32) / 16;
+        u = (l % 16) / 4;
+        i = 4 * (4 * hh + b) + l % 4;
+    }
+    const int v = blk[64 * h + 32 * (u & 1) + i], hi = (blk[128 + 32 * h + i] >> (2 * u)) & 3;
+    return ((u < 2) ? (v & 15) : (v >> 4)) | (hi << 4);
+}
+
+/* Q6_K's super-block arithmetic: S = sum_j sc_j * sum_{e in j} (q_e - 32) x_e over its sixteen
+ * 16-element sub-blocks (sc_j the signed 8-bit scales; exact, |S| < 2^28), then
+ * acc = fma((float)S, d * dx, acc) */
+static void sb_reference_q6k(const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
+                             const float *dx, long m, float *y, long ldy, int nt) {
+    const long nsb = k / SB;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && n >= 64)
+    for (long i = 0; i < n; i++)
+        for (long c = 0; c < m; c++) {
+            float acc = 0.0f;
+            for (long s = 0; s < nsb; s++) {
+                const uint8_t *blk = w + i * row_bytes + s * 210;
+                const int8_t *xc = q + c * k + s * SB;
+                int32_t S = 0;
+                for (int j = 0; j < 16; j++) {
+                    int32_t isum = 0;
+                    for (int e = 16 * j; e < 16 * j + 16; e++) isum += (q6k_code(blk, packed, e) - 32) * xc[e];
+                    S += (int8_t)blk[192 + j] * isum;
+                }
+                acc = fmaf((float)S, f16_to_f32(rd16(blk + 208)) * dx[c * nsb + s], acc);
+            }
+            y[c * ldy + i] = acc;
+        }
+}
+
 #if SB_TILES
 /* ------------------------------------------------------------------ the tiles */
 
 /* Where the A operands' bytes come from. A panel's super-block is unpacked as chunks c = 2 h + nib
  * (h: the 128-element group, nib: low or high nibbles of its 64 stored bytes); byte p of chunk c is
  * super-block element perm[c][p], of sub-block perm[c][p] / 32. */
-static void sb_perm(int packed, int perm[4][64]) {
+static void sb_perm(int type, int packed, int perm[4][64]) {
     for (int c = 0; c < 4; c++)
         for (int p = 0; p < 64; p++) {
             const int h = c / 2, nib = c % 2;
-            if (!packed) {
+            if (type == T_Q6_K) { /* code vector u = 2 nib + p / 32 of half h, its byte i */
+                const int u = 2 * nib + p / 32, i = p % 32, W = i / 4;
+                perm[c][p] = packed ? 128 * h + 32 * (W % 4) + 16 * (W / 4) + 4 * u + i % 4 : 128 * h + 32 * u + i;
+            } else if (!packed) {
                 perm[c][p] = 64 * (2 * h + p / 32) + 32 * nib + p % 32;
             } else {
                 const int j = nib + 2 * (p / 32), pp = p % 32, L = pp / 4;
@@ -261,12 +307,58 @@ static inline __attribute__((always_inline)) void sb_unpack_row(const uint8_t *b
     }
 }
 
-/* a panel's super-block s: rows r0..r0 + nr of W, the rest zero */
+/* Q6_K's weight row r, super-block blk: three A operands a chunk, (q - 32) times the digits of
+ * sc = 64 a + 8 b + c (each in -3..4, so |(q - 32) digit| <= 128 fits a signed byte; sc = -128 is
+ * -2, 0, 0): A + ((op * 4 + chunk) * 1024) + r * 64 for op 0 (a), 1 (b), 2 (c); S = 64 C_a + 8 C_b + C_c.
+ * sel[c]: per byte of chunk c, its 16-element sub-block (0..15). Chunk 2 h + nib is code vectors
+ * 2 nib and 2 nib + 1 of half h (q6k_codes512's vectors, one half at a time). */
+static inline __attribute__((always_inline)) void sb_unpack_row_q6k(const uint8_t *blk, const __m512i sel[4], int8_t *A,
+                                                                    int r, sb_meta *meta) {
+    const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)));
+    const __m512i three = _mm512_set1_epi32(3), seven = _mm512_set1_epi32(7);
+    const __m512i dc = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(sc, three), seven), three);
+    const __m512i rest = _mm512_srai_epi32(_mm512_sub_epi32(sc, dc), 3);
+    const __m512i db = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(rest, three), seven), three);
+    const __m512i da = _mm512_srai_epi32(_mm512_sub_epi32(rest, db), 3);
+    const __m512i D[3] = {_mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(da)), _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(db)),
+                          _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(dc))};
+    meta->d[r] = f16_to_f32(rd16(blk + 208));
+    const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3), k32 = _mm512_set1_epi8(32);
+    const __m512i hib = _mm512_set1_epi16((short)0xFF00);
+    const __mmask64 odd = 0xAAAAAAAAAAAAAAAAULL;
+    for (int h = 0; h < 2; h++) {
+        const __m512i Q = _mm512_loadu_si512(blk + 64 * h);
+        const __m512i QH = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+        for (int nib = 0; nib < 2; nib++) {
+            const int c = 2 * h + nib;
+            /* vector 2 nib in the low 256 bits, 2 nib + 1 in the high: qh's bits 4 nib (+ 2 above) */
+            const __m512i shift = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(4 * nib)),
+                                                          _mm512_set1_epi16((short)(4 * nib + 2)));
+            const __m512i lo = nib ? _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4) : _mm512_and_si512(Q, m4);
+            const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(QH, shift), m3);
+            const __m512i v = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), k32);
+            const __m512i vh = _mm512_and_si512(v, hib);
+            for (int op = 0; op < 3; op++) { /* bytes times bytes: the low byte of a 16-bit product */
+                const __m512i dg = _mm512_shuffle_epi8(D[op], sel[c]);
+                const __m512i even = _mm512_mullo_epi16(v, dg), oddp = _mm512_mullo_epi16(vh, _mm512_srli_epi16(dg, 8));
+                _mm512_store_si512(A + (op * 4 + c) * 1024 + r * 64, _mm512_mask_blend_epi8(odd, even, oddp));
+            }
+        }
+    }
+}
+
+/* a panel's super-block s: rows r0..r0 + nr of W, the rest zero (q6: Q6_K, else Q4_K) */
 static inline __attribute__((always_inline)) void sb_unpack(const uint8_t *w, long row_bytes, long r0, long nr, long s,
-                                                            const __m512i sel[4], int8_t *A, sb_meta *meta) {
-    for (int r = 0; r < nr; r++) sb_unpack_row(w + (r0 + r) * row_bytes + s * 144, sel, A, r, meta);
+                                                            const __m512i sel[4], int8_t *A, sb_meta *meta,
+                                                            const int q6) {
+    for (int r = 0; r < nr; r++) {
+        if (q6)
+            sb_unpack_row_q6k(w + (r0 + r) * row_bytes + s * 210, sel, A, r, meta);
+        else
+            sb_unpack_row(w + (r0 + r) * row_bytes + s * 144, sel, A, r, meta);
+    }
     for (int r = (int)nr; r < SB_TR; r++) {
-        for (int c = 0; c < 8; c++) memset(A + c * 1024 + r * 64, 0, 64);
+        for (int c = 0; c < (q6 ? 12 : 8); c++) memset(A + c * 1024 + r * 64, 0, 64);
         meta->d[r] = meta->dmin[r] = 0.0f;
         memset(meta->mp[r], 0, sizeof meta->mp[r]);
     }
@@ -311,6 +403,31 @@ static inline SB_AMX void sb_products_hw(const int8_t *A, const int8_t *b0, cons
     }
 }
 
+/* Q6_K's tile products of one super-block for input tile b: c[op] = C_a, C_b, C_c. tmm0-2 the sums,
+ * tmm3-5 a chunk's three A operands, tmm6/7 B, alternately (a chunk's B load need not wait for the
+ * last chunk's products to have read its tile). */
+static inline SB_AMX void sb_products6_hw(const int8_t *A, const int8_t *b, int32_t (*c)[256]) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+#define SB6_CHUNK(ch, tb)                                                                                            \
+    _tile_loadd(tb, b + (ch) * 1024, 64);                                                                          \
+    _tile_loadd(3, A + (ch) * 1024, 64);                                                                           \
+    _tile_dpbssd(0, 3, tb);                                                                                        \
+    _tile_loadd(4, A + (4 + (ch)) * 1024, 64);                                                                     \
+    _tile_dpbssd(1, 4, tb);                                                                                        \
+    _tile_loadd(5, A + (8 + (ch)) * 1024, 64);                                                                     \
+    _tile_dpbssd(2, 5, tb);
+    SB6_CHUNK(0, 6)
+    SB6_CHUNK(1, 7)
+    SB6_CHUNK(2, 6)
+    SB6_CHUNK(3, 7)
+#undef SB6_CHUNK
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    _tile_stored(2, c[2], 64);
+}
+
 /* TDPBSSD in C: c[r][n] += sum over kk < 64 of A[r][kk] B[kk / 4][4 n + kk % 4], signed bytes;
  * integer sums, so the instruction's result */
 static void sb_dp_emu(const int8_t *A, const int8_t *B, int32_t *c) {
@@ -332,6 +449,23 @@ static void sb_products_emu(const int8_t *A, const int8_t *b0, const int8_t *b1,
             sb_dp_emu(A + SB_OP + ch * 1024, b1 + ch * 1024, c[3]);
         }
     }
+}
+
+static void sb_products6_emu(const int8_t *A, const int8_t *b, int32_t (*c)[256]) {
+    for (int op = 0; op < 3; op++) {
+        memset(c[op], 0, sizeof c[op]);
+        for (int ch = 0; ch < 4; ch++) sb_dp_emu(A + (op * 4 + ch) * 1024, b + ch * 1024, c[op]);
+    }
+}
+
+/* Q6_K's float step for weight row r against 16 inputs: acc = fma(64 C_a + 8 C_b + C_c, d dx, acc) */
+static inline __attribute__((always_inline)) void sb_float_step6(const sb_meta *meta, int r, const int32_t (*c)[256],
+                                                                 __m512 dx, float *a) {
+    const __m512i si = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[0] + r * SB_TR), 6),
+                                                         _mm512_slli_epi32(_mm512_load_si512(c[1] + r * SB_TR), 3)),
+                                        _mm512_load_si512(c[2] + r * SB_TR));
+    _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(_mm512_set1_ps(meta->d[r]), dx),
+                                       _mm512_load_ps(a)));
 }
 
 /* one weight row's float steps for one input tile and super-block (the reference's, 16 inputs at
@@ -379,21 +513,31 @@ static inline __attribute__((always_inline)) void sb_store_transposed(const floa
 }
 
 /* One panel (weight rows r0..r0 + nr) against input tiles t0..t1: acc [(t - t0) * 16 + r][16],
- * then written to y. A2: two super-blocks' operands (2 x 2 SB_OP), meta2 their factors. */
+ * then written to y. A2: two super-blocks' operands (2 x 3 SB_OP), meta2 their factors. q6: the
+ * weights are Q6_K (three operands, one input tile at a time), else Q4_K (two, input tiles in pairs). */
 static inline __attribute__((always_inline)) void
 sb_panel_body(const uint8_t *w, long row_bytes, long r0, long nr, long k, const sb_input *in, long t0, long t1,
-              long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y, long ldy, const int hw) {
-    const long nsb = k / SB, nt = t1 - t0;
+              long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y, long ldy, const int hw,
+              const int q6) {
+    const long nsb = k / SB, nt = t1 - t0, ops = q6 ? 3 : 2, step = q6 ? 1 : 2;
     int32_t C[2][4][256] __attribute__((aligned(64)));
     memset(acc, 0, sizeof(float) * nt * SB_TR * SB_TR);
-    sb_unpack(w, row_bytes, r0, nr, 0, sel, A2, meta2);
+    sb_unpack(w, row_bytes, r0, nr, 0, sel, A2, meta2, q6);
     for (long s = 0; s < nsb; s++) {
-        const int8_t *A = A2 + (s & 1) * 2 * SB_OP;
+        const int8_t *A = A2 + (s & 1) * ops * SB_OP;
         const sb_meta *meta = meta2 + (s & 1);
-        if (s + 1 < nsb) sb_unpack(w, row_bytes, r0, nr, s + 1, sel, A2 + ((s + 1) & 1) * 2 * SB_OP, meta2 + ((s + 1) & 1));
+        if (s + 1 < nsb)
+            sb_unpack(w, row_bytes, r0, nr, s + 1, sel, A2 + ((s + 1) & 1) * ops * SB_OP, meta2 + ((s + 1) & 1), q6);
         long prev = -1;
-        for (long t = 0; t < nt + 2; t += 2) {
-            if (t < nt) {
+        for (long t = 0; t < nt + step; t += step) {
+            if (t < nt && q6) {
+                int32_t (*c)[256] = C[t & 1];
+                const int8_t *b = in->B + ((t0 + t) * nsb + s) * SB_BT;
+                if (hw)
+                    sb_products6_hw(A, b, c);
+                else
+                    sb_products6_emu(A, b, c);
+            } else if (t < nt) {
                 const int pair = t + 1 < nt;
                 const long ts0 = (t0 + t) * nsb + s, ts1 = pair ? ts0 + nsb : ts0;
                 int32_t (*c)[256] = C[(t / 2) & 1];
@@ -402,7 +546,12 @@ sb_panel_body(const uint8_t *w, long row_bytes, long r0, long nr, long k, const 
                 else
                     sb_products_emu(A, in->B + ts0 * SB_BT, in->B + ts1 * SB_BT, pair, c);
             }
-            if (prev >= 0) {
+            if (prev >= 0 && q6) {
+                const long ts = (t0 + prev) * nsb + s;
+                const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
+                for (int r = 0; r < SB_TR; r++)
+                    sb_float_step6(meta, r, (const int32_t (*)[256])C[prev & 1], dx, acc + (prev * SB_TR + r) * SB_TR);
+            } else if (prev >= 0) {
                 int32_t (*c)[256] = C[(prev / 2) & 1];
                 for (int u = 0; u <= (prev + 1 < nt); u++) {
                     const long ts = (t0 + prev + u) * nsb + s;
@@ -425,21 +574,28 @@ sb_panel_body(const uint8_t *w, long row_bytes, long r0, long nr, long k, const 
 
 static void sb_panel_emu(const uint8_t *w, long row_bytes, long r0, long nr, long k, const sb_input *in, long t0,
                          long t1, long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y,
-                         long ldy) {
-    sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 0);
+                         long ldy, int q6) {
+    if (q6)
+        sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 0, 1);
+    else
+        sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 0, 0);
 }
 
 static SB_AMX void sb_panel_hw(const uint8_t *w, long row_bytes, long r0, long nr, long k, const sb_input *in, long t0,
                                long t1, long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y,
-                               long ldy) {
-    sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 1);
+                               long ldy, int q6) {
+    if (q6)
+        sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 1, 1);
+    else
+        sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 1, 0);
 }
 
-static int sb_tiles(const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q, const float *dx,
-                    const int16_t *xs, long m, float *y, long ldy, int nt, int hw) {
+static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
+                    const float *dx, const int16_t *xs, long m, float *y, long ldy, int nt, int hw) {
     const long nsb = k / SB, ntile = (m + SB_TR - 1) / SB_TR, npanel = (n + SB_TR - 1) / SB_TR;
+    const int q6 = type == T_Q6_K;
     int perm[4][64];
-    sb_perm(packed, perm);
+    sb_perm(type, packed, perm);
     sb_input in = {aligned_alloc(64, (size_t)ntile * nsb * SB_BT), aligned_alloc(64, (size_t)ntile * nsb * 64 * 4),
                    aligned_alloc(64, (size_t)ntile * nsb * SB_TR * 4)};
     int rc = 0;
@@ -451,7 +607,7 @@ static int sb_tiles(const uint8_t *w, int packed, long row_bytes, long n, long k
     /* per chunk, each byte's sub-block: the same for every row of a layout */
     uint8_t selb[4][64] __attribute__((aligned(64)));
     for (int c = 0; c < 4; c++)
-        for (int p = 0; p < 64; p++) selb[c][p] = (uint8_t)(perm[c][p] / 32);
+        for (int p = 0; p < 64; p++) selb[c][p] = (uint8_t)(perm[c][p] / (q6 ? 16 : 32));
     const __m512i sel[4] = {_mm512_load_si512(selb[0]), _mm512_load_si512(selb[1]), _mm512_load_si512(selb[2]),
                             _mm512_load_si512(selb[3])};
     const long per_tile = nsb * (SB_BT + 64 * 4 + SB_TR * 4);
@@ -462,7 +618,7 @@ static int sb_tiles(const uint8_t *w, int packed, long row_bytes, long n, long k
         long p0, p1;
         thread_share(npanel, &p0, &p1);
         const long tbe = tb < ntile ? tb : ntile;
-        int8_t *A2 = p0 < p1 ? aligned_alloc(64, 4 * SB_OP) : NULL;
+        int8_t *A2 = p0 < p1 ? aligned_alloc(64, 6 * SB_OP) : NULL;
         sb_meta *meta2 = p0 < p1 ? aligned_alloc(64, 2 * sizeof(sb_meta)) : NULL;
         float *acc = p0 < p1 ? aligned_alloc(64, sizeof(float) * tbe * SB_TR * SB_TR) : NULL;
         if (p0 < p1 && (!A2 || !meta2 || !acc)) {
@@ -475,9 +631,9 @@ static int sb_tiles(const uint8_t *w, int packed, long row_bytes, long n, long k
                     const long r0 = p * SB_TR, nr = n - r0 < SB_TR ? n - r0 : SB_TR;
                     const long t1 = t0 + tb < ntile ? t0 + tb : ntile;
                     if (hw)
-                        sb_panel_hw(w, row_bytes, r0, nr, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy);
+                        sb_panel_hw(w, row_bytes, r0, nr, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy, q6);
                     else
-                        sb_panel_emu(w, row_bytes, r0, nr, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy);
+                        sb_panel_emu(w, row_bytes, r0, nr, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy, q6);
                 }
             if (hw) sb_tiles_end();
         }
@@ -513,6 +669,21 @@ int tsq_sb_use(int mode) {
 
 int tsq_sb_in_use(void) { return sb_use; }
 
+static int sb_types = (1 << T_Q4_K) | (1 << T_Q6_K); /* tsq_sb_types */
+
+/* Which weight types prompt rows take on the route while it is on: a mask of 1 << type over Q4_K
+ * and Q6_K (both by default; scripts/ab_prompt_tiles.py compares). -> the mask before, or -1 for
+ * another type's bit. Switch it between forwards only. */
+int tsq_sb_types(int mask) {
+    if (mask & ~((1 << T_Q4_K) | (1 << T_Q6_K))) return -1;
+    const int was = sb_types;
+    sb_types = mask;
+    return was;
+}
+
+/* whether prompt rows' products of this weight type take the route (while it is on) */
+TSQ_INTERNAL int tsq_sb_takes(int type) { return (type == T_Q4_K || type == T_Q6_K) && ((sb_types >> type) & 1); }
+
 /* tsq_matmul_sb_q's mode for prompt rows' products, -1 while the route is off */
 TSQ_INTERNAL int tsq_sb_product_mode(void) { return sb_use == 0 ? -1 : sb_use == 3 ? 0 : sb_use; }
 
@@ -525,16 +696,21 @@ int tsq_sb_tiles_built(void) { return SB_TILES; }
  * wrong, a mode this build or CPU lacks); -2 out of memory. */
 int tsq_matmul_sb_q(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
                     const float *dx, const int16_t *xs, long m, float *y, long ldy, int nt, int mode) {
-    if (type != T_Q4_K || k % SB || row_bytes != k / SB * 144 || m < 0 || n < 0 || ldy < n) return -1;
+    if ((type != T_Q4_K && type != T_Q6_K) || k % SB || row_bytes != k / SB * (type == T_Q4_K ? 144 : 210) || m < 0 ||
+        n < 0 || ldy < n)
+        return -1;
     if (nt < 1) nt = 1;
     if (m == 0 || n == 0) return 0;
     if (mode == 0) {
-        sb_reference(w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt);
+        if (type == T_Q6_K)
+            sb_reference_q6k(w, packed, row_bytes, n, k, q, dx, m, y, ldy, nt);
+        else
+            sb_reference(w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt);
         return 0;
     }
 #if SB_TILES
-    if (mode == 2) return sb_tiles(w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt, 0);
-    if (mode == 1 && tsq_amx_init() == 0) return sb_tiles(w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt, 1);
+    if (mode == 2) return sb_tiles(type, w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt, 0);
+    if (mode == 1 && tsq_amx_init() == 0) return sb_tiles(type, w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt, 1);
 #endif
     return -1;
 }

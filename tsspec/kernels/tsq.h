@@ -311,11 +311,12 @@ TSQ_INTERNAL int tsq_linear_apply(const tsq_linear *L, const float *x, long m, f
 TSQ_INTERNAL int tsq_linear_apply_rows(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt,
                                        const uint8_t *pr);
 
-/* prompt_tiles.c: Q4_K products of prompt rows in the super-block arithmetic */
+/* prompt_tiles.c: Q4_K and Q6_K products of prompt rows in the super-block arithmetic */
 void tsq_quantize_sb(const float *x, long m, long k, int8_t *q, float *dx, int16_t *xs, int nt);
 int tsq_matmul_sb_q(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
                     const float *dx, const int16_t *xs, long m, float *y, long ldy, int nt, int mode);
 TSQ_INTERNAL int tsq_sb_product_mode(void);
+TSQ_INTERNAL int tsq_sb_takes(int type);
 TSQ_INTERNAL void tsq_rms_norm_row(const float *x, const float *w, long n, float eps, float *out);
 TSQ_INTERNAL void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n);
 
