@@ -218,11 +218,16 @@ static void sb_perm(int type, int packed, int perm[4][64]) {
         }
 }
 
-typedef struct { /* an input tile's operands, per super-block */
-    int8_t *B;   /* [t][s][chunk 4][K/4 16][col 16][4] */
-    int32_t *xp; /* [t][s][pair 4][col 16]: (xs_2q, xs_2q+1) as int16 pairs */
-    float *dx;   /* [t][s][col 16] */
+typedef struct { /* the input tiles' operands, super-block major (a panel's pass over one super-block
+                   reads them in one run) */
+    int8_t *B;   /* [s][t][chunk 4][K/4 16][col 16][4] */
+    int32_t *xp; /* [s][t][pair 4][col 16]: (xs_2q, xs_2q+1) as int16 pairs */
+    float *dx;   /* [s][t][col 16] */
+    long ntile;  /* tiles t */
 } sb_input;
+
+/* the index of input tile t's operands for super-block s */
+static inline long sb_at(const sb_input *in, long t, long s) { return s * in->ntile + t; }
 
 static void sb_prepare(const int8_t *q, const float *dx, const int16_t *xs, long m, long k, const int perm[4][64],
                        const sb_input *in, int nt) {
@@ -236,10 +241,10 @@ static void sb_prepare(const int8_t *q, const float *dx, const int16_t *xs, long
                                             _mm512_set1_epi32(64));
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && ntile * nsb > 1)
     for (long ts = 0; ts < ntile * nsb; ts++) {
-        const long t = ts / nsb, s = ts % nsb;
-        int8_t *B = in->B + ts * SB_BT;
-        int32_t *xp = in->xp + ts * 64;
-        float *d = in->dx + ts * SB_TR;
+        const long t = ts / nsb, s = ts % nsb, at = sb_at(in, t, s);
+        int8_t *B = in->B + at * SB_BT;
+        int32_t *xp = in->xp + at * 64;
+        float *d = in->dx + at * SB_TR;
         for (int col = 0; col < SB_TR; col++) {
             const long r = t * SB_TR + col;
             if (r >= m) {
@@ -532,14 +537,14 @@ sb_panel_body(const uint8_t *w, long row_bytes, long r0, long nr, long k, const 
         for (long t = 0; t < nt + step; t += step) {
             if (t < nt && q6) {
                 int32_t (*c)[256] = C[t & 1];
-                const int8_t *b = in->B + ((t0 + t) * nsb + s) * SB_BT;
+                const int8_t *b = in->B + sb_at(in, t0 + t, s) * SB_BT;
                 if (hw)
                     sb_products6_hw(A, b, c);
                 else
                     sb_products6_emu(A, b, c);
             } else if (t < nt) {
                 const int pair = t + 1 < nt;
-                const long ts0 = (t0 + t) * nsb + s, ts1 = pair ? ts0 + nsb : ts0;
+                const long ts0 = sb_at(in, t0 + t, s), ts1 = pair ? sb_at(in, t0 + t + 1, s) : ts0;
                 int32_t (*c)[256] = C[(t / 2) & 1];
                 if (hw)
                     sb_products_hw(A, in->B + ts0 * SB_BT, in->B + ts1 * SB_BT, pair, c);
@@ -547,14 +552,14 @@ sb_panel_body(const uint8_t *w, long row_bytes, long r0, long nr, long k, const 
                     sb_products_emu(A, in->B + ts0 * SB_BT, in->B + ts1 * SB_BT, pair, c);
             }
             if (prev >= 0 && q6) {
-                const long ts = (t0 + prev) * nsb + s;
+                const long ts = sb_at(in, t0 + prev, s);
                 const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
                 for (int r = 0; r < SB_TR; r++)
                     sb_float_step6(meta, r, (const int32_t (*)[256])C[prev & 1], dx, acc + (prev * SB_TR + r) * SB_TR);
             } else if (prev >= 0) {
                 int32_t (*c)[256] = C[(prev / 2) & 1];
                 for (int u = 0; u <= (prev + 1 < nt); u++) {
-                    const long ts = (t0 + prev + u) * nsb + s;
+                    const long ts = sb_at(in, t0 + prev + u, s);
                     const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
                     const int32_t *xp = in->xp + ts * 64;
                     for (int r = 0; r < SB_TR; r++)
@@ -597,7 +602,7 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
     int perm[4][64];
     sb_perm(type, packed, perm);
     sb_input in = {aligned_alloc(64, (size_t)ntile * nsb * SB_BT), aligned_alloc(64, (size_t)ntile * nsb * 64 * 4),
-                   aligned_alloc(64, (size_t)ntile * nsb * SB_TR * 4)};
+                   aligned_alloc(64, (size_t)ntile * nsb * SB_TR * 4), ntile};
     int rc = 0;
     if (!in.B || !in.xp || !in.dx) {
         rc = -2;
