@@ -1,5 +1,5 @@
-/* prompt_tiles.c: Q4_K products with one float step per 256-element super-block, on AMX-INT8 tiles
- * (issue 47's super-block route), for prompt rows.
+/* prompt_tiles.c: Q4_K and Q6_K products with one float step per 256-element super-block, on
+ * AMX-INT8 tiles (issue 47's super-block route), for prompt rows.
  *
  * The arithmetic (not the one the other products share: see products.c's header; this one rounds
  * otherwise, so only rows that every run forwards alike may take it, which prompt rows are):
@@ -10,10 +10,15 @@
  *     S = sum_j sc_j * sum_{e in j} q_e x_e,   M = sum_j m_j * xs_j   (exact integers, |S| < 2^25)
  *     acc = fma((float)S, d * dx, acc);  acc = fma(-(float)M, dmin * dx, acc)
  *   in super-block order from acc = 0. sb_reference does exactly this one element at a time.
+ *   Q6_K (sb_reference_q6k): S = sum_j sc_j * sum_{e in j} (q_e - 32) x_e over its sixteen
+ *   16-element sub-blocks, sc_j signed bytes, and acc = fma((float)S, d * dx, acc): no M.
  *
  * On the tiles, sc = 8 sh + sl (sh, sl <= 7), so the A operands q sh and q sl (<= 105) fit a signed
  * byte; TDPBSSD sums them against the input codes exactly in any order, and S = 8 C_hi + C_lo. The
  * minimums leave the tiles: M by four VPDPWSSD a weight row from the 32-element sums as int16 pairs.
+ * Q6_K's scales split as sc = 64 a + 8 b + c with each digit in -3..4, so (q - 32) times a digit
+ * fits a signed byte: three A operands a chunk, S = 64 C_a + 8 C_b + C_c, one input tile at a time
+ * (three sums, three operands and two B tiles fill the eight tiles).
  * The weights stay as stored (the file's blocks, or tsq_repack's transposed codes): each 16-row panel's
  * super-block is unpacked in registers straight into the A operands (a byte permute through a
  * 128-entry table of q f, index q | f << 4), and the input's B operands take the same element order
