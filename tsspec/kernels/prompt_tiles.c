@@ -290,17 +290,26 @@ typedef struct { /* a panel's weight rows' factors for one super-block */
  * q sh, op 1 q sl) and factors. sel[c]: per byte of chunk c, the sub-block (0..7) it belongs to. */
 static inline __attribute__((always_inline)) void sb_unpack_row(const uint8_t *blk, const __m512i sel[4], int8_t *A,
                                                                 int r, sb_meta *meta) {
-    int sc[8], mn[8];
-    uint8_t f[16];
-    for (int j = 0; j < 8; j++) {
-        scale_min_k4(j, blk + 4, &sc[j], &mn[j]);
-        f[j] = (uint8_t)((sc[j] >> 3) << 4);
-        f[8 + j] = (uint8_t)((sc[j] & 7) << 4);
-    }
-    for (int p = 0; p < 4; p++) meta->mp[r][p] = (int32_t)((uint32_t)mn[2 * p] | ((uint32_t)mn[2 * p + 1] << 16));
-    meta->d[r] = f16_to_f32(rd16(blk));
-    meta->dmin[r] = f16_to_f32(rd16(blk + 2));
-    const __m512i F = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)f));
+    /* the eight 6-bit scales and minimums (scale_min_k4's values) as bytes, four at a time in 32-bit
+     * words: j < 4 from the low six bits of bytes 0-3 / 4-7, j >= 4 from the nibbles of bytes 8-11
+     * with bytes 0-3's / 4-7's top two bits above them */
+    uint32_t u0, u1, u2;
+    memcpy(&u0, blk + 4, 4);
+    memcpy(&u1, blk + 8, 4);
+    memcpy(&u2, blk + 12, 4);
+    const uint64_t sc = (uint64_t)(u0 & 0x3f3f3f3fu) |
+                        (uint64_t)((u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4)) << 32;
+    const uint64_t mn = (uint64_t)(u1 & 0x3f3f3f3fu) |
+                        (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4)) << 32;
+    const uint64_t l3 = 0x0707070707070707ull;
+    _mm_store_si128((__m128i *)meta->mp[r], _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)));
+    /* d and dmin by F16C (the reference's f16_to_f32 values; only a signalling NaN's payload could differ) */
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk)));
+    meta->d[r] = _mm_cvtss_f32(dd);
+    meta->dmin[r] = _mm_cvtss_f32(_mm_movehdup_ps(dd));
+    /* f = (sc >> 3) << 4 for bytes 0-7, (sc & 7) << 4 for 8-15 */
+    const __m512i F = _mm512_broadcast_i32x4(
+        _mm_set_epi64x((long long)((sc & l3) << 4), (long long)(((sc >> 3) & l3) << 4)));
     const __m512i t0 = _mm512_load_si512(QF), t1 = _mm512_load_si512(QF + 64), m4 = _mm512_set1_epi8(15);
     const __m512i eight = _mm512_set1_epi8(8);
     for (int h = 0; h < 2; h++) {
@@ -332,7 +341,7 @@ static inline __attribute__((always_inline)) void sb_unpack_row_q6k(const uint8_
     const __m512i da = _mm512_srai_epi32(_mm512_sub_epi32(rest, db), 3);
     const __m512i D[3] = {_mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(da)), _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(db)),
                           _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(dc))};
-    meta->d[r] = f16_to_f32(rd16(blk + 208));
+    meta->d[r] = _cvtsh_ss(rd16(blk + 208));
     const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3), k32 = _mm512_set1_epi8(32);
     const __m512i hib = _mm512_set1_epi16((short)0xFF00);
     const __mmask64 odd = 0xAAAAAAAAAAAAAAAAULL;
