@@ -48,6 +48,7 @@
 #define SB_TR 16                       /* rows of a tile: weight rows (A, C), input rows (C's columns) */
 #define SB_OP (4 * 1024)               /* one A operand of a panel's super-block: 4 chunks x 16 rows x 64 */
 #define SB_BT (4 * 1024)               /* one input tile's B operands of one super-block */
+#define SB_GRAB 4                       /* panels a thread takes at a time */
 #define SB_BLOCK_BYTES (8L << 20)      /* input tiles a panel takes in one pass (512 rows of 8960: all of them) */
 
 /* ------------------------------------------------------------------ the input, per super-block */
@@ -632,21 +633,31 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
     const long per_tile = nsb * (SB_BT + 64 * 4 + SB_TR * 4);
     long tb = SB_BLOCK_BYTES / per_tile;
     tb = tb < 2 ? 2 : tb & ~1L;
+    /* panels handed out a few at a time (the two cores of a shared host seldom run alike; a static
+     * split leaves one waiting): each panel's result is its own, whoever computes it */
+    const long nblk = (ntile + tb - 1) / tb, items = nblk * npanel;
+    long next = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1 && npanel > 1)
     {
-        long p0, p1;
-        thread_share(npanel, &p0, &p1);
         const long tbe = tb < ntile ? tb : ntile;
-        int8_t *A2 = p0 < p1 ? aligned_alloc(64, 6 * SB_OP) : NULL;
-        sb_meta *meta2 = p0 < p1 ? aligned_alloc(64, 2 * sizeof(sb_meta)) : NULL;
-        float *acc = p0 < p1 ? aligned_alloc(64, sizeof(float) * tbe * SB_TR * SB_TR) : NULL;
-        if (p0 < p1 && (!A2 || !meta2 || !acc)) {
+        int8_t *A2 = aligned_alloc(64, 6 * SB_OP);
+        sb_meta *meta2 = aligned_alloc(64, 2 * sizeof(sb_meta));
+        float *acc = aligned_alloc(64, sizeof(float) * tbe * SB_TR * SB_TR);
+        if (!A2 || !meta2 || !acc) {
 #pragma omp atomic write
             rc = -2;
-        } else if (p0 < p1) {
+        } else {
             if (hw) sb_tiles_begin();
-            for (long t0 = 0; t0 < ntile; t0 += tb)
-                for (long p = p0; p < p1; p++) {
+            for (;;) {
+                long i0;
+#pragma omp atomic capture
+                {
+                    i0 = next;
+                    next += SB_GRAB;
+                }
+                if (i0 >= items) break;
+                for (long i = i0; i < i0 + SB_GRAB && i < items; i++) {
+                    const long t0 = i / npanel * tb, p = i % npanel;
                     const long r0 = p * SB_TR, nr = n - r0 < SB_TR ? n - r0 : SB_TR;
                     const long t1 = t0 + tb < ntile ? t0 + tb : ntile;
                     if (hw)
@@ -654,6 +665,7 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
                     else
                         sb_panel_emu(w, row_bytes, r0, nr, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy, q6);
                 }
+            }
             if (hw) sb_tiles_end();
         }
         free(A2);
