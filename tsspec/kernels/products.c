@@ -1355,7 +1355,9 @@ static int matmul_blocked(int type, const uint8_t *w, int packed, long row_bytes
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1 && n_rows >= 64)
         {
             pair_rows(xq + c0 * ng, c1 - c0, ng, offset_shift(type), xp); /* tiles start at even rows of the chunk */
-#pragma omp for schedule(static)
+            /* blocks handed out one at a time: a shared host's two cores seldom run alike, and a
+             * static split leaves the faster one waiting (each block's outputs are its own) */
+#pragma omp for schedule(dynamic, 1)
             for (long b0 = 0; b0 < n_rows; b0 += nb) {
                 const long b1 = n_rows - b0 < nb ? n_rows : b0 + nb;
                 float state[STATE_ROWS][QTILE_MAX * 16];
