@@ -8,9 +8,10 @@ One process per model, one model load: each round prefills the same prompt (``--
 README.md's text, as prompt rows, in the chunks a run takes on each side) into a fresh cache once with
 the route off (every row on the default arithmetic: TSSPEC_PROMPT_TILES=0) and once with prompt rows'
 Q4_K and Q6_K products on the AMX tiles (TSSPEC_PROMPT_TILES=1; ``--q4k-only`` adds a side with Q4_K's
-only), each side first in turn, so the host's slow and fast phases fall on all alike. Reports each side's median tokens a second, and the median and quartiles
-over rounds of tiles/off time. Needs a CPU with AMX. The two sides round differently by design;
-the script reports how far the last row's logits move (cosine, and whether the argmax agrees).
+only), each side first in turn, so the host's slow and fast phases fall on all alike. Reports each
+side's median tokens a second, and the median and quartiles over rounds of each side's time over the
+route-off time. Needs a CPU with AMX. The sides round differently by design; the script reports how
+far the last row's logits move (cosine, and whether the argmax agrees).
 """
 
 from __future__ import annotations

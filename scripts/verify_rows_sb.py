@@ -69,7 +69,8 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     res = {"model": args.model, "context": args.context, "rounds": args.rounds, "threads": kernels.thread_count(),
            "median_s": med, "times_s": times}
-    print(f"{args.model}, {args.context}-token cache, {args.rounds} rounds: one-row step {med['1:step'] * 1e3:.1f} ms")
+    print(f"{args.model}, {args.context}-token cache, {args.rounds} rounds: "
+          f"one-row step {med['1:step'] * 1e3:.1f} ms")
     for n in args.rows:
         for s in ("today", "tiles"):
             ratios = sorted(b / a for a, b in zip(times["1:step"], times[f"{n}:{s}"]))

@@ -332,15 +332,16 @@ static inline __attribute__((always_inline)) void sb_unpack_row(const uint8_t *b
  * -2, 0, 0): A + ((op * 4 + chunk) * 1024) + r * 64 for op 0 (a), 1 (b), 2 (c); S = 64 C_a + 8 C_b + C_c.
  * sel[c]: per byte of chunk c, its 16-element sub-block (0..15). Chunk 2 h + nib is code vectors
  * 2 nib and 2 nib + 1 of half h (q6k_codes512's vectors, one half at a time). */
-static inline __attribute__((always_inline)) void sb_unpack_row_q6k(const uint8_t *blk, const __m512i sel[4], int8_t *A,
-                                                                    int r, sb_meta *meta) {
+static inline __attribute__((always_inline)) void sb_unpack_row_q6k(const uint8_t *blk, const __m512i sel[4],
+                                                                    int8_t *A, int r, sb_meta *meta) {
     const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)));
     const __m512i three = _mm512_set1_epi32(3), seven = _mm512_set1_epi32(7);
     const __m512i dc = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(sc, three), seven), three);
     const __m512i rest = _mm512_srai_epi32(_mm512_sub_epi32(sc, dc), 3);
     const __m512i db = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(rest, three), seven), three);
     const __m512i da = _mm512_srai_epi32(_mm512_sub_epi32(rest, db), 3);
-    const __m512i D[3] = {_mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(da)), _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(db)),
+    const __m512i D[3] = {_mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(da)),
+                          _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(db)),
                           _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(dc))};
     meta->d[r] = _cvtsh_ss(rd16(blk + 208));
     const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3), k32 = _mm512_set1_epi8(32);
@@ -360,7 +361,8 @@ static inline __attribute__((always_inline)) void sb_unpack_row_q6k(const uint8_
             const __m512i vh = _mm512_and_si512(v, hib);
             for (int op = 0; op < 3; op++) { /* bytes times bytes: the low byte of a 16-bit product */
                 const __m512i dg = _mm512_shuffle_epi8(D[op], sel[c]);
-                const __m512i even = _mm512_mullo_epi16(v, dg), oddp = _mm512_mullo_epi16(vh, _mm512_srli_epi16(dg, 8));
+                const __m512i even = _mm512_mullo_epi16(v, dg);
+                const __m512i oddp = _mm512_mullo_epi16(vh, _mm512_srli_epi16(dg, 8));
                 _mm512_store_si512(A + (op * 4 + c) * 1024 + r * 64, _mm512_mask_blend_epi8(odd, even, oddp));
             }
         }
@@ -570,7 +572,8 @@ sb_panel_body(const uint8_t *w, long row_bytes, long r0, long nr, long k, const 
                 const long ts = sb_at(in, t0 + prev, s);
                 const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
                 for (int r = 0; r < SB_TR; r++)
-                    sb_float_step6(meta, r, (const int32_t (*)[256])C[prev & 1], dx, acc + (prev * SB_TR + r) * SB_TR);
+                    sb_float_step6(meta, r, (const int32_t (*)[256])C[prev & 1], dx,
+                                   acc + (prev * SB_TR + r) * SB_TR);
             } else if (prev >= 0) {
                 int32_t (*c)[256] = C[(prev / 2) & 1];
                 for (int u = 0; u <= (prev + 1 < nt); u++) {
@@ -741,7 +744,8 @@ int tsq_matmul_sb_q(int type, const uint8_t *w, int packed, long row_bytes, long
     }
 #if SB_TILES
     if (mode == 2) return sb_tiles(type, w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt, 0);
-    if (mode == 1 && tsq_amx_init() == 0) return sb_tiles(type, w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt, 1);
+    if (mode == 1 && tsq_amx_init() == 0)
+        return sb_tiles(type, w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt, 1);
 #endif
     return -1;
 }
