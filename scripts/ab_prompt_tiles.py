@@ -59,7 +59,6 @@ def use(side: str) -> None:
 def run(name: str, tokens: int, rounds: int, sides: tuple[str, ...] = ("off", "tiles")) -> dict:
     import torch
 
-    from tsspec import kernels
     from tsspec.hub import resolve_model
     from tsspec.models import load_model
 

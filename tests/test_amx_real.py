@@ -1,7 +1,8 @@
 """The AMX tiles on the real models: every logit of a 600-token prompt, greedy steps and a 5-row
 verify equal the VNNI path's bit for bit with every multi-row product on the hardware tiles, and a
 seeded, n-gram-speculated run gives the same tokens under TSSPEC_AMX=1 and =0 (2 threads, so the
-OpenMP workers load their own tile configuration).
+OpenMP workers load their own tile configuration); with prompt rows on the super-block route
+(TSSPEC_PROMPT_TILES=1), seeded n-gram speculation gives plain's tokens.
 
 Hardware only: on a CPU without AMX the tiles' code runs through its C emulation against the
 reference in tests/test_amx.py (every type, rows 1..256, whole tiny models); a real model through
@@ -83,3 +84,29 @@ def test_seeded_ngram_speculation_gives_the_same_tokens_under_amx(name, real_mod
         assert out["prompt_tokens"] >= 600
         outs.append(out["token_ids"])
     assert outs[0] == outs[1] and len(outs[0]) > 0
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_speculation_equals_plain_with_prompt_rows_on_the_tiles(name, real_model_path, tmp_path):
+    """TSSPEC_PROMPT_TILES=1: a 600-token prompt's Q4_K and Q6_K products in the super-block
+    arithmetic on the tiles (prompt_tiles.c); plain (the lean path) and n-gram speculation forward
+    the prompt alike and keep generated and verify rows on the shared arithmetic, so the seeded
+    tokens agree"""
+    path = real_model_path(name)
+    prompt = tmp_path / "p.txt"
+    prompt.write_text(PARAGRAPH * 30)
+    outs = []
+    for spec in ([], ["--spec", "--spec-type", "ngram"]):
+        env = {**os.environ, "TSSPEC_PROMPT_TILES": "1", "OMP_NUM_THREADS": "2"}
+        r = subprocess.run([sys.executable, "-m", "tsspec", "generate", "-m", str(path), "-f", str(prompt), "-n",
+                            "24", "--temp", "0.8", "--seed", "3", *spec, "--json", "-t", "2"],
+                           capture_output=True, text=True, env=env, timeout=1200)
+        assert r.returncode == 0, f"{spec or 'plain'}: {r.stderr[-2000:]}"
+        out = json.loads(r.stdout)
+        assert out["prompt_tokens"] >= 600
+        outs.append(out["token_ids"])
+    assert outs[0] == outs[1] and len(outs[0]) == 24
+    # and the switch took: a process under the same environment routes prompt rows to the tiles
+    r = subprocess.run([sys.executable, "-c", "from tsspec import kernels; kernels.lib(); "
+                        "print(kernels.prompt_tiles_status())"], capture_output=True, text=True, env=env, timeout=600)
+    assert "on the AMX tiles" in r.stdout, r.stdout + r.stderr[-1000:]
