@@ -10,7 +10,7 @@
  *     S = sum_j sc_j * sum_{e in j} q_e x_e,   M = sum_j m_j * xs_j   (exact integers, |S| < 2^25)
  *     acc = fma((float)S, d * dx, acc);  acc = fma(-(float)M, dmin * dx, acc)
  *   in super-block order from acc = 0. sb_reference does exactly this one element at a time.
- *   Q6_K (sb_reference_q6k): S = sum_j sc_j * sum_{e in j} (q_e - 32) x_e over its sixteen
+ *   Q6_K (sb_ref_q6k): S = sum_j sc_j * sum_{e in j} (q_e - 32) x_e over its sixteen
  *   16-element sub-blocks, sc_j signed bytes, and acc = fma((float)S, d * dx, acc): no M.
  *
  * On the tiles, sc = 8 sh + sl (sh, sl <= 7), so the A operands q sh and q sl (<= 105) fit a signed
@@ -132,31 +132,20 @@ static inline int q4k_code(const uint8_t *qs, int packed, int e) {
     return hi ? qs[byte] >> 4 : qs[byte] & 15;
 }
 
-static void sb_reference(const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
-                         const float *dx, const int16_t *xs, long m, float *y, long ldy, int nt) {
-    const long nsb = k / SB;
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && n >= 64)
-    for (long i = 0; i < n; i++)
-        for (long c = 0; c < m; c++) {
-            float acc = 0.0f;
-            for (long s = 0; s < nsb; s++) {
-                const uint8_t *blk = w + i * row_bytes + s * 144;
-                const int8_t *xc = q + c * k + s * SB;
-                int32_t S = 0, M = 0;
-                for (int j = 0; j < 8; j++) {
-                    int sc, mn;
-                    scale_min_k4(j, blk + 4, &sc, &mn);
-                    int32_t isum = 0;
-                    for (int e = 32 * j; e < 32 * j + 32; e++) isum += q4k_code(blk + 16, packed, e) * xc[e];
-                    S += sc * isum;
-                    M += mn * xs[(c * nsb + s) * 8 + j];
-                }
-                const float dxv = dx[c * nsb + s];
-                acc = fmaf((float)S, f16_to_f32(rd16(blk)) * dxv, acc);
-                acc = fmaf(-(float)M, f16_to_f32(rd16(blk + 2)) * dxv, acc);
-            }
-            y[c * ldy + i] = acc;
-        }
+/* one Q4_K super-block's float steps for one input row: acc in, acc out (xsr: the row's eight
+ * 32-element code sums of this super-block) */
+static float sb_ref_q4k(const uint8_t *blk, int packed, const int8_t *xc, const int16_t *xsr, float dxv, float acc) {
+    int32_t S = 0, M = 0;
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        scale_min_k4(j, blk + 4, &sc, &mn);
+        int32_t isum = 0;
+        for (int e = 32 * j; e < 32 * j + 32; e++) isum += q4k_code(blk + 16, packed, e) * xc[e];
+        S += sc * isum;
+        M += mn * xsr[j];
+    }
+    acc = fmaf((float)S, f16_to_f32(rd16(blk)) * dxv, acc);
+    return fmaf(-(float)M, f16_to_f32(rd16(blk + 2)) * dxv, acc);
 }
 
 /* the 6-bit code of element e (0..255) of a Q6_K super-block blk, as stored (packed: tsq_repack's
@@ -177,26 +166,33 @@ static inline int q6k_code(const uint8_t *blk, int packed, int e) {
     return ((u < 2) ? (v & 15) : (v >> 4)) | (hi << 4);
 }
 
-/* Q6_K's super-block arithmetic: S = sum_j sc_j * sum_{e in j} (q_e - 32) x_e over its sixteen
- * 16-element sub-blocks (sc_j the signed 8-bit scales; exact, |S| < 2^28), then
- * acc = fma((float)S, d * dx, acc) */
-static void sb_reference_q6k(const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
-                             const float *dx, long m, float *y, long ldy, int nt) {
-    const long nsb = k / SB;
+/* Q6_K's super-block arithmetic, one super-block of one input row: S = sum_j sc_j * sum_{e in j}
+ * (q_e - 32) x_e over its sixteen 16-element sub-blocks (sc_j the signed 8-bit scales; exact,
+ * |S| < 2^28), then acc = fma((float)S, d * dx, acc) */
+static float sb_ref_q6k(const uint8_t *blk, int packed, const int8_t *xc, float dxv, float acc) {
+    int32_t S = 0;
+    for (int j = 0; j < 16; j++) {
+        int32_t isum = 0;
+        for (int e = 16 * j; e < 16 * j + 16; e++) isum += (q6k_code(blk, packed, e) - 32) * xc[e];
+        S += (int8_t)blk[192 + j] * isum;
+    }
+    return fmaf((float)S, f16_to_f32(rd16(blk + 208)) * dxv, acc);
+}
+
+/* the reference: every weight row against every input row, super-block by super-block from acc = 0 */
+static void sb_reference(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
+                         const float *dx, const int16_t *xs, long m, float *y, long ldy, int nt) {
+    const long nsb = k / SB, bb = type == T_Q6_K ? 210 : 144;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && n >= 64)
     for (long i = 0; i < n; i++)
         for (long c = 0; c < m; c++) {
             float acc = 0.0f;
             for (long s = 0; s < nsb; s++) {
-                const uint8_t *blk = w + i * row_bytes + s * 210;
+                const uint8_t *blk = w + i * row_bytes + s * bb;
                 const int8_t *xc = q + c * k + s * SB;
-                int32_t S = 0;
-                for (int j = 0; j < 16; j++) {
-                    int32_t isum = 0;
-                    for (int e = 16 * j; e < 16 * j + 16; e++) isum += (q6k_code(blk, packed, e) - 32) * xc[e];
-                    S += (int8_t)blk[192 + j] * isum;
-                }
-                acc = fmaf((float)S, f16_to_f32(rd16(blk + 208)) * dx[c * nsb + s], acc);
+                const float dxv = dx[c * nsb + s];
+                acc = type == T_Q6_K ? sb_ref_q6k(blk, packed, xc, dxv, acc)
+                                     : sb_ref_q4k(blk, packed, xc, xs + (c * nsb + s) * 8, dxv, acc);
             }
             y[c * ldy + i] = acc;
         }
@@ -736,10 +732,7 @@ int tsq_matmul_sb_q(int type, const uint8_t *w, int packed, long row_bytes, long
     if (nt < 1) nt = 1;
     if (m == 0 || n == 0) return 0;
     if (mode == 0) {
-        if (type == T_Q6_K)
-            sb_reference_q6k(w, packed, row_bytes, n, k, q, dx, m, y, ldy, nt);
-        else
-            sb_reference(w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt);
+        sb_reference(type, w, packed, row_bytes, n, k, q, dx, xs, m, y, ldy, nt);
         return 0;
     }
 #if SB_TILES
