@@ -196,6 +196,32 @@ def test_hardware_tiles_equal_reference(type_name):
     _tiles_equal_reference("tiles", type_name)
 
 
+def _grouped_panels_equal_reference(mode, type_name):
+    """inputs past L2 (prompt_tiles.c's SB_L2_INPUT, 1 MiB of operands: here 30 input tiles x 9
+    super-blocks x 4 KiB), where panels take each input tile in turn, eight at a time: 19 panels, so
+    two whole groups and one of three, the last panel 5 rows, the last input tile one row"""
+    k, n, m = 2304, 293, 465
+    assert -(-m // 16) * (k // 256) * 4096 > 1 << 20
+    raw = random_blocks(type_name, n, k, seed=11)
+    x = inputs(m, k, seed=3)
+    ref = product(raw, k, x, "reference", type_name=type_name)
+    for threads in (1, 2):
+        got = product(raw, k, x, mode, threads=threads, type_name=type_name)
+        assert torch.equal(bits(got), bits(ref)), threads
+
+
+@EMU
+@pytest.mark.parametrize("type_name", KTYPES)
+def test_emulated_grouped_panels_equal_reference(type_name):
+    _grouped_panels_equal_reference("emulated", type_name)
+
+
+@HW
+@pytest.mark.parametrize("type_name", KTYPES)
+def test_hardware_grouped_panels_equal_reference(type_name):
+    _grouped_panels_equal_reference("tiles", type_name)
+
+
 @EMU
 def test_q6k_extremes_stay_exact():
     """codes 0 and 63 under scales -128 and 127 (the digits' ends: -2, 0, 0 and 2, 0, -1), inputs at

@@ -48,7 +48,13 @@
 #define SB_TR 16                       /* rows of a tile: weight rows (A, C), input rows (C's columns) */
 #define SB_OP (4 * 1024)               /* one A operand of a panel's super-block: 4 chunks x 16 rows x 64 */
 #define SB_BT (4 * 1024)               /* one input tile's B operands of one super-block */
-#define SB_GRAB 4                       /* panels a thread takes at a time */
+#ifndef SB_GROUP
+#define SB_GROUP 8 /* panels that take each input tile in turn (where the input outgrows L2) */
+#endif
+#define SB_GRAB 4 /* panels a thread takes at a time otherwise */
+#ifndef SB_L2_INPUT
+#define SB_L2_INPUT (1L << 20) /* input operands (bytes) past which panels go in groups */
+#endif
 #define SB_BLOCK_BYTES (8L << 20)      /* input tiles a panel takes in one pass (512 rows of 8960: all of them) */
 
 /* ------------------------------------------------------------------ the input, per super-block */
@@ -530,84 +536,108 @@ static inline __attribute__((always_inline)) void sb_store_transposed(const floa
     for (int c = 0; c < nc; c++) _mm512_mask_storeu_ps(y + c * ldy, k, col[c]);
 }
 
-/* One panel (weight rows r0..r0 + nr) against input tiles t0..t1: acc [(t - t0) * 16 + r][16],
- * then written to y. A2: two super-blocks' operands (2 x 3 SB_OP), meta2 their factors. q6: the
- * weights are Q6_K (three operands, one input tile at a time), else Q4_K (two, input tiles in pairs). */
+/* A group of np panels (weight rows from p0 * 16, n in all) against input tiles t0..t1: panel g's
+ * results in acc + g * (t1 - t0) * 256 ([(t - t0) * 16 + r][16]), then written to y. The panels take
+ * each input tile in turn, so a super-block's input operands come from memory once for the group
+ * rather than once a panel (they outgrow L2 at wide k: 512 rows of 8960 are 4.5 MB). A2: each
+ * panel's two super-blocks' operands (2 x 3 SB_OP apiece), meta2 their factors (2 apiece). q6: the
+ * weights are Q6_K (three operands, one input tile at a time), else Q4_K (two, input tiles in pairs).
+ * Each panel's arithmetic is the one-panel order: its products and float steps, super-block by
+ * super-block, input tile by input tile. */
 static inline __attribute__((always_inline)) void
-sb_panel_body(const uint8_t *w, long row_bytes, long r0, long nr, long k, const sb_input *in, long t0, long t1,
+sb_group_body(const uint8_t *w, long row_bytes, long n, long p0, int np, long k, const sb_input *in, long t0, long t1,
               long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y, long ldy, const int hw,
               const int q6) {
     const long nsb = k / SB, nt = t1 - t0, ops = q6 ? 3 : 2, step = q6 ? 1 : 2;
-    int32_t C[2][4][256] __attribute__((aligned(64)));
-    memset(acc, 0, sizeof(float) * nt * SB_TR * SB_TR);
-    sb_unpack(w, row_bytes, r0, nr, 0, sel, A2, meta2, q6);
+    int32_t C[SB_GROUP][2][4][256] __attribute__((aligned(64)));
+    long nr[SB_GROUP];
+    for (int g = 0; g < np; g++) {
+        const long r0 = (p0 + g) * SB_TR;
+        nr[g] = n - r0 < SB_TR ? n - r0 : SB_TR;
+    }
+    memset(acc, 0, sizeof(float) * np * nt * SB_TR * SB_TR);
+    for (int g = 0; g < np; g++)
+        sb_unpack(w, row_bytes, (p0 + g) * SB_TR, nr[g], 0, sel, A2 + g * 6 * SB_OP, meta2 + 2 * g, q6);
     for (long s = 0; s < nsb; s++) {
-        const int8_t *A = A2 + (s & 1) * ops * SB_OP;
-        const sb_meta *meta = meta2 + (s & 1);
         if (s + 1 < nsb)
-            sb_unpack(w, row_bytes, r0, nr, s + 1, sel, A2 + ((s + 1) & 1) * ops * SB_OP, meta2 + ((s + 1) & 1), q6);
+            for (int g = 0; g < np; g++)
+                sb_unpack(w, row_bytes, (p0 + g) * SB_TR, nr[g], s + 1, sel,
+                          A2 + g * 6 * SB_OP + ((s + 1) & 1) * ops * SB_OP, meta2 + 2 * g + ((s + 1) & 1), q6);
         long prev = -1;
         for (long t = 0; t < nt + step; t += step) {
-            if (t < nt && q6) {
-                int32_t (*c)[256] = C[t & 1];
-                const int8_t *b = in->B + sb_at(in, t0 + t, s) * SB_BT;
-                if (hw)
-                    sb_products6_hw(A, b, c);
-                else
-                    sb_products6_emu(A, b, c);
-            } else if (t < nt) {
-                const int pair = t + 1 < nt;
-                const long ts0 = sb_at(in, t0 + t, s), ts1 = pair ? sb_at(in, t0 + t + 1, s) : ts0;
-                int32_t (*c)[256] = C[(t / 2) & 1];
-                if (hw)
-                    sb_products_hw(A, in->B + ts0 * SB_BT, in->B + ts1 * SB_BT, pair, c);
-                else
-                    sb_products_emu(A, in->B + ts0 * SB_BT, in->B + ts1 * SB_BT, pair, c);
-            }
-            if (prev >= 0 && q6) {
-                const long ts = sb_at(in, t0 + prev, s);
-                const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
-                for (int r = 0; r < SB_TR; r++)
-                    sb_float_step6(meta, r, (const int32_t (*)[256])C[prev & 1], dx,
-                                   acc + (prev * SB_TR + r) * SB_TR);
-            } else if (prev >= 0) {
-                int32_t (*c)[256] = C[(prev / 2) & 1];
-                for (int u = 0; u <= (prev + 1 < nt); u++) {
-                    const long ts = sb_at(in, t0 + prev + u, s);
+            for (int g = 0; g < np; g++) {
+                const int8_t *A = A2 + g * 6 * SB_OP + (s & 1) * ops * SB_OP;
+                const sb_meta *meta = meta2 + 2 * g + (s & 1);
+                float *ag = acc + g * nt * SB_TR * SB_TR;
+                if (t < nt && q6) {
+                    int32_t (*c)[256] = C[g][t & 1];
+                    const int8_t *b = in->B + sb_at(in, t0 + t, s) * SB_BT;
+                    if (hw)
+                        sb_products6_hw(A, b, c);
+                    else
+                        sb_products6_emu(A, b, c);
+                } else if (t < nt) {
+                    const int pair = t + 1 < nt;
+                    const long ts0 = sb_at(in, t0 + t, s), ts1 = pair ? sb_at(in, t0 + t + 1, s) : ts0;
+                    int32_t (*c)[256] = C[g][(t / 2) & 1];
+                    if (hw)
+                        sb_products_hw(A, in->B + ts0 * SB_BT, in->B + ts1 * SB_BT, pair, c);
+                    else
+                        sb_products_emu(A, in->B + ts0 * SB_BT, in->B + ts1 * SB_BT, pair, c);
+                }
+                if (prev >= 0 && q6) {
+                    const long ts = sb_at(in, t0 + prev, s);
                     const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
-                    const int32_t *xp = in->xp + ts * 64;
                     for (int r = 0; r < SB_TR; r++)
-                        sb_float_step(meta, r, c[2 * u] + r * SB_TR, c[2 * u + 1] + r * SB_TR, xp, dx,
-                                      acc + ((prev + u) * SB_TR + r) * SB_TR);
+                        sb_float_step6(meta, r, (const int32_t (*)[256])C[g][prev & 1], dx,
+                                       ag + (prev * SB_TR + r) * SB_TR);
+                } else if (prev >= 0) {
+                    int32_t (*c)[256] = C[g][(prev / 2) & 1];
+                    for (int u = 0; u <= (prev + 1 < nt); u++) {
+                        const long ts = sb_at(in, t0 + prev + u, s);
+                        const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
+                        const int32_t *xp = in->xp + ts * 64;
+                        for (int r = 0; r < SB_TR; r++)
+                            sb_float_step(meta, r, c[2 * u] + r * SB_TR, c[2 * u + 1] + r * SB_TR, xp, dx,
+                                          ag + ((prev + u) * SB_TR + r) * SB_TR);
+                    }
                 }
             }
             prev = t < nt ? t : -1;
         }
     }
-    for (long t = 0; t < nt; t++) {
-        const long left = m - (t0 + t) * SB_TR;
-        sb_store_transposed(acc + t * SB_TR * SB_TR, y + (t0 + t) * SB_TR * ldy + r0, ldy, (int)nr,
-                            left < SB_TR ? (int)left : SB_TR);
-    }
+    for (int g = 0; g < np; g++)
+        for (long t = 0; t < nt; t++) {
+            const long left = m - (t0 + t) * SB_TR;
+            sb_store_transposed(acc + (g * nt + t) * SB_TR * SB_TR, y + (t0 + t) * SB_TR * ldy + (p0 + g) * SB_TR,
+                                ldy, (int)nr[g], left < SB_TR ? (int)left : SB_TR);
+        }
 }
 
-static void sb_panel_emu(const uint8_t *w, long row_bytes, long r0, long nr, long k, const sb_input *in, long t0,
-                         long t1, long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y,
-                         long ldy, int q6) {
-    if (q6)
-        sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 0, 1);
-    else
-        sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 0, 0);
+/* the body for each weight type, and for one panel alone (its own code: a loop over a group of one
+ * costs that panel's products about 8%) */
+#define SB_GROUP_CASES(hw)                                                                                     \
+    if (q6 && np == 1)                                                                                         \
+        sb_group_body(w, row_bytes, n, p0, 1, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, hw, 1);           \
+    else if (q6)                                                                                               \
+        sb_group_body(w, row_bytes, n, p0, np, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, hw, 1);          \
+    else if (np == 1)                                                                                          \
+        sb_group_body(w, row_bytes, n, p0, 1, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, hw, 0);           \
+    else                                                                                                       \
+        sb_group_body(w, row_bytes, n, p0, np, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, hw, 0);
+
+static void sb_group_emu(const uint8_t *w, long row_bytes, long n, long p0, int np, long k, const sb_input *in,
+                         long t0, long t1, long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc,
+                         float *y, long ldy, int q6) {
+    SB_GROUP_CASES(0)
 }
 
-static SB_AMX void sb_panel_hw(const uint8_t *w, long row_bytes, long r0, long nr, long k, const sb_input *in, long t0,
-                               long t1, long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y,
-                               long ldy, int q6) {
-    if (q6)
-        sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 1, 1);
-    else
-        sb_panel_body(w, row_bytes, r0, nr, k, in, t0, t1, m, sel, A2, meta2, acc, y, ldy, 1, 0);
+static SB_AMX void sb_group_hw(const uint8_t *w, long row_bytes, long n, long p0, int np, long k, const sb_input *in,
+                               long t0, long t1, long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc,
+                               float *y, long ldy, int q6) {
+    SB_GROUP_CASES(1)
 }
+#undef SB_GROUP_CASES
 
 static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
                     const float *dx, const int16_t *xs, long m, float *y, long ldy, int nt, int hw) {
@@ -632,37 +662,42 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
     const long per_tile = nsb * (SB_BT + 64 * 4 + SB_TR * 4);
     long tb = SB_BLOCK_BYTES / per_tile;
     tb = tb < 2 ? 2 : tb & ~1L;
-    /* panels handed out a few at a time (the two cores of a shared host seldom run alike; a static
+    /* panels handed out a group at a time (the two cores of a shared host seldom run alike; a static
      * split leaves one waiting): each panel's result is its own, whoever computes it */
-    const long nblk = (ntile + tb - 1) / tb, items = nblk * npanel;
+    /* input operands that fit L2 beside the panels' work stay there from one panel to the next: then a
+     * group's panels go one at a time (all together would crowd L1 with their results and operands);
+     * past that, together */
+    const int together = (long)ntile * nsb * SB_BT > SB_L2_INPUT;
+    /* groups of at most SB_GROUP, as even as the threads' count of them allows (56 panels: 8 of 7) */
+    const long rounds = (npanel + (long)nt * SB_GROUP - 1) / ((long)nt * SB_GROUP);
+    const int span = together ? (int)((npanel + nt * rounds - 1) / (nt * rounds)) : SB_GRAB;
+    const long ngroup = (npanel + span - 1) / span, nblk = (ntile + tb - 1) / tb, items = nblk * ngroup;
     long next = 0;
-#pragma omp parallel num_threads(nt) if (nt > 1 && npanel > 1)
+#pragma omp parallel num_threads(nt) if (nt > 1 && ngroup > 1)
     {
         const long tbe = tb < ntile ? tb : ntile;
-        int8_t *A2 = aligned_alloc(64, 6 * SB_OP);
-        sb_meta *meta2 = aligned_alloc(64, 2 * sizeof(sb_meta));
-        float *acc = aligned_alloc(64, sizeof(float) * tbe * SB_TR * SB_TR);
+        int8_t *A2 = aligned_alloc(64, SB_GROUP * 6 * SB_OP);
+        sb_meta *meta2 = aligned_alloc(64, SB_GROUP * 2 * sizeof(sb_meta));
+        float *acc = aligned_alloc(64, sizeof(float) * SB_GROUP * tbe * SB_TR * SB_TR);
         if (!A2 || !meta2 || !acc) {
 #pragma omp atomic write
             rc = -2;
         } else {
             if (hw) sb_tiles_begin();
             for (;;) {
-                long i0;
+                long i;
 #pragma omp atomic capture
-                {
-                    i0 = next;
-                    next += SB_GRAB;
-                }
-                if (i0 >= items) break;
-                for (long i = i0; i < i0 + SB_GRAB && i < items; i++) {
-                    const long t0 = i / npanel * tb, p = i % npanel;
-                    const long r0 = p * SB_TR, nr = n - r0 < SB_TR ? n - r0 : SB_TR;
-                    const long t1 = t0 + tb < ntile ? t0 + tb : ntile;
+                i = next++;
+                if (i >= items) break;
+                const long t0 = i / ngroup * tb, p0 = i % ngroup * span;
+                const int np = (int)(npanel - p0 < span ? npanel - p0 : span);
+                const long t1 = t0 + tb < ntile ? t0 + tb : ntile;
+                for (int g = 0; g < np; g += together ? np : 1) {
+                    const int ng = together ? np : 1;
                     if (hw)
-                        sb_panel_hw(w, row_bytes, r0, nr, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy, q6);
+                        sb_group_hw(w, row_bytes, n, p0 + g, ng, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy, q6);
                     else
-                        sb_panel_emu(w, row_bytes, r0, nr, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy, q6);
+                        sb_group_emu(w, row_bytes, n, p0 + g, ng, k, &in, t0, t1, m, sel, A2, meta2, acc, y, ldy, q6);
                 }
             }
             if (hw) sb_tiles_end();
