@@ -482,27 +482,29 @@ static void sb_products6_emu(const int8_t *A, const int8_t *b, int32_t (*c)[256]
     }
 }
 
-/* Q6_K's float step for weight row r against 16 inputs: acc = fma(64 C_a + 8 C_b + C_c, d dx, acc) */
+/* Q6_K's float step for weight row r against 16 inputs: acc = fma(64 C_a + 8 C_b + C_c, d dx, acc),
+ * acc 0 at the first super-block (first: a is not read) */
 static inline __attribute__((always_inline)) void sb_float_step6(const sb_meta *meta, int r, const int32_t (*c)[256],
-                                                                 __m512 dx, float *a) {
+                                                                 __m512 dx, float *a, const int first) {
     const __m512i si = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[0] + r * SB_TR), 6),
                                                          _mm512_slli_epi32(_mm512_load_si512(c[1] + r * SB_TR), 3)),
                                         _mm512_load_si512(c[2] + r * SB_TR));
     _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(_mm512_set1_ps(meta->d[r]), dx),
-                                       _mm512_load_ps(a)));
+                                       first ? _mm512_setzero_ps() : _mm512_load_ps(a)));
 }
 
 /* one weight row's float steps for one input tile and super-block (the reference's, 16 inputs at
- * once): acc = fma(S, d dx, acc), acc = fma(-M, dmin dx, acc) */
+ * once): acc = fma(S, d dx, acc), acc = fma(-M, dmin dx, acc); acc 0 at the first (a not read) */
 static inline __attribute__((always_inline)) void sb_float_step(const sb_meta *meta, int r, const int32_t *chi,
                                                                 const int32_t *clo, const int32_t *xp, __m512 dx,
-                                                                float *a) {
+                                                                float *a, const int first) {
     const __m512i si = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(chi), 3), _mm512_load_si512(clo));
     __m512i mi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_load_si512(xp), _mm512_set1_epi32(meta->mp[r][0]));
     mi = _mm512_dpwssd_epi32(mi, _mm512_load_si512(xp + 16), _mm512_set1_epi32(meta->mp[r][1]));
     mi = _mm512_dpwssd_epi32(mi, _mm512_load_si512(xp + 32), _mm512_set1_epi32(meta->mp[r][2]));
     mi = _mm512_dpwssd_epi32(mi, _mm512_load_si512(xp + 48), _mm512_set1_epi32(meta->mp[r][3]));
-    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(_mm512_set1_ps(meta->d[r]), dx), _mm512_load_ps(a));
+    __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(_mm512_set1_ps(meta->d[r]), dx),
+                               first ? _mm512_setzero_ps() : _mm512_load_ps(a));
     v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mi), _mm512_mul_ps(_mm512_set1_ps(meta->dmin[r]), dx), v);
     _mm512_store_ps(a, v);
 }
@@ -555,7 +557,6 @@ sb_group_body(const uint8_t *w, long row_bytes, long n, long p0, int np, long k,
         const long r0 = (p0 + g) * SB_TR;
         nr[g] = n - r0 < SB_TR ? n - r0 : SB_TR;
     }
-    memset(acc, 0, sizeof(float) * np * nt * SB_TR * SB_TR);
     for (int g = 0; g < np; g++)
         sb_unpack(w, row_bytes, (p0 + g) * SB_TR, nr[g], 0, sel, A2 + g * 6 * SB_OP, meta2 + 2 * g, q6);
     for (long s = 0; s < nsb; s++) {
@@ -590,7 +591,7 @@ sb_group_body(const uint8_t *w, long row_bytes, long n, long p0, int np, long k,
                     const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
                     for (int r = 0; r < SB_TR; r++)
                         sb_float_step6(meta, r, (const int32_t (*)[256])C[g][prev & 1], dx,
-                                       ag + (prev * SB_TR + r) * SB_TR);
+                                       ag + (prev * SB_TR + r) * SB_TR, s == 0);
                 } else if (prev >= 0) {
                     int32_t (*c)[256] = C[g][(prev / 2) & 1];
                     for (int u = 0; u <= (prev + 1 < nt); u++) {
@@ -599,7 +600,7 @@ sb_group_body(const uint8_t *w, long row_bytes, long n, long p0, int np, long k,
                         const int32_t *xp = in->xp + ts * 64;
                         for (int r = 0; r < SB_TR; r++)
                             sb_float_step(meta, r, c[2 * u] + r * SB_TR, c[2 * u + 1] + r * SB_TR, xp, dx,
-                                          ag + ((prev + u) * SB_TR + r) * SB_TR);
+                                          ag + ((prev + u) * SB_TR + r) * SB_TR, s == 0);
                     }
                 }
             }
