@@ -375,11 +375,17 @@ static inline __attribute__((always_inline)) void sb_unpack_row_q6k(const uint8_
 static inline __attribute__((always_inline)) void sb_unpack(const uint8_t *w, long row_bytes, long r0, long nr, long s,
                                                             const __m512i sel[4], int8_t *A, sb_meta *meta,
                                                             const int q6) {
+    const long sbb = q6 ? 210 : 144;
     for (int r = 0; r < nr; r++) {
+        const uint8_t *blk = w + (r0 + r) * row_bytes + s * sbb;
+        /* the super-block after this one, every line of it: sixteen rows apart, no prefetcher sees them
+         * as a stream (qwen2.5-coder-1.5b's shapes with weights past L3: products 0.88-0.97x the time) */
+        if ((s + 1) * sbb < row_bytes)
+            for (long o = 0; o < sbb; o += 64) _mm_prefetch((const char *)blk + sbb + o, _MM_HINT_T0);
         if (q6)
-            sb_unpack_row_q6k(w + (r0 + r) * row_bytes + s * 210, sel, A, r, meta);
+            sb_unpack_row_q6k(blk, sel, A, r, meta);
         else
-            sb_unpack_row(w + (r0 + r) * row_bytes + s * 144, sel, A, r, meta);
+            sb_unpack_row(blk, sel, A, r, meta);
     }
     for (int r = (int)nr; r < SB_TR; r++) {
         for (int c = 0; c < (q6 ? 12 : 8); c++) memset(A + c * 1024 + r * 64, 0, 64);
