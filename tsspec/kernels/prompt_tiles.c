@@ -70,7 +70,11 @@ void tsq_quantize_sb(const float *x, long m, long k, int8_t *q, float *dx, int16
             const float *v = x + r * k + s * SB;
             int8_t *o = q + r * k + s * SB;
             int16_t *sums = xs + (r * nsb + s) * 8;
-#if TSQ_HAS_AVX2 /* the same operations eight elements at a time (max is exact in any order) */
+#if TSQ_SIMD /* the same operations sixteen elements at a time (max is exact in any order) */
+            __m512 mx = _mm512_setzero_ps();
+            for (int i = 0; i < SB; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+            const float amax = _mm512_reduce_max_ps(mx);
+#elif TSQ_HAS_AVX2 /* eight at a time */
             const __m256 sign = _mm256_set1_ps(-0.0f);
             __m256 mx = _mm256_setzero_ps();
             for (int i = 0; i < SB; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
@@ -86,7 +90,21 @@ void tsq_quantize_sb(const float *x, long m, long k, int8_t *q, float *dx, int16
 #endif
             const float iscale = amax > 0.0f ? 127.0f / amax : 0.0f;
             dx[r * nsb + s] = amax > 0.0f ? amax / 127.0f : 0.0f;
-#if TSQ_HAS_AVX2
+#if TSQ_SIMD /* each code stored as a byte straight from its lane (|c| <= 127) */
+            const __m512 is = _mm512_set1_ps(iscale), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+            for (int j = 0; j < 8; j++) {
+                __m512i acc = _mm512_setzero_si512();
+                for (int i = 0; i < 32; i += 16) {
+                    __m512 t = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(v + 32 * j + i), is),
+                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    t = _mm512_min_ps(_mm512_max_ps(t, lo), hi);
+                    const __m512i c = _mm512_cvtps_epi32(t);
+                    acc = _mm512_add_epi32(acc, c);
+                    _mm_storeu_si128((__m128i *)(o + 32 * j + i), _mm512_cvtepi32_epi8(c));
+                }
+                sums[j] = (int16_t)_mm512_reduce_add_epi32(acc);
+            }
+#elif TSQ_HAS_AVX2
             const __m256 is = _mm256_set1_ps(iscale), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
             for (int j = 0; j < 8; j++) {
                 __m256i acc = _mm256_setzero_si256();
