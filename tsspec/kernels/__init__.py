@@ -357,6 +357,7 @@ SIGNATURES: dict[str, tuple] = {
     "tsq_forward_tree_prompt": (_I, [_P, _P, _I, _I, _P, _L, _L, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _P, _P, _P, _P,
                                      _P, _L, _P]),
     "tsq_quantize_sb": (None, [_P, _L, _L, _P, _P, _P, _I]),
+    "tsq_act_row": (None, [_I, _P, _P, _P, _L]),
     "tsq_matmul_sb": (_I, [_I, _P, _I, _L, _L, _L, _P, _L, _P, _L, _I, _I]),
     "tsq_matmul_sb_q": (_I, [_I, _P, _I, _L, _L, _L, _P, _P, _P, _L, _P, _L, _I, _I]),
 }

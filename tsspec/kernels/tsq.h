@@ -318,6 +318,6 @@ int tsq_matmul_sb_q(int type, const uint8_t *w, int packed, long row_bytes, long
 TSQ_INTERNAL int tsq_sb_product_mode(void);
 TSQ_INTERNAL int tsq_sb_takes(int type);
 TSQ_INTERNAL void tsq_rms_norm_row(const float *x, const float *w, long n, float eps, float *out);
-TSQ_INTERNAL void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n);
+void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n);
 
 #endif
