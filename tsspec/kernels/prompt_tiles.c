@@ -397,9 +397,11 @@ static inline __attribute__((always_inline)) void sb_unpack(const uint8_t *w, lo
     for (int r = 0; r < nr; r++) {
         const uint8_t *blk = w + (r0 + r) * row_bytes + s * sbb;
         /* the super-block after this one, every line of it: sixteen rows apart, no prefetcher sees them
-         * as a stream (qwen2.5-coder-1.5b's shapes with weights past L3: products 0.88-0.97x the time) */
-        if ((s + 1) * sbb < row_bytes)
-            for (long o = 0; o < sbb; o += 64) _mm_prefetch((const char *)blk + sbb + o, _MM_HINT_T0);
+         * as a stream (qwen2.5-coder-1.5b's shapes with weights past L3: products 0.88-0.97x the time);
+         * after a row's last, the first of the row sixteen on, which the next panel starts with (a
+         * prefetch past the matrix's end is only a hint) */
+        const uint8_t *next = (s + 1) * sbb < row_bytes ? blk + sbb : w + (r0 + r + SB_TR) * row_bytes;
+        for (long o = 0; o < sbb; o += 64) _mm_prefetch((const char *)next + o, _MM_HINT_T0);
         if (q6)
             sb_unpack_row_q6k(blk, sel, A, r, meta);
         else
