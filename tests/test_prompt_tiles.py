@@ -222,6 +222,34 @@ def test_hardware_grouped_panels_equal_reference(type_name):
     _grouped_panels_equal_reference("tiles", type_name)
 
 
+@HW
+def test_products_on_several_threads_at_once_keep_their_bits():
+    """each calling thread keeps its own block for the input operands (grown as products need, freed
+    when the thread ends): three threads at once, sizes growing and shrinking, each equal to the
+    reference of its own inputs"""
+    import threading
+
+    k, n = 1536, 40
+    raw = random_blocks("Q4_K", n, k, seed=2)
+    cases = [(inputs(m, k, seed=m), m) for m in (17, 200, 5, 64, 300, 1)]
+    refs = [product(raw, k, x, "reference") for x, _ in cases]
+    bad = []
+
+    def work(order):
+        for i in order:
+            for _ in range(3):
+                got = product(raw, k, cases[i][0], "tiles", threads=2)
+                if not torch.equal(bits(got), bits(refs[i])):
+                    bad.append(i)
+
+    ts = [threading.Thread(target=work, args=(o,)) for o in ([0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [2, 4, 0, 5, 1, 3])]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not bad
+
+
 @EMU
 def test_q6k_extremes_stay_exact():
     """codes 0 and 63 under scales -128 and 127 (the digits' ends: -2, 0, 0 and 2, 0, -1), inputs at
