@@ -715,8 +715,8 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
     const int q6 = type == T_Q6_K;
     int perm[4][64];
     sb_perm(type, packed, perm);
-    const size_t nts = (size_t)ntile * nsb;
-    int8_t *ops = sb_scratch(nts * (SB_BT + 64 * 4 + SB_TR * 4));
+    const size_t nts = (size_t)ntile * nsb, per_ts = SB_BT + 64 * 4 + SB_TR * 4; /* B, xp, dx */
+    int8_t *ops = sb_scratch(nts * per_ts);
     if (!ops) return -2;
     sb_input in = {ops, (int32_t *)(ops + nts * SB_BT), (float *)(ops + nts * (SB_BT + 64 * 4)), ntile};
     int rc = 0;
@@ -727,14 +727,13 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
         for (int p = 0; p < 64; p++) selb[c][p] = (uint8_t)(perm[c][p] / (q6 ? 16 : 32));
     const __m512i sel[4] = {_mm512_load_si512(selb[0]), _mm512_load_si512(selb[1]), _mm512_load_si512(selb[2]),
                             _mm512_load_si512(selb[3])};
-    const long per_tile = nsb * (SB_BT + 64 * 4 + SB_TR * 4);
-    long tb = SB_BLOCK_BYTES / per_tile;
+    long tb = SB_BLOCK_BYTES / (long)(nsb * per_ts);
     tb = tb < 2 ? 2 : tb & ~1L;
-    /* panels handed out a group at a time (the two cores of a shared host seldom run alike; a static
-     * split leaves one waiting): each panel's result is its own, whoever computes it */
-    /* input operands that fit L2 beside the panels' work stay there from one panel to the next: then a
-     * group's panels go one at a time (all together would crowd L1 with their results and operands);
-     * past that, together */
+    /* panels handed out a few at a time (the two cores of a shared host seldom run alike; a static
+     * split leaves one waiting): each panel's result is its own, whoever computes it. Input operands
+     * that fit L2 beside the panels' work stay there from one panel to the next: then the panels of a
+     * share go one at a time (all together would crowd L1 with their results and operands); past
+     * that, together */
     const int together = (long)ntile * nsb * SB_BT > SB_L2_INPUT;
     /* groups of at most SB_GROUP, as even as the threads' count of them allows (56 panels: 8 of 7) */
     const long rounds = (npanel + (long)nt * SB_GROUP - 1) / ((long)nt * SB_GROUP);
@@ -743,10 +742,10 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
     long next = 0;
 #pragma omp parallel num_threads(nt) if (nt > 1 && ngroup > 1)
     {
-        const long tbe = tb < ntile ? tb : ntile;
-        int8_t *A2 = aligned_alloc(64, SB_GROUP * 6 * SB_OP);
-        sb_meta *meta2 = aligned_alloc(64, SB_GROUP * 2 * sizeof(sb_meta));
-        float *acc = aligned_alloc(64, sizeof(float) * SB_GROUP * tbe * SB_TR * SB_TR);
+        const long tbe = tb < ntile ? tb : ntile, gmax = together ? span : 1; /* panels at once */
+        int8_t *A2 = aligned_alloc(64, gmax * 6 * SB_OP);
+        sb_meta *meta2 = aligned_alloc(64, gmax * 2 * sizeof(sb_meta));
+        float *acc = aligned_alloc(64, sizeof(float) * gmax * tbe * SB_TR * SB_TR);
         if (!A2 || !meta2 || !acc) {
 #pragma omp atomic write
             rc = -2;
