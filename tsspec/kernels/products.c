@@ -642,16 +642,14 @@ static inline __attribute__((always_inline)) void transpose4(__m256i b0, __m256i
  * as int32), its eight offsets -(dmin m) as floats, and d */
 static inline __attribute__((always_inline)) void q4k_header(const uint8_t *p, __m128i *sc0, __m128i *sc1, __m256 *mw8,
                                                              float *d1) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
-    const __m128i A = _mm_cvtepu8_epi32(v), B = _mm_cvtepu8_epi32(_mm_srli_si128(v, 4));
-    const __m128i C = _mm_cvtepu8_epi32(_mm_srli_si128(v, 8)), c63 = _mm_set1_epi32(63);
-    const __m128i mn0 = _mm_and_si128(B, c63);
-    const __m128i mn1 = _mm_or_si128(_mm_srli_epi32(C, 4), _mm_slli_epi32(_mm_srli_epi32(B, 6), 4));
-    *sc0 = _mm_and_si128(A, c63);
-    *sc1 = _mm_or_si128(_mm_and_si128(C, _mm_set1_epi32(15)), _mm_slli_epi32(_mm_srli_epi32(A, 6), 4));
+    uint64_t sc, mn;
+    scales_mins_k4(p + 4, &sc, &mn);
+    const __m128i s8 = _mm_cvtsi64_si128((long long)sc);
+    *sc0 = _mm_cvtepu8_epi32(s8);
+    *sc1 = _mm_cvtepu8_epi32(_mm_srli_si128(s8, 4));
     *d1 = _cvtsh_ss(rd16(p));
     *mw8 = _mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(rd16(p + 2))),
-                         _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(mn0), mn1, 1)));
+                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))));
 }
 
 /* 0x10 in byte e where bit e of qh is set (Q5_0's fifth bits) */

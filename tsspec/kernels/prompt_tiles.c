@@ -313,17 +313,8 @@ typedef struct { /* a panel's weight rows' factors for one super-block */
  * q sh, op 1 q sl) and factors. sel[c]: per byte of chunk c, the sub-block (0..7) it belongs to. */
 static inline __attribute__((always_inline)) void sb_unpack_row(const uint8_t *blk, const __m512i sel[4], int8_t *A,
                                                                 int r, sb_meta *meta) {
-    /* the eight 6-bit scales and minimums (scale_min_k4's values) as bytes, four at a time in 32-bit
-     * words: j < 4 from the low six bits of bytes 0-3 / 4-7, j >= 4 from the nibbles of bytes 8-11
-     * with bytes 0-3's / 4-7's top two bits above them */
-    uint32_t u0, u1, u2;
-    memcpy(&u0, blk + 4, 4);
-    memcpy(&u1, blk + 8, 4);
-    memcpy(&u2, blk + 12, 4);
-    const uint64_t sc = (uint64_t)(u0 & 0x3f3f3f3fu) |
-                        (uint64_t)((u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4)) << 32;
-    const uint64_t mn = (uint64_t)(u1 & 0x3f3f3f3fu) |
-                        (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4)) << 32;
+    uint64_t sc, mn; /* the eight 6-bit scales and minimums as bytes */
+    scales_mins_k4(blk + 4, &sc, &mn);
     const uint64_t l3 = 0x0707070707070707ull;
     _mm_store_si128((__m128i *)meta->mp[r], _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn)));
     /* d and dmin by F16C (the reference's f16_to_f32 values; only a signalling NaN's payload could differ) */

@@ -180,6 +180,17 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
     }
 }
 
+/* scale_min_k4's values for all eight j at once, one byte each in j order (sc: the scales, mn: the
+ * minimums; q the 12 header bytes, a super-block's byte 4 on), four at a time in 32-bit words: j < 4
+ * the low six bits of bytes 0-3 (scales) and 4-7 (minimums), j >= 4 the low (scales) or high
+ * (minimums) nibbles of bytes 8-11 with the top two bits of bytes 0-3 / 4-7 above them. The SIMD
+ * readers widen these bytes (products.c q4k_header, prompt_tiles.c sb_unpack_row). */
+static inline void scales_mins_k4(const uint8_t *q, uint64_t *sc, uint64_t *mn) {
+    const uint32_t u0 = rd32(q), u1 = rd32(q + 4), u2 = rd32(q + 8);
+    *sc = (uint64_t)(u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4)) << 32;
+    *mn = (uint64_t)(u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4)) << 32;
+}
+
 /* A weight's offset as a power of two (products.c, weight groups): Q4_0's c - 8, Q5_0's c - 16,
  * Q8_0's c - 128 (codes taken unsigned), Q6_K's c - 32 */
 static inline int offset_shift(int type) {
