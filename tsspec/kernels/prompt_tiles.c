@@ -344,7 +344,9 @@ static inline __attribute__((always_inline)) void sb_unpack_row(const uint8_t *b
  * sc = 64 a + 8 b + c (each in -3..4, so |(q - 32) digit| <= 128 fits a signed byte; sc = -128 is
  * -2, 0, 0): A + ((op * 4 + chunk) * 1024) + r * 64 for op 0 (a), 1 (b), 2 (c); S = 64 C_a + 8 C_b + C_c.
  * sel[c]: per byte of chunk c, its 16-element sub-block (0..15). Chunk 2 h + nib is code vectors
- * 2 nib and 2 nib + 1 of half h (q6k_codes512's vectors, one half at a time). */
+ * 2 nib and 2 nib + 1 of half h (q6k_codes512's vectors, one half at a time). Made here two to a
+ * register rather than through products.c's q6k_codes512, which fills all of each of four vectors:
+ * taking a half of each (same bits) made the Q6_K products 1.03-1.05x slower at 9 and 512 rows. */
 static inline __attribute__((always_inline)) void sb_unpack_row_q6k(const uint8_t *blk, const __m512i sel[4],
                                                                     int8_t *A, int r, sb_meta *meta) {
     const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)));
