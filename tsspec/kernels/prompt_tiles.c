@@ -254,40 +254,68 @@ typedef struct { /* the input tiles' operands, super-block major (a panel's pass
     long ntile;  /* tiles t */
 } sb_input;
 
+/* col[c] lane i = r[i] lane c: a 16 x 16 transpose of 32-bit elements in registers (unpacks, then
+ * 128-bit lane moves) */
+static inline __attribute__((always_inline)) void transpose16(const __m512 r[16], __m512 col[16]) {
+    __m512 t[16], u[16];
+    for (int k = 0; k < 8; k++) { /* lane L: rows 2k, 2k+1 at columns 4L, 4L+1 (lo) and 4L+2, 4L+3 (hi) */
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int g = 0; g < 4; g++) { /* u[4g + j], lane L: rows 4g..4g+3 at column 4L + j */
+        u[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; j++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88), v1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88),
+                     v3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
+        col[j] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        col[j + 8] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+        col[j + 4] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        col[j + 12] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+    }
+}
+
 /* the index of input tile t's operands for super-block s */
 static inline long sb_at(const sb_input *in, long t, long s) { return s * in->ntile + t; }
 
 static void sb_prepare(const int8_t *q, const float *dx, const int16_t *xs, long m, long k, const int perm[4][64],
                        const sb_input *in, int nt) {
     const long nsb = k / SB, ntile = (m + SB_TR - 1) / SB_TR;
-    /* chunk c takes bytes of group c / 2 only: one two-table byte permute of that group's 128 codes,
-     * then its 4-byte words scattered down the B tile's 16 rows, at the input's column */
+    /* chunk c takes bytes of group c / 2 only: one two-table byte permute of that group's 128 codes
+     * per input, then the tile's 16 inputs transposed as 4-byte words (B row kk holds each input's
+     * word kk; in registers where sixteen 16-way scatters were: from 1.8% of a qwen2.5-coder-1.5b
+     * prefill's perf samples to 1.0%, the products' time within noise) */
     uint8_t idxb[4][64] __attribute__((aligned(64)));
     for (int c = 0; c < 4; c++)
         for (int p = 0; p < 64; p++) idxb[c][p] = (uint8_t)(perm[c][p] - 128 * (c / 2));
-    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32(64));
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && ntile * nsb > 1)
     for (long ts = 0; ts < ntile * nsb; ts++) {
         const long t = ts / nsb, s = ts % nsb, at = sb_at(in, t, s);
         int8_t *B = in->B + at * SB_BT;
         int32_t *xp = in->xp + at * 64;
         float *d = in->dx + at * SB_TR;
+        const long live = m - t * SB_TR < SB_TR ? m - t * SB_TR : SB_TR; /* input rows; the rest zero */
+        for (int c = 0; c < 4; c++) {
+            __m512 v[16], rows[16];
+            for (int col = 0; col < SB_TR; col++) {
+                const int8_t *x = q + (t * SB_TR + col) * k + s * SB + 128 * (c / 2);
+                v[col] = col < live ? _mm512_castsi512_ps(_mm512_permutex2var_epi8(
+                                          _mm512_loadu_si512(x), _mm512_load_si512(idxb[c]), _mm512_loadu_si512(x + 64)))
+                                    : _mm512_setzero_ps();
+            }
+            transpose16(v, rows); /* B row kk: each input's 4-byte word kk */
+            for (int kk = 0; kk < 16; kk++) _mm512_store_ps((float *)(B + c * 1024 + kk * 64), rows[kk]);
+        }
         for (int col = 0; col < SB_TR; col++) {
             const long r = t * SB_TR + col;
-            if (r >= m) {
-                for (int c = 0; c < 4; c++)
-                    _mm512_i32scatter_epi32(B + c * 1024 + col * 4, rows, _mm512_setzero_si512(), 1);
+            if (col >= live) {
                 for (int p = 0; p < 4; p++) xp[p * 16 + col] = 0;
                 d[col] = 0.0f;
                 continue;
-            }
-            const int8_t *x = q + r * k + s * SB;
-            for (int c = 0; c < 4; c++) {
-                const __m512i v = _mm512_permutex2var_epi8(_mm512_loadu_si512(x + 128 * (c / 2)),
-                                                           _mm512_load_si512(idxb[c]),
-                                                           _mm512_loadu_si512(x + 128 * (c / 2) + 64));
-                _mm512_i32scatter_epi32(B + c * 1024 + col * 4, rows, v, 1);
             }
             const int16_t *sums = xs + (r * nsb + s) * 8;
             for (int p = 0; p < 4; p++)
@@ -530,31 +558,13 @@ static inline __attribute__((always_inline)) void sb_float_step(const sb_meta *m
     _mm512_store_ps(a, v);
 }
 
-/* a[r][c] (16 x 16) to y[c * ldy + r] for r < nr, c < nc: in registers (unpacks, then 128-bit lane
- * moves), one masked store per input row where 256 scalar stores were */
+/* a[r][c] (16 x 16) to y[c * ldy + r] for r < nr, c < nc: in registers (transpose16), one masked
+ * store per input row where 256 scalar stores were */
 static inline __attribute__((always_inline)) void sb_store_transposed(const float *a, float *y, long ldy, int nr,
                                                                       int nc) {
-    __m512 r[16], t[16], u[16], col[16];
+    __m512 r[16], col[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(a + 16 * i);
-    for (int k = 0; k < 8; k++) { /* lane L: rows 2k, 2k+1 at columns 4L, 4L+1 (lo) and 4L+2, 4L+3 (hi) */
-        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-    }
-    for (int g = 0; g < 4; g++) { /* u[4g + j], lane L: rows 4g..4g+3 at column 4L + j */
-        u[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
-        u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
-        u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
-        u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
-    }
-    for (int j = 0; j < 4; j++) {
-        const __m512 v0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x88), v1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xDD);
-        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x88),
-                     v3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xDD);
-        col[j] = _mm512_shuffle_f32x4(v0, v2, 0x88);
-        col[j + 8] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
-        col[j + 4] = _mm512_shuffle_f32x4(v1, v3, 0x88);
-        col[j + 12] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
-    }
+    transpose16(r, col);
     const __mmask16 k = (__mmask16)((1u << nr) - 1);
     for (int c = 0; c < nc; c++) _mm512_mask_storeu_ps(y + c * ldy, k, col[c]);
 }
