@@ -23,6 +23,8 @@ TILES_BUILT = kernels.available() and kernels.sb_tiles_built()
 EMU = pytest.mark.skipif(not TILES_BUILT, reason="this build has no super-block tile form (AVX-512 with VBMI)")
 HW = pytest.mark.skipif(not (TILES_BUILT and kernels.amx_usable()),
                         reason=f"needs AMX tiles the kernel grants (this machine: {kernels.amx_status()})")
+# the two tile forms, each where it runs: the emulation (any AVX-512 VBMI build) and the hardware
+TILE_FORMS = [pytest.param("emulated", marks=EMU), pytest.param("tiles", marks=HW)]
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -171,7 +173,9 @@ def test_a_row_does_not_depend_on_the_others(type_name):
             assert torch.equal(bits(alone), bits(whole[r : r + 1])), (mode, r)
 
 
-def _tiles_equal_reference(mode, type_name):
+@pytest.mark.parametrize("mode", TILE_FORMS)
+@pytest.mark.parametrize("type_name", KTYPES)
+def test_tiles_equal_reference(mode, type_name):
     for k, n in ((256, 16), (768, 37), (1536, 40)):
         raw = random_blocks(type_name, n, k, seed=k)
         x = inputs(64, k, seed=n)
@@ -184,22 +188,13 @@ def _tiles_equal_reference(mode, type_name):
                     assert torch.equal(bits(got), bits(ref)), (k, n, packed, m, threads)
 
 
-@EMU
+@pytest.mark.parametrize("mode", TILE_FORMS)
 @pytest.mark.parametrize("type_name", KTYPES)
-def test_emulated_tiles_equal_reference(type_name):
-    _tiles_equal_reference("emulated", type_name)
-
-
-@HW
-@pytest.mark.parametrize("type_name", KTYPES)
-def test_hardware_tiles_equal_reference(type_name):
-    _tiles_equal_reference("tiles", type_name)
-
-
-def _grouped_panels_equal_reference(mode, type_name):
+def test_grouped_panels_equal_reference(mode, type_name):
     """inputs past L2 (prompt_tiles.c's SB_L2_INPUT, 1 MiB of operands: here 30 input tiles x 9
-    super-blocks x 4 KiB), where panels take each input tile in turn, eight at a time: 19 panels, so
-    two whole groups and one of three, the last panel 5 rows, the last input tile one row"""
+    super-blocks x 4 KiB), where panels take each input tile in turn, in groups of at most eight as
+    even as the threads allow (19 panels: 7, 7, 5 on one thread; 5, 5, 5, 4 on two), the last panel 5
+    rows, the last input tile one row"""
     k, n, m = 2304, 293, 465
     assert -(-m // 16) * (k // 256) * 4096 > 1 << 20
     raw = random_blocks(type_name, n, k, seed=11)
@@ -208,18 +203,6 @@ def _grouped_panels_equal_reference(mode, type_name):
     for threads in (1, 2):
         got = product(raw, k, x, mode, threads=threads, type_name=type_name)
         assert torch.equal(bits(got), bits(ref)), threads
-
-
-@EMU
-@pytest.mark.parametrize("type_name", KTYPES)
-def test_emulated_grouped_panels_equal_reference(type_name):
-    _grouped_panels_equal_reference("emulated", type_name)
-
-
-@HW
-@pytest.mark.parametrize("type_name", KTYPES)
-def test_hardware_grouped_panels_equal_reference(type_name):
-    _grouped_panels_equal_reference("tiles", type_name)
 
 
 @HW
@@ -231,14 +214,14 @@ def test_products_on_several_threads_at_once_keep_their_bits():
 
     k, n = 1536, 40
     raw = random_blocks("Q4_K", n, k, seed=2)
-    cases = [(inputs(m, k, seed=m), m) for m in (17, 200, 5, 64, 300, 1)]
-    refs = [product(raw, k, x, "reference") for x, _ in cases]
+    cases = [inputs(m, k, seed=m) for m in (17, 200, 5, 64, 300, 1)]
+    refs = [product(raw, k, x, "reference") for x in cases]
     bad = []
 
     def work(order):
         for i in order:
             for _ in range(3):
-                got = product(raw, k, cases[i][0], "tiles", threads=2)
+                got = product(raw, k, cases[i], "tiles", threads=2)
                 if not torch.equal(bits(got), bits(refs[i])):
                     bad.append(i)
 

@@ -25,7 +25,8 @@
  * (sb_perm), so no copy of the weights is kept. Per panel the next super-block is unpacked before
  * this one's tile products are issued, input tiles go in pairs (four accumulators, each A tile
  * loaded once for both), and a pair's float steps run after the next pair's products are issued
- * (a vector load right behind a tile store waits for it). scripts/bf16_q4k.c measured this form as
+ * (a vector load right behind a tile store waits for it). Where a chunk's input operands outgrow
+ * L2, panels go in groups that take each input tile in turn (sb_group_body). scripts/bf16_q4k.c measured this form as
  * a model before it was built here.
  *
  * mode 0 runs sb_reference (any CPU), 1 the tiles (AMX and the kernel's permission), 2 the same
@@ -737,7 +738,7 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
      * that fit L2 beside the panels' work stay there from one panel to the next: then the panels of a
      * share go one at a time (all together would crowd L1 with their results and operands); past
      * that, together */
-    const int together = (long)ntile * nsb * SB_BT > SB_L2_INPUT;
+    const int together = nts * SB_BT > SB_L2_INPUT;
     /* groups of at most SB_GROUP, as even as the threads' count of them allows (56 panels: 8 of 7) */
     const long rounds = (npanel + (long)nt * SB_GROUP - 1) / ((long)nt * SB_GROUP);
     const int span = together ? (int)((npanel + nt * rounds - 1) / (nt * rounds)) : SB_GRAB;
@@ -784,7 +785,7 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
 
 static int sb_use = 0; /* tsq_sb_use */
 
-/* Prompt rows' Q4_K products (tsq_linear_apply_rows) in the super-block arithmetic: 0 off, 1 on
+/* Prompt rows' Q4_K and Q6_K products (tsq_linear_apply_rows) in the super-block arithmetic: 0 off, 1 on
  * the tiles, 2 on their emulation, 3 through the reference (2 and 3: tests, on any CPU with that
  * mode). Switch it between forwards only. -> 0, or -1 where the mode cannot run here. */
 int tsq_sb_use(int mode) {
@@ -821,7 +822,7 @@ TSQ_INTERNAL int tsq_sb_product_mode(void) { return sb_use == 0 ? -1 : sb_use ==
 /* 1 where this build has the tile form (mode 2 then runs on this CPU; mode 1 also needs AMX) */
 int tsq_sb_tiles_built(void) { return SB_TILES; }
 
-/* y [m, n] (row stride ldy) = x's rows against n Q4_K weight rows w in the super-block arithmetic,
+/* y [m, n] (row stride ldy) = x's rows against n Q4_K or Q6_K weight rows w in the super-block arithmetic,
  * x already quantized by tsq_quantize_sb. mode: 0 the reference, 1 the tiles, 2 the tiles
  * emulated. -> 0; -1 for what it does not take (another type, k not whole super-blocks, row_bytes
  * wrong, a mode this build or CPU lacks); -2 out of memory. */
