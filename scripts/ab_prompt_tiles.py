@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Prefill with prompt rows on the super-block tile route against the default products, paired.
+"""Prefill with prompt rows on the tile routes against the default products, paired.
 
     python scripts/ab_prompt_tiles.py [--models qwen2.5-coder-1.5b ...] [--tokens 512] [--rounds 8]
-                                      [--q4k-only] [--json FILE]
+                                      [--k-only] [--q4k-only] [--json FILE]
 
 One process per model, one model load: each round prefills the same prompt (``--tokens`` of
 README.md's text, as prompt rows, in the chunks a run takes on each side) into a fresh cache once with
-the route off (every row on the default arithmetic: TSSPEC_PROMPT_TILES=0) and once with prompt rows'
-Q4_K and Q6_K products on the AMX tiles (TSSPEC_PROMPT_TILES=1; ``--q4k-only`` adds a side with Q4_K's
-only), each side first in turn, so the host's slow and fast phases fall on all alike. Reports each
+the routes off (every row on the default arithmetic: TSSPEC_PROMPT_TILES=0) and once with prompt rows'
+Q4_K and Q6_K (super-block route) and Q4_0, Q5_0 and Q8_0 (32-element route) products on the AMX tiles
+(TSSPEC_PROMPT_TILES=1; ``--k-only`` adds a side with the super-block route alone, ``--q4k-only`` one with
+Q4_K's only), each side first in turn, so the host's slow and fast phases fall on all alike. Reports each
 side's median tokens a second, and the median and quartiles over rounds of each side's time over the
 route-off time. Needs a CPU with AMX. The sides round differently by design; the script reports how
 far the last row's logits move (cosine, and whether the argmax agrees).
@@ -48,12 +49,16 @@ def prefill(model, ids: list[int]):
     return out.logits[-1]
 
 
+SIDE_TYPES = {"tiles-k": ["Q4_K", "Q6_K"], "tiles-q4k": ["Q4_K"]}  # the rest take every type the routes take
+
+
 def use(side: str) -> None:
-    """the route as ``side`` takes it: off, tiles (Q4_K and Q6_K), or tiles-q4k (Q4_K only)"""
+    """the routes as ``side`` takes them: off, tiles (every type they take), tiles-k (the super-block
+    route's Q4_K and Q6_K alone) or tiles-q4k (Q4_K alone)"""
     from tsspec import kernels
 
     kernels.use_prompt_tiles("off" if side == "off" else "tiles")
-    kernels.prompt_tiles_types(["Q4_K"] if side == "tiles-q4k" else ["Q4_K", "Q6_K"])
+    kernels.prompt_tiles_types(SIDE_TYPES.get(side, list(kernels.PROMPT_ROUTE_TYPES)))
 
 
 def run(name: str, tokens: int, rounds: int, sides: tuple[str, ...] = ("off", "tiles")) -> dict:
@@ -101,8 +106,11 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b", "gemma3-270m", "smollm2-135m"])
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--k-only", action="store_true",
+                    help="also run the super-block route alone (Q4_K and Q6_K; the legacy types on the default "
+                         "arithmetic)")
     ap.add_argument("--q4k-only", action="store_true",
-                    help="also run the route with Q4_K products only (Q6_K on the default arithmetic)")
+                    help="also run the route with Q4_K products only (every other type on the default arithmetic)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from tsspec import kernels
@@ -110,7 +118,7 @@ def main() -> int:
     if not (kernels.available() and kernels.amx_usable() and kernels.sb_tiles_built()):
         print("ab_prompt_tiles: needs the native kernels on a CPU with AMX the kernel grants", file=sys.stderr)
         return 2
-    sides = ("off", "tiles", "tiles-q4k") if args.q4k_only else ("off", "tiles")
+    sides = ("off", "tiles") + (("tiles-k",) if args.k_only else ()) + (("tiles-q4k",) if args.q4k_only else ())
     out = [run(m, args.tokens, args.rounds, sides) for m in args.models]
     if args.json:
         args.json.write_text(json.dumps({"cpu_flags_amx": True, "threads": kernels.thread_count(), "runs": out},

@@ -1,6 +1,8 @@
-"""The super-block arithmetic for prompt rows (tsspec/kernels/prompt_tiles.c).
+"""The prompt routes' arithmetic for prompt rows (tsspec/kernels/prompt_tiles.c).
 
-Q4_K and Q6_K products with inputs quantized per 256 elements and one float step per super-block. Three ways
+Q4_K and Q6_K products with inputs quantized per 256 elements and one float step per super-block (the
+super-block route); Q4_0, Q5_0 and Q8_0 products with one float step per 32-element block (the
+32-element route). Three ways
 to run it must give the same bits: the C reference (every CPU and level), the AMX tiles (hardware),
 and the tiles' sequence with the tile instruction done in C (any CPU whose AVX-512 build has VBMI).
 The reference is checked against numpy's reading of the same arithmetic (quantized codes exactly, the
@@ -274,9 +276,12 @@ def test_extremes_stay_exact():
 
 
 def test_bad_shapes_are_refused():
-    raw = random_blocks("Q4_0", 4, 256, seed=1)
+    raw = random_blocks("Q4_1", 4, 256, seed=1)
     with pytest.raises(ValueError):
-        product(raw, 256, torch.randn(2, 256), "reference", type_name="Q4_0")  # another type
+        product(raw, 256, torch.randn(2, 256), "reference", type_name="Q4_1")  # another type
+    raw = random_blocks("Q5_0", 4, 160, seed=1)
+    with pytest.raises(ValueError):  # the 32-element route takes whole 128-element input groups
+        product(raw, 160, torch.randn(2, 160), "reference", type_name="Q5_0")
     raw = random_blocks("Q4_K", 4, 256, seed=1)
     with pytest.raises(ValueError):
         product(raw, 512, torch.randn(2, 512), "reference")  # rows of 256 elements taken as 512
@@ -287,7 +292,7 @@ def test_bad_shapes_are_refused():
             product(raw, 256, torch.randn(2, 256), "tiles")
 
 
-@pytest.mark.parametrize("type_name", KTYPES)
+@pytest.mark.parametrize("type_name", KTYPES + ["Q5_0", "Q4_0", "Q8_0"])
 def test_every_level_gives_the_same_bits(type_name):
     """the reference at every level this CPU runs (the quantizer has its own AVX2 code)"""
     n, k, m = 20, 768, 6
@@ -303,6 +308,112 @@ def test_every_level_gives_the_same_bits(type_name):
     first = next(iter(outs.values()))
     for name, y in outs.items():
         assert torch.equal(y, first), name
+
+
+# ----------------------------------------------------------------------------- the 32-element route
+
+LTYPES = ["Q4_0", "Q5_0", "Q8_0"]
+
+
+def legacy_parts(type_name: str, raw: np.ndarray, k: int):
+    """the stored rows' signed codes [n, k] (the type's offset off) and scales [n, k / 32], read from
+    the bytes as the format defines them"""
+    n = raw.shape[0]
+    bb = {"Q4_0": 18, "Q5_0": 22, "Q8_0": 34}[type_name]
+    b = raw.reshape(n, k // 32, bb)
+    d = b[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if type_name == "Q8_0":
+        return b[:, :, 2:].copy().view(np.int8).astype(np.int64).reshape(n, k), d
+    qs = b[:, :, bb - 16 :].astype(np.int64)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=2)  # element i: low nibble of qs[i], i + 16: high
+    if type_name == "Q5_0":
+        qh = b[:, :, 2:6].copy().view(np.uint32)[..., 0].astype(np.int64)
+        codes = codes | (((qh[:, :, None] >> np.arange(32)) & 1) << 4)
+        return (codes - 16).reshape(n, k), d
+    return (codes - 8).reshape(n, k), d
+
+
+def numpy_quantize32(x: np.ndarray):
+    """tsq_quantize as numpy reads it: per 32 elements, float32 operations, rint"""
+    m, k = x.shape
+    v = x.reshape(m, k // 32, 32).astype(np.float32)
+    amax = np.abs(v).max(axis=2)
+    with np.errstate(divide="ignore"):
+        iscale = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(v * iscale[:, :, None]), -127, 127).astype(np.int64)
+    return q, (amax / np.float32(127)).astype(np.float32)
+
+
+@pytest.mark.parametrize("type_name", LTYPES)
+def test_b32_reference_is_the_arithmetic(type_name):
+    """exact integer sums per 32-element block, one float step each; within float rounding of the
+    shared products (the same sums and inputs, their float steps per 16 elements)"""
+    n, k, m = 37, 640, 9
+    raw = random_blocks(type_name, n, k, seed=11)
+    x = inputs(m, k)
+    got = product(raw, k, x, "reference", type_name=type_name).numpy().astype(np.float64)
+    codes, d = legacy_parts(type_name, raw, k)
+    q, dx = numpy_quantize32(x.numpy())
+    S = np.einsum("nbe,mbe->nmb", codes.reshape(n, k // 32, 32), q)
+    want = (S * (d[:, None, :] * dx[None]).astype(np.float64)).sum(axis=2).T
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    shared = torch.empty(m, n)
+    kernels.matmul(type_name, raw, k, x, kernels.quantize(x), shared)
+    assert np.abs(got - shared.numpy()).max() < 1e-5 * np.abs(want).max()
+    assert not torch.equal(bits(torch.from_numpy(got.astype(np.float32))), bits(shared))  # another order
+
+
+@pytest.mark.parametrize("mode", TILE_FORMS)
+@pytest.mark.parametrize("type_name", LTYPES)
+def test_b32_tiles_equal_reference(mode, type_name):
+    """stored and repacked rows (Q4_0, Q8_0: four-block records; Q5_0: transposed code vectors),
+    short panels and input tiles, 1 and 2 threads"""
+    for k, n in ((128, 16), (640, 37), (896, 40)):
+        raw = random_blocks(type_name, n, k, seed=k)
+        x = inputs(64, k, seed=n)
+        ref = product(raw, k, x, "reference", type_name=type_name)
+        for packed in (False, True):
+            w = kernels.repack(type_name, raw, k) if packed else raw
+            for m in (1, 2, 15, 16, 17, 33, 64):
+                for threads in (1, 2):
+                    got = product(w, k, x[:m], mode, packed=packed, threads=threads, type_name=type_name)
+                    assert torch.equal(bits(got), bits(ref[:m])), (k, n, packed, m, threads)
+
+
+@pytest.mark.parametrize("type_name", LTYPES)
+def test_b32_a_row_does_not_depend_on_the_others(type_name):
+    n, k = 24, 384
+    raw = kernels.repack(type_name, random_blocks(type_name, n, k, seed=4), k)
+    x = inputs(33, k)
+    for mode in ["reference"] + (["emulated"] if TILES_BUILT else []):
+        whole = product(raw, k, x, mode, packed=True, threads=2, type_name=type_name)
+        for r in (0, 16, 32):
+            alone = product(raw, k, x[r : r + 1], mode, packed=True, type_name=type_name)
+            assert torch.equal(bits(alone), bits(whole[r : r + 1])), (mode, r)
+
+
+@EMU
+def test_b32_extremes_stay_exact():
+    """Q8_0 codes -128 and 127 against inputs at +-127: the largest sums a block makes"""
+    n, k = 32, 256
+    raw = random_blocks("Q8_0", n, k, seed=1).reshape(n, k // 32, 34)
+    raw[:16, :, 2:] = 0x80
+    raw[16:, :, 2:] = 0x7F
+    raw = raw.reshape(n, -1)
+    x = torch.ones(3, k)
+    x[1] = -1
+    x[2, ::2] = -1
+    ref = product(raw, k, x, "reference", type_name="Q8_0")
+    codes, d = legacy_parts("Q8_0", raw, k)
+    q = (127 * x.numpy()).astype(np.int64).reshape(3, k // 32, 32)  # inputs at +-1: codes +-127, dx 1/127
+    S = np.einsum("nbe,mbe->nmb", codes.reshape(n, k // 32, 32), q)
+    want = (S * (d[:, None, :] * (np.float32(1) / np.float32(127))).astype(np.float64)).sum(axis=2).T
+    assert np.allclose(ref.numpy(), want, rtol=1e-6)
+    for packed in (False, True):
+        w = kernels.repack("Q8_0", raw, k) if packed else raw
+        assert torch.equal(bits(product(w, k, x, "emulated", packed=packed, threads=2, type_name="Q8_0")), bits(ref))
+        if kernels.amx_usable():
+            assert torch.equal(bits(product(w, k, x, "tiles", packed=packed, threads=2, type_name="Q8_0")), bits(ref))
 
 
 # ----------------------------------------------------------------------------- the route in a model
@@ -338,9 +449,10 @@ def q4k_model(tmp_path_factory):
     return _tiny("Q4_K", tmp_path_factory)
 
 
-@pytest.fixture(scope="module", params=KTYPES)
+@pytest.fixture(scope="module", params=KTYPES + ["Q5_0", "Q8_0"])
 def k_model(request, tmp_path_factory):
-    """a tiny model whose every matrix is Q4_K, then one whose every matrix is Q6_K"""
+    """a tiny model whose every matrix is Q4_K, then Q6_K (the super-block route), then Q5_0, Q8_0 (the
+    32-element route)"""
     return _tiny(request.param, tmp_path_factory)
 
 
@@ -382,21 +494,22 @@ def test_hardware_route_equals_reference_in_a_model(k_model, route):
 
 
 def test_the_route_takes_only_the_types_asked(k_model, route):
-    """with the route set to Q4_K only, a Q6_K model's prompt rows keep the default bits (and a
+    """with the routes set to Q4_K only, every other model's prompt rows keep the default bits (and a
     Q4_K model's still take the route); the types come back"""
     off = last_logits(k_model, [(0, 40)])
     route("reference")
     on = last_logits(k_model, [(0, 40)])
-    assert kernels.prompt_tiles_types(["Q4_K"]) == ["Q4_K", "Q6_K"]
+    every = list(kernels.PROMPT_ROUTE_TYPES)
+    assert kernels.prompt_tiles_types(["Q4_K"]) == every
     try:
         only = last_logits(k_model, [(0, 40)])
     finally:
-        assert kernels.prompt_tiles_types(["Q4_K", "Q6_K"]) == ["Q4_K"]
-    q6 = k_model.path.name.startswith("Q6_K")
-    assert torch.equal(bits(only[0]), bits((off if q6 else on)[0]))
+        assert kernels.prompt_tiles_types(every) == ["Q4_K"]
+    q4k = k_model.path.name.startswith("Q4_K")
+    assert torch.equal(bits(only[0]), bits((on if q4k else off)[0]))
     assert not torch.equal(bits(on[0]), bits(off[0]))
-    with pytest.raises(ValueError, match="Q5_0"):
-        kernels.prompt_tiles_types(["Q5_0"])
+    with pytest.raises(ValueError, match="Q4_1"):
+        kernels.prompt_tiles_types(["Q4_1"])
 
 
 def test_generated_rows_keep_the_default_arithmetic(q4k_model, route):

@@ -482,13 +482,13 @@ def _setup_prompt_tiles(h: ctypes.CDLL) -> None:
 
 
 def prompt_tiles_self_check(h: ctypes.CDLL, *, hardware: bool = True) -> str | None:
-    """The super-block tile product (``hardware``: real tiles; else the emulation) against its
-    reference on random Q4_K and Q6_K rows, 33 input rows and 40 weight rows, 1 and 2 threads: None
-    when every bit agrees, else what differed."""
+    """The prompt routes' tile products (``hardware``: real tiles; else the emulation) against their
+    reference on random rows of every type they take, 33 input rows and 40 weight rows, 1 and 2
+    threads: None when every bit agrees, else what differed."""
     rng = np.random.default_rng(9)
     k = 512
     x = rng.standard_normal((33, k)).astype(np.float32)
-    for name in ("Q4_K", "Q6_K"):
+    for name in PROMPT_ROUTE_TYPES:
         tid = TYPE_IDS[name]
         rb = h.tsq_row_bytes(tid, k)
         w = _sane_scales(name, rng.integers(0, 256, size=(40, rb), dtype=np.uint8))
@@ -523,14 +523,19 @@ def use_prompt_tiles(mode: str) -> None:
         raise ValueError(f"prompt rows cannot take the super-block route ({mode}) here")
 
 
+# the weight types prompt rows' products can take off the shared arithmetic: the super-block route's, then the
+# 32-element route's
+PROMPT_ROUTE_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q5_0", "Q8_0")
+
+
 def prompt_tiles_types(names: list[str] | None = None) -> list[str]:
-    """The weight types whose prompt-row products take the super-block route while it is on (Q4_K
-    and Q6_K by default); ``names`` sets them (a subset of those two) and the ones before come back.
+    """The weight types whose prompt-row products take the routes while they are on (all of
+    ``PROMPT_ROUTE_TYPES`` by default); ``names`` sets them (a subset) and the ones before come back.
     For scripts that compare one type's share; set it between forwards only."""
     h = lib()
-    ids = {"Q4_K": TYPE_IDS["Q4_K"], "Q6_K": TYPE_IDS["Q6_K"]}
+    ids = {n: TYPE_IDS[n] for n in PROMPT_ROUTE_TYPES}
     if names is not None and (bad := [n for n in names if n not in ids]):
-        raise ValueError(f"the super-block route takes Q4_K and Q6_K, not {', '.join(bad)}")
+        raise ValueError(f"the prompt routes take {', '.join(ids)}, not {', '.join(bad)}")
     was = h.tsq_sb_types(0)
     h.tsq_sb_types(was if names is None else sum(1 << ids[n] for n in set(names)))
     return [n for n, i in ids.items() if was >> i & 1]
@@ -880,10 +885,11 @@ def sb_tiles_built() -> bool:
 
 def matmul_sb(type_name: str, w: np.ndarray, k: int, x: "torch.Tensor", y: "torch.Tensor", *, packed: bool = False,
               threads: int | None = None, mode: str = "reference") -> None:
-    """y[m, n] = x [m, k] against the Q4_K or Q6_K rows ``w`` in the super-block arithmetic (prompt_tiles.c:
-    inputs quantized per 256 elements, one float step per super-block), through ``mode``
-    (``SB_MODES``); every mode gives the same bits. A ValueError for another type, or a mode this
-    build or CPU cannot run."""
+    """y[m, n] = x [m, k] against the rows ``w`` in a prompt route's arithmetic (prompt_tiles.c): Q4_K
+    and Q6_K in the super-block one (inputs quantized per 256 elements, one float step per
+    super-block), Q4_0, Q5_0 and Q8_0 in the 32-element one (inputs as every product quantizes them,
+    one float step per block), through ``mode`` (``SB_MODES``); every mode gives the same bits. A
+    ValueError for another type, or a mode this build or CPU cannot run."""
     h = lib()
     n, rb = w.shape
     m, ldy = y.shape

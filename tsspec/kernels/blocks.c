@@ -28,25 +28,41 @@ static int linear_plain(const tsq_linear *L, const float *x, long m, float *y, x
     return 0;
 }
 
-/* linear_plain for prompt rows while the super-block route is on (prompt_tiles.c): the Q4_K and
- * Q6_K parts in its arithmetic, the others as linear_plain takes them */
+/* linear_plain for prompt rows while the routes are on (prompt_tiles.c): the Q4_K and Q6_K parts in
+ * the super-block arithmetic, Q4_0, Q5_0 and Q8_0 in the 32-element one (from the inputs every product
+ * takes), the others as linear_plain takes them */
 static int linear_prompt(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt, int mode) {
     const long k = L->k;
-    int8_t *q = malloc((size_t)m * k);
-    float *dx = malloc(sizeof(float) * m * (k / 256));
-    int16_t *xs = malloc(sizeof(int16_t) * m * (k / 32));
-    int rc = q && dx && xs ? 0 : -2, have = 0;
-    if (!rc) tsq_quantize_sb(x, m, k, q, dx, xs, nt);
+    int8_t *q = NULL;
+    float *dx = NULL;
+    int16_t *xs = NULL;
+    int rc = 0, have = 0;
     long col = 0;
     for (int i = 0; i < L->nparts && !rc; i++) {
-        if (tsq_sb_takes(L->type[i])) {
+        const int route = tsq_sb_takes(L->type[i], k);
+        if (route == 1 && !q) {
+            q = malloc((size_t)m * k);
+            dx = malloc(sizeof(float) * m * (k / 256));
+            xs = malloc(sizeof(int16_t) * m * (k / 32));
+            if (!q || !dx || !xs) {
+                rc = -2;
+                break;
+            }
+            tsq_quantize_sb(x, m, k, q, dx, xs, nt);
+        }
+        if (route != 1 && !is_float_type(L->type[i]) && !have) {
+            tsq_quantize(x, m, k, xq);
+            have = 1;
+        }
+        if (route == 1)
             rc = tsq_matmul_sb_q(L->type[i], L->w[i], L->packed[i], L->row_bytes[i], L->n[i], k, q, dx, xs, m, y + col,
                                  L->n_total, nt, mode);
-        } else {
-            if (!is_float_type(L->type[i]) && !have) { tsq_quantize(x, m, k, xq); have = 1; }
+        else if (route == 2)
+            rc = tsq_matmul_b32_q(L->type[i], L->w[i], L->packed[i], L->row_bytes[i], L->n[i], k, xq, m, y + col,
+                                  L->n_total, nt, mode);
+        else
             rc = tsq_matmul(L->type[i], L->w[i], L->packed[i], L->row_bytes[i], L->n[i], k, x, xq, m, y + col,
                             L->n_total, nt, 1);
-        }
         col += L->n[i];
     }
     free(q);
@@ -58,14 +74,14 @@ static int linear_prompt(const tsq_linear *L, const float *x, long m, float *y, 
     return rc;
 }
 
-/* linear_plain, with rows r where pr[r] is set (prompt rows; pr NULL: none) taken by the super-block
- * route where it is on and the layer has Q4_K or Q6_K parts. Runs of rows alike go as one product each. */
+/* linear_plain, with rows r where pr[r] is set (prompt rows; pr NULL: none) taken by the routes where
+ * they are on and the layer has parts they take. Runs of rows alike go as one product each. */
 int tsq_linear_apply_rows(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt,
                           const uint8_t *pr) {
     const int mode = pr ? tsq_sb_product_mode() : -1;
     int any = 0;
-    for (int i = 0; i < L->nparts; i++) any |= tsq_sb_takes(L->type[i]);
-    if (mode < 0 || !any || L->k % 256) return linear_plain(L, x, m, y, xq, nt);
+    for (int i = 0; i < L->nparts; i++) any |= tsq_sb_takes(L->type[i], L->k);
+    if (mode < 0 || !any) return linear_plain(L, x, m, y, xq, nt);
     int rc = 0;
     for (long a = 0, b; a < m && !rc; a = b) {
         for (b = a + 1; b < m && !pr[b] == !pr[a]; b++) {}

@@ -296,6 +296,7 @@ typedef struct {
 /* products.c */
 int tsq_isa(void);
 long tsq_xrow_bytes(long k);
+long tsq_row_bytes(int type, long k);
 void tsq_quantize(const float *x, long m, long k, xgroup *out);
 int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k, const float *x,
                const void *xqv, long m, float *y, long ldy, int n_threads, int use_simd);
@@ -304,6 +305,7 @@ int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_ro
 TSQ_INTERNAL void tsq_weight_group(int type, const uint8_t *w, long g, long nblocks, int packed, uint8_t lanes[QG],
                                    float a[8], float m[8]);
 TSQ_INTERNAL int tsq_offset_shift(int type);
+TSQ_INTERNAL void tsq_legacy_block(int type, const uint8_t *row, int packed, long k, long j, int8_t c[32], float *d);
 #if TSQ_SIMD
 TSQ_INTERNAL void tsq_weight_row_simd(int type, const uint8_t *w, long ng, long nblocks, int packed, uint8_t *codes,
                                       long lane_stride, long group_stride, float *a, float *m, long ab_stride,
@@ -322,12 +324,15 @@ TSQ_INTERNAL int tsq_linear_apply(const tsq_linear *L, const float *x, long m, f
 TSQ_INTERNAL int tsq_linear_apply_rows(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt,
                                        const uint8_t *pr);
 
-/* prompt_tiles.c: Q4_K and Q6_K products of prompt rows in the super-block arithmetic */
+/* prompt_tiles.c: prompt rows' products in the super-block (Q4_K, Q6_K) and 32-element (Q4_0, Q5_0,
+ * Q8_0) arithmetic */
 void tsq_quantize_sb(const float *x, long m, long k, int8_t *q, float *dx, int16_t *xs, int nt);
 int tsq_matmul_sb_q(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
                     const float *dx, const int16_t *xs, long m, float *y, long ldy, int nt, int mode);
 TSQ_INTERNAL int tsq_sb_product_mode(void);
-TSQ_INTERNAL int tsq_sb_takes(int type);
+int tsq_matmul_b32_q(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const xgroup *xq, long m,
+                     float *y, long ldy, int nt, int mode);
+TSQ_INTERNAL int tsq_sb_takes(int type, long k);
 TSQ_INTERNAL void tsq_rms_norm_row(const float *x, const float *w, long n, float eps, float *out);
 void tsq_act_row(int gelu, const float *g, const float *u, float *a, long n);
 
