@@ -2,7 +2,7 @@
 """Paired speed of two builds of the native kernels (tsspec/kernels/*.c) in ONE process.
 
     python scripts/ab_kernels.py --base REV [--new REV] [--models smollm2-135m ...] [--rows 1,5]
-                                 [--rounds 200] [--steps 8] [--context 64] [--no-head] [--json FILE]
+                                 [--rounds 200] [--steps 8] [--context 64] [--no-head] [--prompt] [--json FILE]
 
 Both sources are compiled with the flags tsspec uses and loaded side by side; one model is loaded
 once and its fused blocks (plus the LM head, unless --no-head) are run through each build in turn,
@@ -17,6 +17,9 @@ Before timing, both builds must give the same logits bit for bit (a kernel chang
 no output bit; --allow-different times a deliberate numerics change anyway). The two sources must
 share the C structures' layouts (tsq_sizeof_*): a change to those is compared with ab_revisions.py.
 ``--new`` defaults to the working tree's source.
+
+``--prompt`` forwards the rows as prompt rows with the prompt routes on in both builds
+(TSSPEC_PROMPT_TILES=1's products; needs AMX), for changes to the prefill's path.
 
 ``--amx`` pairs the AMX tiles against the VNNI products instead, in one build (``--new``'s source):
 base is TSSPEC_AMX=0's path, new is every quantized product of the forward on the hardware tiles
@@ -87,7 +90,8 @@ def build(src: dict[str, bytes]) -> ctypes.CDLL:
 class Stepper:
     """One model's fused forward of r rows (and its head) through a given build."""
 
-    def __init__(self, model: str, rows: int, head: bool, threads: int, steps: int = 16, context: int = 64):
+    def __init__(self, model: str, rows: int, head: bool, threads: int, steps: int = 16, context: int = 64,
+                 prompt: bool = False):
         import torch
 
         from tsspec.hub import resolve_model
@@ -97,7 +101,7 @@ class Stepper:
         self.t = t = load_model(resolve_model(model))
         if t.fused is None:
             raise ScriptError(f"{model}: no fused native path on this machine (kernels off or unsupported weights)")
-        self.rows, self.head, self.threads = rows, head, threads
+        self.rows, self.head, self.threads, self.prompt = rows, head, threads, prompt
         self.cache = t.make_cache()
         self.context = context
         t.forward(list(range(100, 100 + self.context)), self.cache)
@@ -119,8 +123,9 @@ class Stepper:
 
         t, c, fb = self.t, self.cache, self.t.fused
         h = self.h0.clone()
-        rc = lib.tsq_forward(ctypes.byref(fb.config), fb.layers, 0, t.n_layers, h.data_ptr(), self.rows, pos,
-                             c.k.data_ptr(), c.v.data_ptr(), c.k.shape[2], self.cos_p, self.sin_p, self.threads)
+        args = (ctypes.byref(fb.config), fb.layers, 0, t.n_layers, h.data_ptr(), self.rows, pos, c.k.data_ptr(),
+                c.v.data_ptr(), c.k.shape[2], self.cos_p, self.sin_p, self.threads)
+        rc = lib.tsq_forward_prompt(*args, 1) if self.prompt else lib.tsq_forward(*args)
         if rc:
             raise ScriptError(f"tsq_forward returned {rc}")
         if not self.head:
@@ -145,11 +150,17 @@ class Stepper:
 
 
 def compare(model: str, rows: int, libs: list, rounds: int, steps: int, head: bool, threads: int,
-            allow_different: bool, modes: tuple[int, int] | None = None, context: int = 64) -> dict:
-    """``modes``: the tile mode (tsq_amx_use) each side runs under, where both sides are one build."""
+            allow_different: bool, modes: tuple[int, int] | None = None, context: int = 64,
+            prompt: bool = False) -> dict:
+    """``modes``: the tile mode (tsq_amx_use) each side runs under, where both sides are one build.
+    ``prompt``: the rows go as prompt rows, the prompt routes on in both builds (tsq_sb_use)."""
     import torch
 
-    st = Stepper(model, rows, head, threads, steps, context)
+    st = Stepper(model, rows, head, threads, steps, context, prompt)
+    if prompt:
+        for lib in libs:
+            if lib.tsq_sb_use(1):
+                raise ScriptError("--prompt needs the prompt routes' tiles (AMX, the AVX-512 level with VBMI)")
 
     def side(j: int):
         if modes is not None:
@@ -170,7 +181,11 @@ def compare(model: str, rows: int, libs: list, rounds: int, steps: int, head: bo
             ms[j].append((time.perf_counter() - t0) * 1000 / steps)
     ratios = sorted(n / b for b, n in zip(ms[0], ms[1]))
     q = statistics.quantiles(ratios, n=4)
-    return {"model": model, "rows": rows, "context": context, "head": head, "identical": same, "rounds": rounds, "steps": steps,
+    if prompt:
+        for lib in libs:
+            lib.tsq_sb_use(0)
+    return {"model": model, "rows": rows, "context": context, "head": head, "prompt": prompt, "identical": same,
+            "rounds": rounds, "steps": steps,
             "base_ms": statistics.median(ms[0]), "new_ms": statistics.median(ms[1]),
             "ratio": statistics.median(ratios), "ratio_q1": q[0], "ratio_q3": q[2]}
 
@@ -188,6 +203,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=64, help="cached tokens before the timed forwards")
     ap.add_argument("--no-head", action="store_true", help="time the blocks alone")
     ap.add_argument("--allow-different", action="store_true", help="time builds whose outputs differ")
+    ap.add_argument("--prompt", action="store_true",
+                    help="forward the rows as prompt rows with the prompt routes on the tiles (TSSPEC_PROMPT_TILES=1)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     try:
@@ -210,9 +227,10 @@ def main() -> None:
         for model in args.models:
             for r in rows:
                 res = compare(model, r, libs, args.rounds, args.steps, not args.no_head, args.threads,
-                              args.allow_different, modes, args.context)
+                              args.allow_different, modes, args.context, args.prompt)
                 results.append(res)
-                print(f"{model} rows={r} context={args.context}{'' if res['head'] else ' (blocks)'}: base {res['base_ms']:.3f} ms, "
+                print(f"{model} rows={r} context={args.context}{'' if res['head'] else ' (blocks)'}"
+                      f"{' (prompt rows)' if args.prompt else ''}: base {res['base_ms']:.3f} ms, "
                       f"new {res['new_ms']:.3f} ms, new/base {res['ratio']:.3f} "
                       f"(quartiles {res['ratio_q1']:.3f}-{res['ratio_q3']:.3f}, {res['rounds']} rounds)"
                       f"{'' if res['identical'] else '  [outputs differ]'}", flush=True)

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from test_kernels import tiles_as_loaded
 from tiny import write_tiny_model
@@ -92,3 +93,29 @@ def test_tile_modes_pair_in_one_build(tmp_path):
     finally:
         tiles_as_loaded()
     assert res["identical"] and res["base_ms"] > 0 and res["new_ms"] > 0
+
+
+def test_prompt_rows_take_the_route_in_both_builds(tmp_path):
+    """--prompt: the rows go as prompt rows with the prompt routes on in both builds (their bits then
+    differ from the shared arithmetic's), and the routes are off again after; where the tiles cannot
+    run, one clear error"""
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen2", quant="Q4_K", d_model=256, ffn_dim=512, vocab_size=320)
+    src = ab_kernels.source_at(None)
+    libs = [ab_kernels.build(src), ab_kernels.build(src)]
+    if not (kernels.amx_usable() and kernels.sb_tiles_built()):
+        with pytest.raises(ab_kernels.ScriptError, match="--prompt needs"):
+            ab_kernels.compare(str(path), 20, libs, rounds=4, steps=1, head=False, threads=2, allow_different=False,
+                               prompt=True)
+        return
+    st = ab_kernels.Stepper(str(path), 20, False, 2, 1, 8)
+    plain = st.step(libs[0], st.context)
+    res = ab_kernels.compare(str(path), 20, libs, rounds=4, steps=1, head=False, threads=2, allow_different=False,
+                             prompt=True)
+    assert res["identical"] and res["prompt"]
+    assert not any(lib.tsq_sb_in_use() for lib in libs)
+    libs[0].tsq_sb_use(1)
+    st.prompt = True
+    try:
+        assert not torch.equal(st.step(libs[0], st.context), plain)  # the route ran
+    finally:
+        libs[0].tsq_sb_use(0)
