@@ -454,7 +454,7 @@ _prompt_tiles = "off"  # prompt_tiles_status()'s answer once the library is load
 
 
 def _setup_prompt_tiles(h: ctypes.CDLL) -> None:
-    """Switch prompt rows' Q4_K and Q6_K products onto the tiles as ``TSSPEC_PROMPT_TILES`` says (after
+    """Switch prompt rows' products onto the routes' tiles as ``TSSPEC_PROMPT_TILES`` says (after
     ``_setup_amx``): where they cannot run, or fail their self-check, that is ``_amx_error`` for
     lib() to raise, one line."""
     global _prompt_tiles, _amx_error
@@ -515,7 +515,7 @@ def _same_as(ref: np.ndarray, run, label: str = "") -> str | None:
 
 
 def use_prompt_tiles(mode: str) -> None:
-    """Route prompt rows' Q4_K and Q6_K products: "off", "tiles" (the hardware), "emulated" or "reference"
+    """Route prompt rows' products of the types the routes take (``PROMPT_ROUTE_TYPES``): "off", "tiles" (the hardware), "emulated" or "reference"
     (the same arithmetic on any CPU: tests run a whole model through the route this way).
     ``TSSPEC_PROMPT_TILES`` sets this when the library loads; tests set it and put it back."""
     codes = {"off": 0, "tiles": 1, "emulated": 2, "reference": 3}
@@ -542,14 +542,14 @@ def prompt_tiles_types(names: list[str] | None = None) -> list[str]:
 
 
 def prompt_tiles_on() -> bool:
-    """Whether prompt rows' Q4_K and Q6_K products now round otherwise than generated rows' (the super-block
-    route is on, in any mode): a kept cache may then reuse prompt rows only."""
+    """Whether prompt rows' products now round otherwise than generated rows' (the prompt routes are
+    on, in any mode): a kept cache may then reuse prompt rows only."""
     h = lib()
     return bool(h is not None and h.tsq_sb_in_use())
 
 
 def prompt_tiles_status() -> str:
-    """What prompt rows' Q4_K and Q6_K products take, for ``tsspec info``."""
+    """What prompt rows' products take, for ``tsspec info``."""
     return _prompt_tiles if lib() is not None else "off"
 
 
@@ -1096,7 +1096,7 @@ class FusedBlocks:
         torch tensors, or numpy arrays throughout (``models.lean``; without ``taps``).
         ``taps`` (layers in [l0, l1]; l1: after the last): the residual entering each, copied out
         in the same call -> [m, len(taps) * d], tap j of a row in columns j*d..(j+1)*d. ``prompt``:
-        the rows are prompt rows (their Q4_K and Q6_K products take the super-block route where it is on)."""
+        the rows are prompt rows (their products take the prompt routes where they are on)."""
         if taps:
             return self.run_batch(h, l0, l1, [0, h.shape[0]], [start], [k_cache], [v_cache], cos, sin, taps,
                                   prompt=[prompt])
