@@ -16,9 +16,8 @@
  * On the tiles, sc = 8 sh + sl (sh, sl <= 7), so the A operands q sh and q sl (<= 105) fit a signed
  * byte; TDPBSSD sums them against the input codes exactly in any order, and S = 8 C_hi + C_lo. The
  * minimums leave the tiles: M by four VPDPWSSD a weight row from the 32-element sums as int16 pairs.
- * Q6_K's scales split as sc = 64 a + 8 b + c with each digit in -3..4, so (q - 32) times a digit
- * fits a signed byte: three A operands a chunk, S = 64 C_a + 8 C_b + C_c, one input tile at a time
- * (three sums, three operands and two B tiles fill the eight tiles).
+ * Q6_K's element products v = (q - 32) sc (|v| <= 4096) split as v = 128 hi + lo (lo = v & 127, hi
+ * = v >> 7), each a signed byte: two A operands a chunk as for Q4_K, S = 128 C_hi + C_lo.
  * The weights stay as stored (the file's blocks, or tsq_repack's transposed codes): each 16-row panel's
  * super-block is unpacked in registers straight into the A operands (a byte permute through a
  * 128-entry table of q f, index q | f << 4), and the input's B operands take the same element order
@@ -369,27 +368,21 @@ static inline __attribute__((always_inline)) void sb_unpack_row(const uint8_t *b
     }
 }
 
-/* Q6_K's weight row r, super-block blk: three A operands a chunk, (q - 32) times the digits of
- * sc = 64 a + 8 b + c (each in -3..4, so |(q - 32) digit| <= 128 fits a signed byte; sc = -128 is
- * -2, 0, 0): A + ((op * 4 + chunk) * 1024) + r * 64 for op 0 (a), 1 (b), 2 (c); S = 64 C_a + 8 C_b + C_c.
- * sel[c]: per byte of chunk c, its 16-element sub-block (0..15). Chunk 2 h + nib is code vectors
- * 2 nib and 2 nib + 1 of half h (q6k_codes512's vectors, one half at a time). Made here two to a
- * register rather than through products.c's q6k_codes512, which fills all of each of four vectors:
- * taking a half of each (same bits) made the Q6_K products 1.03-1.05x slower at 9 and 512 rows. */
+/* Q6_K's weight row r, super-block blk: two A operands a chunk from each element's exact product
+ * v = (q - 32) sc (|v| <= 4096), v = 128 hi + lo with lo = v & 127 and hi = v >> 7 (-32..32), both
+ * signed bytes: A + (op * 4 + chunk) * 1024 + r * 64 for op 0 (hi), 1 (lo); S = 128 C_hi + C_lo. sel[c]:
+ * per byte of chunk c, its 16-element sub-block (0..15). Chunk 2 h + nib is code vectors 2 nib and
+ * 2 nib + 1 of half h (q6k_codes512's vectors, one half at a time). Made here two to a register
+ * rather than through products.c's q6k_codes512, which fills all of each of four vectors: taking a
+ * half of each (same bits) made the Q6_K products 1.03-1.05x slower at 9 and 512 rows. (Three
+ * operands, the scale's base-8 digits in -3..4 times q - 32, took 12 tile products a super-block
+ * and input tile where these take 8.) */
 static inline __attribute__((always_inline)) void sb_unpack_row_q6k(const uint8_t *blk, const __m512i sel[4],
                                                                     int8_t *A, int r, sb_meta *meta) {
-    const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 192)));
-    const __m512i three = _mm512_set1_epi32(3), seven = _mm512_set1_epi32(7);
-    const __m512i dc = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(sc, three), seven), three);
-    const __m512i rest = _mm512_srai_epi32(_mm512_sub_epi32(sc, dc), 3);
-    const __m512i db = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(rest, three), seven), three);
-    const __m512i da = _mm512_srai_epi32(_mm512_sub_epi32(rest, db), 3);
-    const __m512i D[3] = {_mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(da)),
-                          _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(db)),
-                          _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(dc))};
+    const __m512i SC = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 192)));
     meta->d[r] = _cvtsh_ss(rd16(blk + 208));
     const __m512i m4 = _mm512_set1_epi8(15), m3 = _mm512_set1_epi8(3), k32 = _mm512_set1_epi8(32);
-    const __m512i hib = _mm512_set1_epi16((short)0xFF00);
+    const __m512i low7 = _mm512_set1_epi16(127);
     const __mmask64 odd = 0xAAAAAAAAAAAAAAAAULL;
     for (int h = 0; h < 2; h++) {
         const __m512i Q = _mm512_loadu_si512(blk + 64 * h);
@@ -402,13 +395,17 @@ static inline __attribute__((always_inline)) void sb_unpack_row_q6k(const uint8_
             const __m512i lo = nib ? _mm512_and_si512(_mm512_srli_epi16(Q, 4), m4) : _mm512_and_si512(Q, m4);
             const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(QH, shift), m3);
             const __m512i v = _mm512_sub_epi8(_mm512_or_si512(lo, _mm512_slli_epi16(hi, 4)), k32);
-            const __m512i vh = _mm512_and_si512(v, hib);
-            for (int op = 0; op < 3; op++) { /* bytes times bytes: the low byte of a 16-bit product */
-                const __m512i dg = _mm512_shuffle_epi8(D[op], sel[c]);
-                const __m512i even = _mm512_mullo_epi16(v, dg);
-                const __m512i oddp = _mm512_mullo_epi16(vh, _mm512_srli_epi16(dg, 8));
-                _mm512_store_si512(A + (op * 4 + c) * 1024 + r * 64, _mm512_mask_blend_epi8(odd, even, oddp));
-            }
+            const __m512i sc = _mm512_shuffle_epi8(SC, sel[c]);
+            /* even and odd bytes as signed 16-bit lanes, their exact products */
+            const __m512i pe = _mm512_mullo_epi16(_mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8),
+                                                  _mm512_srai_epi16(_mm512_slli_epi16(sc, 8), 8));
+            const __m512i po = _mm512_mullo_epi16(_mm512_srai_epi16(v, 8), _mm512_srai_epi16(sc, 8));
+            _mm512_store_si512(A + c * 1024 + r * 64,
+                               _mm512_mask_blend_epi8(odd, _mm512_srai_epi16(pe, 7),
+                                                      _mm512_slli_epi16(_mm512_srai_epi16(po, 7), 8)));
+            _mm512_store_si512(A + (4 + c) * 1024 + r * 64,
+                               _mm512_mask_blend_epi8(odd, _mm512_and_si512(pe, low7),
+                                                      _mm512_slli_epi16(_mm512_and_si512(po, low7), 8)));
         }
     }
 }
@@ -432,7 +429,7 @@ static inline __attribute__((always_inline)) void sb_unpack(const uint8_t *w, lo
             sb_unpack_row(blk, sel, A, r, meta);
     }
     for (int r = (int)nr; r < SB_TR; r++) {
-        for (int c = 0; c < (q6 ? 12 : 8); c++) memset(A + c * 1024 + r * 64, 0, 64);
+        for (int c = 0; c < 8; c++) memset(A + c * 1024 + r * 64, 0, 64);
         meta->d[r] = meta->dmin[r] = 0.0f;
         memset(meta->mp[r], 0, sizeof meta->mp[r]);
     }
@@ -477,31 +474,6 @@ static inline SB_AMX void sb_products_hw(const int8_t *A, const int8_t *b0, cons
     }
 }
 
-/* Q6_K's tile products of one super-block for input tile b: c[op] = C_a, C_b, C_c. tmm0-2 the sums,
- * tmm3-5 a chunk's three A operands, tmm6/7 B, alternately (a chunk's B load need not wait for the
- * last chunk's products to have read its tile). */
-static inline SB_AMX void sb_products6_hw(const int8_t *A, const int8_t *b, int32_t (*c)[256]) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-#define SB6_CHUNK(ch, tb)                                                                                            \
-    _tile_loadd(tb, b + (ch) * 1024, 64);                                                                          \
-    _tile_loadd(3, A + (ch) * 1024, 64);                                                                           \
-    _tile_dpbssd(0, 3, tb);                                                                                        \
-    _tile_loadd(4, A + (4 + (ch)) * 1024, 64);                                                                     \
-    _tile_dpbssd(1, 4, tb);                                                                                        \
-    _tile_loadd(5, A + (8 + (ch)) * 1024, 64);                                                                     \
-    _tile_dpbssd(2, 5, tb);
-    SB6_CHUNK(0, 6)
-    SB6_CHUNK(1, 7)
-    SB6_CHUNK(2, 6)
-    SB6_CHUNK(3, 7)
-#undef SB6_CHUNK
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    _tile_stored(2, c[2], 64);
-}
-
 /* TDPBSSD in C: c[r][n] += sum over kk < 64 of A[r][kk] B[kk / 4][4 n + kk % 4], signed bytes;
  * integer sums, so the instruction's result */
 static void sb_dp_emu(const int8_t *A, const int8_t *B, int32_t *c) {
@@ -525,20 +497,12 @@ static void sb_products_emu(const int8_t *A, const int8_t *b0, const int8_t *b1,
     }
 }
 
-static void sb_products6_emu(const int8_t *A, const int8_t *b, int32_t (*c)[256]) {
-    for (int op = 0; op < 3; op++) {
-        memset(c[op], 0, sizeof c[op]);
-        for (int ch = 0; ch < 4; ch++) sb_dp_emu(A + (op * 4 + ch) * 1024, b + ch * 1024, c[op]);
-    }
-}
-
-/* Q6_K's float step for weight row r against 16 inputs: acc = fma(64 C_a + 8 C_b + C_c, d dx, acc),
- * acc 0 at the first super-block (first: a is not read) */
-static inline __attribute__((always_inline)) void sb_float_step6(const sb_meta *meta, int r, const int32_t (*c)[256],
-                                                                 __m512 dx, float *a, const int first) {
-    const __m512i si = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[0] + r * SB_TR), 6),
-                                                         _mm512_slli_epi32(_mm512_load_si512(c[1] + r * SB_TR), 3)),
-                                        _mm512_load_si512(c[2] + r * SB_TR));
+/* Q6_K's float step for weight row r against 16 inputs: acc = fma(128 C_hi + C_lo, d dx, acc), acc 0
+ * at the first super-block (first: a is not read) */
+static inline __attribute__((always_inline)) void sb_float_step6(const sb_meta *meta, int r, const int32_t *chi,
+                                                                 const int32_t *clo, __m512 dx, float *a,
+                                                                 const int first) {
+    const __m512i si = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(chi), 7), _mm512_load_si512(clo));
     _mm512_store_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(si), _mm512_mul_ps(_mm512_set1_ps(meta->d[r]), dx),
                                        first ? _mm512_setzero_ps() : _mm512_load_ps(a)));
 }
@@ -574,15 +538,15 @@ static inline __attribute__((always_inline)) void sb_store_transposed(const floa
  * results in acc + g * (t1 - t0) * 256 ([(t - t0) * 16 + r][16]), then written to y. The panels take
  * each input tile in turn, so a super-block's input operands come from memory once for the group
  * rather than once a panel (they outgrow L2 at wide k: 512 rows of 8960 are 4.5 MB). A2: each
- * panel's two super-blocks' operands (2 x 3 SB_OP apiece), meta2 their factors (2 apiece). q6: the
- * weights are Q6_K (three operands, one input tile at a time), else Q4_K (two, input tiles in pairs).
- * Each panel's arithmetic is the one-panel order: its products and float steps, super-block by
- * super-block, input tile by input tile. */
+ * panel's two super-blocks' operands (2 x 2 SB_OP apiece), meta2 their factors (2 apiece). q6: the
+ * weights are Q6_K, else Q4_K (two operands either way, input tiles in pairs; only the float steps
+ * differ). Each panel's arithmetic is the one-panel order: its products and float steps, super-block
+ * by super-block, input tile by input tile. */
 static inline __attribute__((always_inline)) void
 sb_group_body(const uint8_t *w, long row_bytes, long n, long p0, int np, long k, const sb_input *in, long t0, long t1,
               long m, const __m512i sel[4], int8_t *A2, sb_meta *meta2, float *acc, float *y, long ldy, const int hw,
               const int q6) {
-    const long nsb = k / SB, nt = t1 - t0, ops = q6 ? 3 : 2, step = q6 ? 1 : 2;
+    const long nsb = k / SB, nt = t1 - t0;
     int32_t C[SB_GROUP][2][4][256] __attribute__((aligned(64)));
     long nr[SB_GROUP];
     for (int g = 0; g < np; g++) {
@@ -590,26 +554,19 @@ sb_group_body(const uint8_t *w, long row_bytes, long n, long p0, int np, long k,
         nr[g] = n - r0 < SB_TR ? n - r0 : SB_TR;
     }
     for (int g = 0; g < np; g++)
-        sb_unpack(w, row_bytes, (p0 + g) * SB_TR, nr[g], 0, sel, A2 + g * 6 * SB_OP, meta2 + 2 * g, q6);
+        sb_unpack(w, row_bytes, (p0 + g) * SB_TR, nr[g], 0, sel, A2 + g * 4 * SB_OP, meta2 + 2 * g, q6);
     for (long s = 0; s < nsb; s++) {
         if (s + 1 < nsb)
             for (int g = 0; g < np; g++)
                 sb_unpack(w, row_bytes, (p0 + g) * SB_TR, nr[g], s + 1, sel,
-                          A2 + g * 6 * SB_OP + ((s + 1) & 1) * ops * SB_OP, meta2 + 2 * g + ((s + 1) & 1), q6);
+                          A2 + g * 4 * SB_OP + ((s + 1) & 1) * 2 * SB_OP, meta2 + 2 * g + ((s + 1) & 1), q6);
         long prev = -1;
-        for (long t = 0; t < nt + step; t += step) {
+        for (long t = 0; t < nt + 2; t += 2) {
             for (int g = 0; g < np; g++) {
-                const int8_t *A = A2 + g * 6 * SB_OP + (s & 1) * ops * SB_OP;
+                const int8_t *A = A2 + g * 4 * SB_OP + (s & 1) * 2 * SB_OP;
                 const sb_meta *meta = meta2 + 2 * g + (s & 1);
                 float *ag = acc + g * nt * SB_TR * SB_TR;
-                if (t < nt && q6) {
-                    int32_t (*c)[256] = C[g][t & 1];
-                    const int8_t *b = in->B + sb_at(in, t0 + t, s) * SB_BT;
-                    if (hw)
-                        sb_products6_hw(A, b, c);
-                    else
-                        sb_products6_emu(A, b, c);
-                } else if (t < nt) {
+                if (t < nt) {
                     const int pair = t + 1 < nt;
                     const long ts0 = sb_at(in, t0 + t, s), ts1 = pair ? sb_at(in, t0 + t + 1, s) : ts0;
                     int32_t (*c)[256] = C[g][(t / 2) & 1];
@@ -618,21 +575,20 @@ sb_group_body(const uint8_t *w, long row_bytes, long n, long p0, int np, long k,
                     else
                         sb_products_emu(A, in->B + ts0 * SB_BT, in->B + ts1 * SB_BT, pair, c);
                 }
-                if (prev >= 0 && q6) {
-                    const long ts = sb_at(in, t0 + prev, s);
-                    const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
-                    for (int r = 0; r < SB_TR; r++)
-                        sb_float_step6(meta, r, (const int32_t (*)[256])C[g][prev & 1], dx,
-                                       ag + (prev * SB_TR + r) * SB_TR, s == 0);
-                } else if (prev >= 0) {
+                if (prev >= 0) {
                     int32_t (*c)[256] = C[g][(prev / 2) & 1];
                     for (int u = 0; u <= (prev + 1 < nt); u++) {
                         const long ts = sb_at(in, t0 + prev + u, s);
                         const __m512 dx = _mm512_load_ps(in->dx + ts * SB_TR);
                         const int32_t *xp = in->xp + ts * 64;
-                        for (int r = 0; r < SB_TR; r++)
-                            sb_float_step(meta, r, c[2 * u] + r * SB_TR, c[2 * u + 1] + r * SB_TR, xp, dx,
-                                          ag + ((prev + u) * SB_TR + r) * SB_TR, s == 0);
+                        for (int r = 0; r < SB_TR; r++) {
+                            float *a = ag + ((prev + u) * SB_TR + r) * SB_TR;
+                            if (q6)
+                                sb_float_step6(meta, r, c[2 * u] + r * SB_TR, c[2 * u + 1] + r * SB_TR, dx, a, s == 0);
+                            else
+                                sb_float_step(meta, r, c[2 * u] + r * SB_TR, c[2 * u + 1] + r * SB_TR, xp, dx, a,
+                                              s == 0);
+                        }
                     }
                 }
             }
@@ -747,7 +703,7 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
 #pragma omp parallel num_threads(nt) if (nt > 1 && ngroup > 1)
     {
         const long tbe = tb < ntile ? tb : ntile, gmax = together ? span : 1; /* panels at once */
-        int8_t *A2 = aligned_alloc(64, gmax * 6 * SB_OP);
+        int8_t *A2 = aligned_alloc(64, gmax * 4 * SB_OP);
         sb_meta *meta2 = aligned_alloc(64, gmax * 2 * sizeof(sb_meta));
         float *acc = aligned_alloc(64, sizeof(float) * gmax * tbe * SB_TR * SB_TR);
         if (!A2 || !meta2 || !acc) {
