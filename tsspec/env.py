@@ -29,7 +29,7 @@ from .errors import BadInput
 ENV_CACHE = "TSSPEC_CACHE"
 ENV_KERNELS = "TSSPEC_KERNELS"
 ENV_AMX = "TSSPEC_AMX"  # auto | 0 | 1: the AMX tile products (kernels/amx.c)
-ENV_PROMPT_TILES = "TSSPEC_PROMPT_TILES"  # 0 | 1: prompt rows' K-quant products on AMX tiles (kernels/prompt_tiles.c)
+ENV_PROMPT_TILES = "TSSPEC_PROMPT_TILES"  # 0 | 1: prompt rows' quantized products on AMX tiles (kernels/prompt_tiles.c)
 ENV_ISA = "TSSPEC_ISA"  # auto | avx512 | avx2 | neon | scalar: the native kernels' instruction-set level
 ISA_WORDS = ("auto", "avx512", "avx2", "neon", "scalar")
 ENV_CC = "CC"

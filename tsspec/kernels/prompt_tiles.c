@@ -902,15 +902,23 @@ static void b32_dp_emu(const int8_t *A, const int8_t *B, int32_t *c) {
         }
 }
 
-/* the tile numbers are the instructions' immediates: C in tile c, A in a, B in b */
-#define B32_PRODUCT(c, a, b, A, B, C)                                                                              \
-    do {                                                                                                           \
-        _tile_loadd(a, A, 64);                                                                                     \
-        _tile_loadd(b, B, 64);                                                                                     \
-        _tile_zero(c);                                                                                             \
-        _tile_dpbssd(c, a, b);                                                                                     \
-        _tile_stored(c, C, 64);                                                                                    \
-    } while (0)
+/* one block's product C = A B on the tiles: even blocks in tiles 0 (sums), 2 (A), 4 (B), odd ones in 1,
+ * 3, 5 (the tile numbers are the instructions' immediates) */
+static inline SB_AMX void b32_product_hw(const int8_t *A, const int8_t *B, int32_t *C, const int odd) {
+    if (odd) {
+        _tile_loadd(3, A, 64);
+        _tile_loadd(5, B, 64);
+        _tile_zero(1);
+        _tile_dpbssd(1, 3, 5);
+        _tile_stored(1, C, 64);
+    } else {
+        _tile_loadd(2, A, 64);
+        _tile_loadd(4, B, 64);
+        _tile_zero(0);
+        _tile_dpbssd(0, 2, 4);
+        _tile_stored(0, C, 64);
+    }
+}
 
 /* one panel (weight rows p * 16 .. + nr) against input tiles t0..t1: block j's product issued before
  * block j - 1's float step reads its stored sums (a vector load right behind a tile store waits) */
@@ -925,12 +933,10 @@ static inline __attribute__((always_inline)) void b32_panel(const int8_t *A, con
         for (long j = 0; j <= nb; j++) {
             if (j < nb) {
                 const int8_t *a = A + ((j / 2) * SB_TR) * 64 + 32 * (j % 2), *b = in->B + (t * nb + j) * 512;
-                if (!hw)
-                    b32_dp_emu(a, b, C[j & 1]);
-                else if (j & 1)
-                    B32_PRODUCT(1, 3, 5, a, b, C[1]);
+                if (hw)
+                    b32_product_hw(a, b, C[j & 1], (int)(j & 1));
                 else
-                    B32_PRODUCT(0, 2, 4, a, b, C[0]);
+                    b32_dp_emu(a, b, C[j & 1]);
             }
             if (j > 0) {
                 const long i = j - 1;
