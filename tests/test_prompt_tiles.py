@@ -47,15 +47,22 @@ def inputs(m, k, seed=5):
     return x
 
 
-def numpy_quantize(x: np.ndarray):
-    """quantize_sb as numpy reads it: float32 operations, rint (ties to even)"""
+def numpy_codes(x: np.ndarray, block: int):
+    """x quantized per ``block`` elements as the kernels do it in numpy: float32 operations, rint (ties to
+    even) -> codes [m, k / block, block] (int8), dx [m, k / block]"""
     m, k = x.shape
-    v = x.reshape(m, k // 256, 256).astype(np.float32)
+    v = x.reshape(m, k // block, block).astype(np.float32)
     amax = np.abs(v).max(axis=2)
     with np.errstate(divide="ignore"):
         iscale = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     dx = np.where(amax > 0, amax / np.float32(127), np.float32(0)).astype(np.float32)
-    q = np.clip(np.rint(v * iscale[:, :, None]), -127, 127).astype(np.int8)
+    return np.clip(np.rint(v * iscale[:, :, None]), -127, 127).astype(np.int8), dx
+
+
+def numpy_quantize(x: np.ndarray):
+    """quantize_sb as numpy reads it (per 256 elements, and the 32-element code sums)"""
+    m, k = x.shape
+    q, dx = numpy_codes(x, 256)
     xs = q.reshape(m, k // 32, 32).astype(np.int32).sum(axis=2).astype(np.int16)
     return q.reshape(m, k), dx, xs
 
@@ -333,17 +340,6 @@ def legacy_parts(type_name: str, raw: np.ndarray, k: int):
     return (codes - 8).reshape(n, k), d
 
 
-def numpy_quantize32(x: np.ndarray):
-    """tsq_quantize as numpy reads it: per 32 elements, float32 operations, rint"""
-    m, k = x.shape
-    v = x.reshape(m, k // 32, 32).astype(np.float32)
-    amax = np.abs(v).max(axis=2)
-    with np.errstate(divide="ignore"):
-        iscale = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.clip(np.rint(v * iscale[:, :, None]), -127, 127).astype(np.int64)
-    return q, (amax / np.float32(127)).astype(np.float32)
-
-
 @pytest.mark.parametrize("type_name", LTYPES)
 def test_b32_reference_is_the_arithmetic(type_name):
     """exact integer sums per 32-element block, one float step each; within float rounding of the
@@ -353,7 +349,8 @@ def test_b32_reference_is_the_arithmetic(type_name):
     x = inputs(m, k)
     got = product(raw, k, x, "reference", type_name=type_name).numpy().astype(np.float64)
     codes, d = legacy_parts(type_name, raw, k)
-    q, dx = numpy_quantize32(x.numpy())
+    q, dx = numpy_codes(x.numpy(), 32)  # tsq_quantize's codes
+    q = q.astype(np.int64)
     S = np.einsum("nbe,mbe->nmb", codes.reshape(n, k // 32, 32), q)
     want = (S * (d[:, None, :] * dx[None]).astype(np.float64)).sum(axis=2).T
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

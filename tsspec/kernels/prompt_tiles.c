@@ -628,6 +628,15 @@ static SB_AMX void sb_group_hw(const uint8_t *w, long row_bytes, long n, long p0
 }
 #undef SB_GROUP_CASES
 
+/* the next work item of a team's shared counter (items go a few at a time to whichever thread is free: the
+ * two cores of a shared host seldom run alike) */
+static inline long sb_grab(long *next) {
+    long i;
+#pragma omp atomic capture
+    i = (*next)++;
+    return i;
+}
+
 /* The calling thread's block for the input operands, kept from one product to the next (grown, never
  * shrunk) and freed when the thread ends: fresh pages for each product's 0.8-4.5 MB cost a
  * qwen2.5-coder-1.5b prefill ~1.5% in page faults. Per thread, so concurrent forwards never share
@@ -711,11 +720,7 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
             rc = -2;
         } else {
             if (hw) sb_tiles_begin();
-            for (;;) {
-                long i;
-#pragma omp atomic capture
-                i = next++;
-                if (i >= items) break;
+            for (long i; (i = sb_grab(&next)) < items;) {
                 const long t0 = i / ngroup * tb, p0 = i % ngroup * span;
                 const int np = (int)(npanel - p0 < span ? npanel - p0 : span);
                 const long t1 = t0 + tb < ntile ? t0 + tb : ntile;
@@ -990,11 +995,7 @@ static int b32_tiles(int type, const uint8_t *w, int packed, long row_bytes, lon
             rc = -2;
         } else {
             if (hw) b32_tiles_begin();
-            for (;;) {
-                long i;
-#pragma omp atomic capture
-                i = next++;
-                if (i >= items) break;
+            for (long i; (i = sb_grab(&next)) < items;) {
                 const long p = i % npanel, t0 = i / npanel * tb, t1 = t0 + tb < ntile ? t0 + tb : ntile;
                 const long nr = n - p * SB_TR < SB_TR ? n - p * SB_TR : SB_TR;
                 if (p != have) b32_unpack(type, w, packed, row_bytes, p * SB_TR, nr, ng, idx, A, dw);
