@@ -244,8 +244,9 @@ def test_products_on_several_threads_at_once_keep_their_bits():
 
 @EMU
 def test_q6k_extremes_stay_exact():
-    """codes 0 and 63 under scales -128 and 127 (the digits' ends: -2, 0, 0 and 2, 0, -1), inputs at
-    +-127: the largest integer sums Q6_K's operands make"""
+    """codes 0 and 63 under scales -128 and 127 (element products (q - 32) sc of 4096, -4064, -3968 and
+    3937: the split's ends, 128 hi + lo with hi 32 and -32), inputs at +-127: the largest integer sums
+    Q6_K's operands make"""
     n, k = 32, 512
     raw = random_blocks("Q6_K", n, k, seed=1).reshape(n, k // 256, 210)
     raw[:16, :, :192] = 0  # every code 0: q - 32 = -32

@@ -783,9 +783,10 @@ static void b32_reference(int type, const uint8_t *w, int packed, long row_bytes
 
 #if SB_TILES
 /* 4-byte word w (0..7) of block b of a group sits at word 8 (w % 4) + 4 (w / 4) + b of its 128 bytes
- * in an input group and in a packed Q5_0 or Q8_0 group (both transposed so); B32_SRC gives, for each
- * layout, the word that holds word t of that transposed order. Index vectors for blocks (0, 1) and
- * (2, 3) in element order, from the group's two 64-byte halves. */
+ * in an input group and in a packed Q5_0 or Q8_0 group (both transposed so: products.c
+ * transpose_codes); a packed Q4_0 record holds that order's words as low nibbles (code vectors 0, 2)
+ * and high nibbles (1, 3). b32_index: the dword permutes that take a group's two 64-byte halves (as
+ * loaded, or as unpacked from nibbles) to blocks (0, 1) and (2, 3) in element order. */
 static inline int b32_word(int b, int wd) { return 8 * (wd % 4) + 4 * (wd / 4) + b; }
 
 static void b32_index(int src_q4, __m512i idx[2]) { /* src_q4: packed Q4_0 (lo nibbles, then hi) */
