@@ -284,12 +284,12 @@ def test_extremes_stay_exact():
 
 
 def test_bad_shapes_are_refused():
-    raw = random_blocks("Q4_1", 4, 256, seed=1)
+    raw = random_blocks("F16", 4, 256, seed=1)
     with pytest.raises(ValueError):
-        product(raw, 256, torch.randn(2, 256), "reference", type_name="Q4_1")  # another type
+        product(raw, 256, torch.randn(2, 256), "reference", type_name="F16")  # a type neither route takes
     raw = random_blocks("Q5_0", 4, 160, seed=1)
-    with pytest.raises(ValueError):  # the 32-element route takes whole 128-element input groups
-        product(raw, 160, torch.randn(2, 160), "reference", type_name="Q5_0")
+    with pytest.raises(ValueError):  # Q5_0 rows read as Q4_0
+        product(raw, 160, torch.randn(2, 160), "reference", type_name="Q4_0")
     raw = random_blocks("Q4_K", 4, 256, seed=1)
     with pytest.raises(ValueError):
         product(raw, 512, torch.randn(2, 512), "reference")  # rows of 256 elements taken as 512
@@ -320,40 +320,44 @@ def test_every_level_gives_the_same_bits(type_name):
 
 # ----------------------------------------------------------------------------- the 32-element route
 
-LTYPES = ["Q4_0", "Q5_0", "Q8_0"]
+LTYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0"]
 
 
 def legacy_parts(type_name: str, raw: np.ndarray, k: int):
-    """the stored rows' signed codes [n, k] (the type's offset off) and scales [n, k / 32], read from
-    the bytes as the format defines them"""
+    """the stored rows' signed codes [n, k] (the type's offset off), scales and minimums (Q4_1; else
+    zero) [n, k / 32], read from the bytes as the format defines them"""
     n = raw.shape[0]
-    bb = {"Q4_0": 18, "Q5_0": 22, "Q8_0": 34}[type_name]
+    bb = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34}[type_name]
     b = raw.reshape(n, k // 32, bb)
     d = b[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    mn = b[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if type_name == "Q4_1" else 0 * d
     if type_name == "Q8_0":
-        return b[:, :, 2:].copy().view(np.int8).astype(np.int64).reshape(n, k), d
+        return b[:, :, 2:].copy().view(np.int8).astype(np.int64).reshape(n, k), d, mn
     qs = b[:, :, bb - 16 :].astype(np.int64)
     codes = np.concatenate([qs & 15, qs >> 4], axis=2)  # element i: low nibble of qs[i], i + 16: high
     if type_name == "Q5_0":
         qh = b[:, :, 2:6].copy().view(np.uint32)[..., 0].astype(np.int64)
         codes = codes | (((qh[:, :, None] >> np.arange(32)) & 1) << 4)
-        return (codes - 16).reshape(n, k), d
-    return (codes - 8).reshape(n, k), d
+        return (codes - 16).reshape(n, k), d, mn
+    return (codes - (8 if type_name == "Q4_0" else 0)).reshape(n, k), d, mn
 
 
 @pytest.mark.parametrize("type_name", LTYPES)
 def test_b32_reference_is_the_arithmetic(type_name):
-    """exact integer sums per 32-element block, one float step each; within float rounding of the
-    shared products (the same sums and inputs, their float steps per 16 elements)"""
-    n, k, m = 37, 640, 9
+    """exact integer sums per 32-element block, one float step each (Q4_1: and one for its minimum);
+    within float rounding of the shared products (the same sums and inputs, their float steps per 16
+    elements); rows of 576 end in a short group"""
+    n, k, m = 37, 576, 9
     raw = random_blocks(type_name, n, k, seed=11)
     x = inputs(m, k)
     got = product(raw, k, x, "reference", type_name=type_name).numpy().astype(np.float64)
-    codes, d = legacy_parts(type_name, raw, k)
+    codes, d, mn = legacy_parts(type_name, raw, k)
     q, dx = numpy_codes(x.numpy(), 32)  # tsq_quantize's codes
     q = q.astype(np.int64)
     S = np.einsum("nbe,mbe->nmb", codes.reshape(n, k // 32, 32), q)
-    want = (S * (d[:, None, :] * dx[None]).astype(np.float64)).sum(axis=2).T
+    X = q.sum(axis=2)  # [m, k / 32]
+    want = (S * (d[:, None, :] * dx[None]).astype(np.float64)
+            + X[None] * (mn[:, None, :] * dx[None]).astype(np.float64)).sum(axis=2).T
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     shared = torch.empty(m, n)
     kernels.matmul(type_name, raw, k, x, kernels.quantize(x), shared)
@@ -364,9 +368,10 @@ def test_b32_reference_is_the_arithmetic(type_name):
 @pytest.mark.parametrize("mode", TILE_FORMS)
 @pytest.mark.parametrize("type_name", LTYPES)
 def test_b32_tiles_equal_reference(mode, type_name):
-    """stored and repacked rows (Q4_0, Q8_0: four-block records; Q5_0: transposed code vectors),
-    short panels and input tiles, 1 and 2 threads"""
-    for k, n in ((128, 16), (640, 37), (896, 40)):
+    """stored and repacked rows (Q4_0, Q4_1, Q8_0: four-block records; Q5_0: transposed code vectors),
+    rows that end in a short group (96, 160, 576: as stored even when repacked), short panels and
+    input tiles, 1 and 2 threads"""
+    for k, n in ((128, 16), (96, 17), (160, 20), (576, 37), (896, 40)):
         raw = random_blocks(type_name, n, k, seed=k)
         x = inputs(64, k, seed=n)
         ref = product(raw, k, x, "reference", type_name=type_name)
@@ -402,7 +407,7 @@ def test_b32_extremes_stay_exact():
     x[1] = -1
     x[2, ::2] = -1
     ref = product(raw, k, x, "reference", type_name="Q8_0")
-    codes, d = legacy_parts("Q8_0", raw, k)
+    codes, d, _ = legacy_parts("Q8_0", raw, k)
     q = (127 * x.numpy()).astype(np.int64).reshape(3, k // 32, 32)  # inputs at +-1: codes +-127, dx 1/127
     S = np.einsum("nbe,mbe->nmb", codes.reshape(n, k // 32, 32), q)
     want = (S * (d[:, None, :] * (np.float32(1) / np.float32(127))).astype(np.float64)).sum(axis=2).T
@@ -447,10 +452,10 @@ def q4k_model(tmp_path_factory):
     return _tiny("Q4_K", tmp_path_factory)
 
 
-@pytest.fixture(scope="module", params=KTYPES + ["Q5_0", "Q8_0"])
+@pytest.fixture(scope="module", params=KTYPES + ["Q5_0", "Q8_0", "Q4_1"])
 def k_model(request, tmp_path_factory):
-    """a tiny model whose every matrix is Q4_K, then Q6_K (the super-block route), then Q5_0, Q8_0 (the
-    32-element route)"""
+    """a tiny model whose every matrix is Q4_K, then Q6_K (the super-block route), then Q5_0, Q8_0, Q4_1
+    (the 32-element route)"""
     return _tiny(request.param, tmp_path_factory)
 
 
@@ -506,8 +511,8 @@ def test_the_route_takes_only_the_types_asked(k_model, route):
     q4k = k_model.path.name.startswith("Q4_K")
     assert torch.equal(bits(only[0]), bits((on if q4k else off)[0]))
     assert not torch.equal(bits(on[0]), bits(off[0]))
-    with pytest.raises(ValueError, match="Q4_1"):
-        kernels.prompt_tiles_types(["Q4_1"])
+    with pytest.raises(ValueError, match="F16"):
+        kernels.prompt_tiles_types(["F16"])
 
 
 def test_generated_rows_keep_the_default_arithmetic(q4k_model, route):

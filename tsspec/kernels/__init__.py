@@ -525,7 +525,7 @@ def use_prompt_tiles(mode: str) -> None:
 
 # the weight types prompt rows' products can take off the shared arithmetic: the super-block route's, then the
 # 32-element route's
-PROMPT_ROUTE_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q5_0", "Q8_0")
+PROMPT_ROUTE_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q8_0")
 
 
 def prompt_tiles_types(names: list[str] | None = None) -> list[str]:

@@ -29,7 +29,7 @@ static int linear_plain(const tsq_linear *L, const float *x, long m, float *y, x
 }
 
 /* linear_plain for prompt rows while the routes are on (prompt_tiles.c): the Q4_K and Q6_K parts in
- * the super-block arithmetic, Q4_0, Q5_0 and Q8_0 in the 32-element one (from the inputs every product
+ * the super-block arithmetic, Q4_0, Q4_1, Q5_0 and Q8_0 in the 32-element one (from the inputs every product
  * takes), the others as linear_plain takes them */
 static int linear_prompt(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt, int mode) {
     const long k = L->k;

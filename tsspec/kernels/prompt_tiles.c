@@ -742,16 +742,17 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
 }
 #endif
 
-/* ------------------------------------------------------------------ Q4_0, Q5_0, Q8_0: one float step a block */
+/* ------------------------------------------------------------ Q4_0, Q4_1, Q5_0, Q8_0: one float step a block */
 
 /* The 32-element route: prompt rows' products of the legacy types, whose f16 scale per 32 elements
  * keeps a float step per block (no integer form spans more). Inputs are quantized as every product
  * takes them (tsq_quantize: per 32-element block, int8 codes and a float dx, in xgroup's layout);
- * per weight row, input row and block j, with w the block's codes less the type's offset and d its
- * scale:
+ * per weight row, input row and block j, with w the block's codes less the type's offset, d its
+ * scale and (Q4_1) mn its minimum:
  *     S = sum_e w_e x_e (exact),  acc = fma((float)S, d * dx, acc)
+ *     Q4_1 then: X = sum_e x_e (exact),  acc = fma((float)X, mn * dx, acc)
  * in block order from acc = 0 (the shared products take a float step per 16-element half, in eight
- * lanes). b32_reference does this one element at a time. On the tiles each block is one TDPBSSD of
+ * lanes). Rows need not be whole 128-element groups: a short last group's blocks are read one by one. b32_reference does this one element at a time. On the tiles each block is one TDPBSSD of
  * K = 32: a 16-row panel's codes in element order as A (16 x 32 bytes), an input tile's as B (8
  * words x 16 inputs), then the float step from the stored sums, the panel's sixteen accumulators of
  * one input tile held in registers across the blocks. */
@@ -770,12 +771,16 @@ static void b32_reference(int type, const uint8_t *w, int packed, long row_bytes
             float acc = 0.0f;
             for (long j = 0; j < nb; j++) {
                 int8_t wc[32];
-                float d;
-                tsq_legacy_block(type, w + i * row_bytes, packed, k, j, wc, &d);
+                float d, mn;
+                tsq_legacy_block(type, w + i * row_bytes, packed, k, j, wc, &d, &mn);
                 const xgroup *g = xq + c * ng + j / 4;
-                int32_t S = 0;
-                for (int e = 0; e < 32; e++) S += wc[e] * b32_xcode(g, (int)(j % 4), e);
+                int32_t S = 0, X = 0;
+                for (int e = 0; e < 32; e++) {
+                    S += wc[e] * b32_xcode(g, (int)(j % 4), e);
+                    X += b32_xcode(g, (int)(j % 4), e);
+                }
                 acc = fmaf((float)S, d * g->d[j % 4], acc);
+                if (type == T_Q4_1) acc = fmaf((float)X, mn * g->d[j % 4], acc);
             }
             y[c * ldy + i] = acc;
         }
@@ -784,12 +789,12 @@ static void b32_reference(int type, const uint8_t *w, int packed, long row_bytes
 #if SB_TILES
 /* 4-byte word w (0..7) of block b of a group sits at word 8 (w % 4) + 4 (w / 4) + b of its 128 bytes
  * in an input group and in a packed Q5_0 or Q8_0 group (both transposed so: products.c
- * transpose_codes); a packed Q4_0 record holds that order's words as low nibbles (code vectors 0, 2)
+ * transpose_codes); a packed Q4_0 or Q4_1 record holds that order's words as low nibbles (code vectors 0, 2)
  * and high nibbles (1, 3). b32_index: the dword permutes that take a group's two 64-byte halves (as
  * loaded, or as unpacked from nibbles) to blocks (0, 1) and (2, 3) in element order. */
 static inline int b32_word(int b, int wd) { return 8 * (wd % 4) + 4 * (wd / 4) + b; }
 
-static void b32_index(int src_q4, __m512i idx[2]) { /* src_q4: packed Q4_0 (lo nibbles, then hi) */
+static void b32_index(int src_q4, __m512i idx[2]) { /* src_q4: packed Q4_0/Q4_1 (lo nibbles, then hi) */
     int32_t v[2][16] __attribute__((aligned(64)));
     for (int p = 0; p < 2; p++)
         for (int l = 0; l < 16; l++) {
@@ -800,7 +805,7 @@ static void b32_index(int src_q4, __m512i idx[2]) { /* src_q4: packed Q4_0 (lo n
     idx[1] = _mm512_load_si512(v[1]);
 }
 
-/* one stored Q4_0/Q5_0 block's 32 codes in element order (no offset taken) */
+/* one stored Q4_0/Q4_1/Q5_0 block's 32 codes in element order (no offset taken) */
 static inline __m256i b32_block4(const uint8_t *qs) {
     const __m128i v = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(15);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
@@ -809,46 +814,57 @@ static inline __m256i b32_block4(const uint8_t *qs) {
 static inline __m256i b32_block(int type, const uint8_t *p) {
     if (type == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(p + 2));
     if (type == T_Q4_0) return b32_block4(p + 2);
+    if (type == T_Q4_1) return b32_block4(p + 4);
     return _mm256_mask_add_epi8(b32_block4(p + 6), (__mmask32)rd32(p + 2), b32_block4(p + 6), _mm256_set1_epi8(16));
 }
 
-/* Weight rows r0.. r0 + nr of a panel, all ng groups: A + ((2 g + p) * 16 + r) * 64 holds row r's blocks
- * 4 g + 2 p (bytes 0-31) and 4 g + 2 p + 1 (32-63), codes less the offset, in element order; dw[j * 16
- * + r] block j's scale. Rows past nr are zero. */
+/* Weight rows r0.. r0 + nr of a panel, all nb blocks (ng groups, the last possibly short): A + ((2 g + p) *
+ * 16 + r) * 64 holds row r's blocks 4 g + 2 p (bytes 0-31) and 4 g + 2 p + 1 (32-63), codes less the
+ * offset, in element order; dw[j * 16 + r] block j's scale, dm[j * 16 + r] its minimum (Q4_1). Rows
+ * past nr, and blocks past a short group's end, are zero. */
 static inline __attribute__((always_inline)) void b32_unpack(int type, const uint8_t *w, int packed, long row_bytes,
-                                                             long r0, long nr, long ng, const __m512i idx[2],
-                                                             int8_t *A, float *dw) {
-    const long bb = BLOCK_BYTES[type];
+                                                             long r0, long nr, long nb, const __m512i idx[2],
+                                                             int8_t *A, float *dw, float *dm) {
+    const long bb = BLOCK_BYTES[type], ng = (nb + 3) / 4;
     const __m512i off = _mm512_set1_epi8(type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : 0);
     for (int r = 0; r < SB_TR; r++)
         for (long g = 0; g < ng; g++) {
             int8_t *a = A + (2 * g * SB_TR + r) * 64;
+            const int have = nb - 4 * g < 4 ? (int)(nb - 4 * g) : 4; /* blocks in this group */
             if (r >= nr) {
                 _mm512_store_si512(a, _mm512_setzero_si512());
                 _mm512_store_si512(a + SB_TR * 64, _mm512_setzero_si512());
-                for (int b = 0; b < 4; b++) dw[(4 * g + b) * SB_TR + r] = 0.0f;
+                for (int b = 0; b < have; b++) dw[(4 * g + b) * SB_TR + r] = dm[(4 * g + b) * SB_TR + r] = 0.0f;
                 continue;
             }
             const uint8_t *grp = w + (r0 + r) * row_bytes + 4 * g * bb;
             __m512i z0, z1;
-            if (packed && type != T_Q5_0) { /* a record: four scales, then the codes */
-                for (int b = 0; b < 4; b++) dw[(4 * g + b) * SB_TR + r] = _cvtsh_ss(rd16(grp + 2 * b));
+            if (packed && have == 4 && type != T_Q5_0) { /* a record: four scales (Q4_1: four minimums), codes */
+                for (int b = 0; b < 4; b++) {
+                    dw[(4 * g + b) * SB_TR + r] = _cvtsh_ss(rd16(grp + 2 * b));
+                    dm[(4 * g + b) * SB_TR + r] = type == T_Q4_1 ? _cvtsh_ss(rd16(grp + 8 + 2 * b)) : 0.0f;
+                }
                 if (type == T_Q8_0) {
                     const __m512i x80 = _mm512_set1_epi8((char)0x80);
                     z0 = _mm512_xor_si512(_mm512_loadu_si512(grp + 8), x80);
                     z1 = _mm512_xor_si512(_mm512_loadu_si512(grp + 72), x80);
                 } else {
-                    const __m512i c = _mm512_loadu_si512(grp + 8), m4 = _mm512_set1_epi8(15);
+                    const __m512i c = _mm512_loadu_si512(grp + gm_codes_at(type)), m4 = _mm512_set1_epi8(15);
                     z0 = _mm512_and_si512(c, m4);
                     z1 = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
                 }
-            } else {
-                for (int b = 0; b < 4; b++) dw[(4 * g + b) * SB_TR + r] = _cvtsh_ss(rd16(grp + b * bb));
-                z0 = _mm512_inserti64x4(_mm512_castsi256_si512(b32_block(type, grp)), b32_block(type, grp + bb), 1);
-                z1 = _mm512_inserti64x4(_mm512_castsi256_si512(b32_block(type, grp + 2 * bb)),
-                                        b32_block(type, grp + 3 * bb), 1);
+            } else { /* stored blocks: a packed Q5_0 group's hold the transposed vectors, a short group's its own */
+                __m256i v[4];
+                for (int b = 0; b < 4; b++) {
+                    v[b] = b < have ? b32_block(type, grp + b * bb) : _mm256_setzero_si256();
+                    if (b >= have) continue;
+                    dw[(4 * g + b) * SB_TR + r] = _cvtsh_ss(rd16(grp + b * bb));
+                    dm[(4 * g + b) * SB_TR + r] = type == T_Q4_1 ? _cvtsh_ss(rd16(grp + b * bb + 2)) : 0.0f;
+                }
+                z0 = _mm512_inserti64x4(_mm512_castsi256_si512(v[0]), v[1], 1);
+                z1 = _mm512_inserti64x4(_mm512_castsi256_si512(v[2]), v[3], 1);
             }
-            if (packed) {
+            if (packed && have == 4) {
                 const __m512i n0 = _mm512_permutex2var_epi32(z0, idx[0], z1);
                 z1 = _mm512_permutex2var_epi32(z0, idx[1], z1);
                 z0 = n0;
@@ -858,20 +874,21 @@ static inline __attribute__((always_inline)) void b32_unpack(int type, const uin
         }
 }
 
-typedef struct { /* the input tiles' operands: B [t][j][8 words][16 inputs x 4], dx [t][j][16] */
+typedef struct { /* the input tiles' operands: B [t][j][8 words][16 inputs x 4]; dx, and the blocks' code sums
+                   as floats (exact: |X| <= 4064), [t][j][16] */
     int8_t *B;
-    float *dx;
+    float *dx, *xs;
     long nb;
 } b32_input;
 
 static void b32_prepare(const xgroup *xq, long m, long k, const b32_input *in, int nt) {
-    const long ng = n_groups(k), nb = k / QB, ntile = (m + SB_TR - 1) / SB_TR;
+    const long ng = n_groups(k), nb = in->nb, ntile = (m + SB_TR - 1) / SB_TR;
     __m512i idx[2];
     b32_index(0, idx);
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && ntile * ng > 1)
     for (long tg = 0; tg < ntile * ng; tg++) {
         const long t = tg / ng, g = tg % ng, live = m - t * SB_TR < SB_TR ? m - t * SB_TR : SB_TR;
-        for (int p = 0; p < 2; p++) {
+        for (int p = 0; p < 2 && 4 * g + 2 * p < nb; p++) {
             __m512 v[16], rows[16];
             for (int col = 0; col < SB_TR; col++) {
                 const int8_t *q = xq[(t * SB_TR + col) * ng + g].q;
@@ -881,11 +898,15 @@ static void b32_prepare(const xgroup *xq, long m, long k, const b32_input *in, i
             }
             transpose16(v, rows); /* rows 0-7: block 4 g + 2 p's words, 8-15: the next block's */
             float *B = (float *)(in->B + (t * nb + 4 * g + 2 * p) * 512);
-            for (int kk = 0; kk < 16; kk++) _mm512_store_ps(B + 16 * kk, rows[kk]);
+            for (int kk = 0; kk < (4 * g + 2 * p + 1 < nb ? 16 : 8); kk++) _mm512_store_ps(B + 16 * kk, rows[kk]);
         }
-        for (int b = 0; b < 4; b++)
-            for (int col = 0; col < SB_TR; col++)
-                in->dx[(t * nb + 4 * g + b) * SB_TR + col] = col < live ? xq[(t * SB_TR + col) * ng + g].d[b] : 0.0f;
+        for (int b = 0; b < 4 && 4 * g + b < nb; b++)
+            for (int col = 0; col < SB_TR; col++) {
+                const long at = (t * nb + 4 * g + b) * SB_TR + col;
+                const xgroup *x = xq + (t * SB_TR + col) * ng + g;
+                in->dx[at] = col < live ? x->d[b] : 0.0f;
+                in->xs[at] = col < live ? (float)(x->s[b] + x->s[4 + b]) : 0.0f; /* the block's two halves */
+            }
     }
 }
 
@@ -928,9 +949,9 @@ static inline SB_AMX void b32_product_hw(const int8_t *A, const int8_t *B, int32
 
 /* one panel (weight rows p * 16 .. + nr) against input tiles t0..t1: block j's product issued before
  * block j - 1's float step reads its stored sums (a vector load right behind a tile store waits) */
-static inline __attribute__((always_inline)) void b32_panel(const int8_t *A, const float *dw, const b32_input *in,
-                                                            long t0, long t1, long m, long nr, float *y, long ldy,
-                                                            const int hw) {
+static inline __attribute__((always_inline)) void b32_panel(const int8_t *A, const float *dw, const float *dm,
+                                                            const b32_input *in, long t0, long t1, long m, long nr,
+                                                            float *y, long ldy, const int hw, const int q41) {
     const long nb = in->nb;
     int32_t C[2][256] __attribute__((aligned(64)));
     for (long t = t0; t < t1; t++) {
@@ -951,6 +972,11 @@ static inline __attribute__((always_inline)) void b32_panel(const int8_t *A, con
                 for (int r = 0; r < SB_TR; r++)
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c + r * SB_TR)),
                                              _mm512_mul_ps(_mm512_set1_ps(dw[i * SB_TR + r]), dx), acc[r]);
+                if (q41) { /* the minimums: fma(X, mn dx, acc) */
+                    const __m512 xs = _mm512_load_ps(in->xs + (t * nb + i) * SB_TR);
+                    for (int r = 0; r < SB_TR; r++)
+                        acc[r] = _mm512_fmadd_ps(xs, _mm512_mul_ps(_mm512_set1_ps(dm[i * SB_TR + r]), dx), acc[r]);
+                }
             }
         }
         __m512 col[SB_TR];
@@ -961,26 +987,34 @@ static inline __attribute__((always_inline)) void b32_panel(const int8_t *A, con
     }
 }
 
-static void b32_panel_emu(const int8_t *A, const float *dw, const b32_input *in, long t0, long t1, long m, long nr,
-                          float *y, long ldy) {
-    b32_panel(A, dw, in, t0, t1, m, nr, y, ldy, 0);
+/* each form for Q4_1 (the minimums' float steps) and the others */
+static void b32_panel_emu(const int8_t *A, const float *dw, const float *dm, const b32_input *in, long t0, long t1,
+                          long m, long nr, float *y, long ldy, int q41) {
+    if (q41)
+        b32_panel(A, dw, dm, in, t0, t1, m, nr, y, ldy, 0, 1);
+    else
+        b32_panel(A, dw, dm, in, t0, t1, m, nr, y, ldy, 0, 0);
 }
 
-static SB_AMX void b32_panel_hw(const int8_t *A, const float *dw, const b32_input *in, long t0, long t1, long m,
-                                long nr, float *y, long ldy) {
-    b32_panel(A, dw, in, t0, t1, m, nr, y, ldy, 1);
+static SB_AMX void b32_panel_hw(const int8_t *A, const float *dw, const float *dm, const b32_input *in, long t0,
+                                long t1, long m, long nr, float *y, long ldy, int q41) {
+    if (q41)
+        b32_panel(A, dw, dm, in, t0, t1, m, nr, y, ldy, 1, 1);
+    else
+        b32_panel(A, dw, dm, in, t0, t1, m, nr, y, ldy, 1, 0);
 }
 
 static int b32_tiles(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const xgroup *xq, long m,
                      float *y, long ldy, int nt, int hw) {
     const long nb = k / QB, ng = n_groups(k), ntile = (m + SB_TR - 1) / SB_TR, npanel = (n + SB_TR - 1) / SB_TR;
-    const size_t per_t = (size_t)nb * (512 + SB_TR * 4); /* an input tile's B and dx */
+    const size_t per_t = (size_t)nb * (512 + 2 * SB_TR * 4); /* an input tile's B, dx and code sums */
     int8_t *ops = sb_scratch(ntile * per_t);
     if (!ops) return -2;
-    b32_input in = {ops, (float *)(ops + ntile * nb * 512), nb};
+    b32_input in = {ops, (float *)(ops + ntile * nb * 512), (float *)(ops + ntile * nb * (512 + SB_TR * 4)), nb};
     b32_prepare(xq, m, k, &in, nt);
     __m512i idx[2];
-    b32_index(packed && type == T_Q4_0, idx);
+    b32_index(packed && (type == T_Q4_0 || type == T_Q4_1), idx);
+    const int q41 = type == T_Q4_1;
     long tb = SB_BLOCK_BYTES / 4 / (long)per_t; /* input tiles a pass: their operands stay in L2 */
     tb = tb < 1 ? 1 : tb;
     const long nblk = (ntile + tb - 1) / tb, items = nblk * npanel;
@@ -989,9 +1023,9 @@ static int b32_tiles(int type, const uint8_t *w, int packed, long row_bytes, lon
 #pragma omp parallel num_threads(nt) if (nt > 1 && npanel > 1)
     {
         int8_t *A = aligned_alloc(64, ng * 2 * SB_TR * 64);
-        float *dw = aligned_alloc(64, sizeof(float) * nb * SB_TR);
+        float *dw = aligned_alloc(64, sizeof(float) * nb * SB_TR), *dm = aligned_alloc(64, sizeof(float) * nb * SB_TR);
         long have = -1; /* the panel A holds */
-        if (!A || !dw) {
+        if (!A || !dw || !dm) {
 #pragma omp atomic write
             rc = -2;
         } else {
@@ -999,31 +1033,32 @@ static int b32_tiles(int type, const uint8_t *w, int packed, long row_bytes, lon
             for (long i; (i = sb_grab(&next)) < items;) {
                 const long p = i % npanel, t0 = i / npanel * tb, t1 = t0 + tb < ntile ? t0 + tb : ntile;
                 const long nr = n - p * SB_TR < SB_TR ? n - p * SB_TR : SB_TR;
-                if (p != have) b32_unpack(type, w, packed, row_bytes, p * SB_TR, nr, ng, idx, A, dw);
+                if (p != have) b32_unpack(type, w, packed, row_bytes, p * SB_TR, nr, nb, idx, A, dw, dm);
                 have = p;
                 if (hw)
-                    b32_panel_hw(A, dw, &in, t0, t1, m, nr, y + p * SB_TR, ldy);
+                    b32_panel_hw(A, dw, dm, &in, t0, t1, m, nr, y + p * SB_TR, ldy, q41);
                 else
-                    b32_panel_emu(A, dw, &in, t0, t1, m, nr, y + p * SB_TR, ldy);
+                    b32_panel_emu(A, dw, dm, &in, t0, t1, m, nr, y + p * SB_TR, ldy, q41);
             }
             if (hw) sb_tiles_end();
         }
         free(A);
         free(dw);
+        free(dm);
     }
     return rc;
 }
 #endif
 
-/* whether the 32-element route takes this type (a multiple of 128 elements: whole input groups) */
-static int b32_type(int type) { return type == T_Q4_0 || type == T_Q5_0 || type == T_Q8_0; }
+/* whether the 32-element route takes this type */
+static int b32_type(int type) { return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0; }
 
 /* y [m, n] = the legacy-type rows w against x quantized by tsq_quantize (xq: m rows of xgroups) in the
  * 32-element arithmetic. mode: 0 the reference, 1 the tiles, 2 the tiles emulated. -> 0; -1 for what
  * it does not take; -2 out of memory. */
 int tsq_matmul_b32_q(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const xgroup *xq, long m,
                      float *y, long ldy, int nt, int mode) {
-    if (!b32_type(type) || k % QG || row_bytes != tsq_row_bytes(type, k) || m < 0 || n < 0 || ldy < n) return -1;
+    if (!b32_type(type) || k % QB || row_bytes != tsq_row_bytes(type, k) || m < 0 || n < 0 || ldy < n) return -1;
     if (nt < 1) nt = 1;
     if (m == 0 || n == 0) return 0;
     if (mode == 0) {
@@ -1057,11 +1092,11 @@ int tsq_sb_use(int mode) {
 
 int tsq_sb_in_use(void) { return sb_use; }
 
-#define SB_ALL_TYPES ((1 << T_Q4_K) | (1 << T_Q6_K) | (1 << T_Q4_0) | (1 << T_Q5_0) | (1 << T_Q8_0))
+#define SB_ALL_TYPES ((1 << T_Q4_K) | (1 << T_Q6_K) | (1 << T_Q4_0) | (1 << T_Q4_1) | (1 << T_Q5_0) | (1 << T_Q8_0))
 static int sb_types = SB_ALL_TYPES; /* tsq_sb_types */
 
 /* Which weight types prompt rows take on the routes while they are on: a mask of 1 << type over Q4_K
- * and Q6_K (the super-block route) and Q4_0, Q5_0, Q8_0 (the 32-element route); all by default
+ * and Q6_K (the super-block route) and Q4_0, Q4_1, Q5_0, Q8_0 (the 32-element route); all by default
  * (scripts/ab_prompt_tiles.py compares). -> the mask before, or -1 for another type's bit. Switch
  * it between forwards only. */
 int tsq_sb_types(int mask) {
@@ -1076,7 +1111,7 @@ int tsq_sb_types(int mask) {
 TSQ_INTERNAL int tsq_sb_takes(int type, long k) {
     if (!((sb_types >> type) & 1)) return 0;
     if (type == T_Q4_K || type == T_Q6_K) return k % SB == 0;
-    return b32_type(type) && k % QG == 0 ? 2 : 0;
+    return b32_type(type) && k % QB == 0 ? 2 : 0;
 }
 
 /* tsq_matmul_sb_q's mode for prompt rows' products, -1 while the route is off */
@@ -1113,7 +1148,7 @@ int tsq_matmul_sb_q(int type, const uint8_t *w, int packed, long row_bytes, long
 int tsq_matmul_sb(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const float *x, long m,
                   float *y, long ldy, int nt, int mode) {
     if (b32_type(type)) { /* the 32-element route, from the inputs every product takes */
-        if (k % QG || m < 0) return -1;
+        if (k % QB || m < 0) return -1;
         xgroup *xq = aligned_alloc(64, sizeof(xgroup) * (m * n_groups(k) + 1));
         if (!xq) return -2;
         tsq_quantize(x, m, k, xq);
