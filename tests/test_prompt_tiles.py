@@ -1,7 +1,7 @@
 """The prompt routes' arithmetic for prompt rows (tsspec/kernels/prompt_tiles.c).
 
 Q4_K and Q6_K products with inputs quantized per 256 elements and one float step per super-block (the
-super-block route); Q4_0, Q5_0 and Q8_0 products with one float step per 32-element block (the
+super-block route); Q4_0, Q4_1, Q5_0 and Q8_0 products with one float step per 32-element block (the
 32-element route). Three ways
 to run it must give the same bits: the C reference (every CPU and level), the AMX tiles (hardware),
 and the tiles' sequence with the tile instruction done in C (any CPU whose AVX-512 build has VBMI).

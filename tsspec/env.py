@@ -123,7 +123,7 @@ def amx_mode(env: Mapping[str, str] | None = None) -> str:
 
 def prompt_tiles_mode(env: Mapping[str, str] | None = None) -> bool:
     """``TSSPEC_PROMPT_TILES``: 1 puts prompt rows' Q4_K and Q6_K products on the AMX tiles in the super-block
-    arithmetic, and their Q4_0, Q5_0 and Q8_0 products in the 32-element one (faster prefill; prompt rows then round otherwise than generated ones, so a kept
+    arithmetic, and their Q4_0, Q4_1, Q5_0 and Q8_0 products in the 32-element one (faster prefill; prompt rows then round otherwise than generated ones, so a kept
     cache reuses prompt rows only); 0 (default) keeps every row on one arithmetic. Booleans' other
     spellings read as 0/1; anything else is a BadInput."""
     raw = value(environ(env), ENV_PROMPT_TILES)

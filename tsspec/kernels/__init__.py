@@ -887,7 +887,7 @@ def matmul_sb(type_name: str, w: np.ndarray, k: int, x: "torch.Tensor", y: "torc
               threads: int | None = None, mode: str = "reference") -> None:
     """y[m, n] = x [m, k] against the rows ``w`` in a prompt route's arithmetic (prompt_tiles.c): Q4_K
     and Q6_K in the super-block one (inputs quantized per 256 elements, one float step per
-    super-block), Q4_0, Q5_0 and Q8_0 in the 32-element one (inputs as every product quantizes them,
+    super-block), Q4_0, Q4_1, Q5_0 and Q8_0 in the 32-element one (inputs as every product quantizes them,
     one float step per block), through ``mode`` (``SB_MODES``); every mode gives the same bits. A
     ValueError for another type, or a mode this build or CPU cannot run."""
     h = lib()
