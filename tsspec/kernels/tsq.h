@@ -325,8 +325,8 @@ TSQ_INTERNAL int tsq_linear_apply(const tsq_linear *L, const float *x, long m, f
 TSQ_INTERNAL int tsq_linear_apply_rows(const tsq_linear *L, const float *x, long m, float *y, xgroup *xq, int nt,
                                        const uint8_t *pr);
 
-/* prompt_tiles.c: prompt rows' products in the super-block (Q4_K, Q6_K) and 32-element (Q4_0, Q5_0,
- * Q8_0) arithmetic */
+/* prompt_tiles.c: prompt rows' products in the super-block (Q4_K, Q6_K) and 32-element (Q4_0, Q4_1,
+ * Q5_0, Q8_0) arithmetic */
 void tsq_quantize_sb(const float *x, long m, long k, int8_t *q, float *dx, int16_t *xs, int nt);
 int tsq_matmul_sb_q(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const int8_t *q,
                     const float *dx, const int16_t *xs, long m, float *y, long ldy, int nt, int mode);
