@@ -13,7 +13,6 @@
 #include <math.h>
 #include "tsq.h"
 
-int tsq_row_bytes(int type, long k);
 int tsq_repack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, uint8_t *out, int nt);
 int tsq_isa(void);
 
