@@ -434,35 +434,6 @@ int tsq_unpack(int type, const uint8_t *w, long row_bytes, long n_rows, long k, 
     return repack_rows(type, w, row_bytes, n_rows, k, out, 1, nt);
 }
 
-/* Block j of a Q4_0, Q4_1, Q5_0 or Q8_0 weight row of k elements (packed: stored by tsq_repack): its
- * 32 codes in element order with the type's offset taken off (q - 8, q, q - 16, the signed byte), its
- * scale and (Q4_1; else 0) its minimum. The 32-element route's reference (prompt_tiles.c) reads the
- * weights through this. */
-TSQ_INTERNAL void tsq_legacy_block(int type, const uint8_t *row, int packed, long k, long j, int8_t c[32], float *d,
-                                   float *mn) {
-    const long g = j / 4, bb = BLOCK_BYTES[type];
-    const int b = (int)(j % 4), off = type == T_Q4_0 ? 8 : type == T_Q5_0 ? 16 : 0;
-    uint8_t B[4][32], T[4][32];
-    *mn = 0.0f;
-    if (packed && 4 * g + 4 <= k / QB) { /* a whole group, its code vectors transposed */
-        if (group_major(type)) {
-            const uint8_t *rec = row + 4 * g * bb;
-            gm_codes(type, rec, T);
-            *d = f16_to_f32(rd16(rec + 2 * b));
-            if (type == T_Q4_1) *mn = f16_to_f32(rd16(rec + 8 + 2 * b));
-        } else {
-            unpack_codes(type, row, g, T);
-            *d = f16_to_f32(rd16(row + j * bb));
-        }
-        transpose_codes(T, B);
-    } else {
-        unpack_block(type, row + j * bb, B[b]);
-        *d = f16_to_f32(rd16(row + j * bb));
-        if (type == T_Q4_1) *mn = f16_to_f32(rd16(row + j * bb + 2));
-    }
-    for (int i = 0; i < 32; i++) c[i] = type == T_Q8_0 ? (int8_t)B[b][i] : (int8_t)(B[b][i] - off);
-}
-
 /* rows ids[0..n) of a [rows, K] weight (packed: stored by tsq_repack) to float32 out [n, K]
  * (embedding lookups: a tied output head and its embedding share one packed copy) */
 int tsq_dequant_rows(int type, const uint8_t *w, int packed, long row_bytes, long k, const int64_t *ids, long n,

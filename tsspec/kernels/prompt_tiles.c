@@ -757,30 +757,35 @@ static int sb_tiles(int type, const uint8_t *w, int packed, long row_bytes, long
  * words x 16 inputs), then the float step from the stored sums, the panel's sixteen accumulators of
  * one input tile held in registers across the blocks. */
 
-/* element e (0..31) of block b (0..3) of an input group: lane 4 (e / 16) + b, word (e % 16) / 4 */
-static inline int8_t b32_xcode(const xgroup *g, int b, int e) {
-    return g->q[32 * ((e % 16) / 4) + 4 * (4 * (e / 16) + b) + e % 4];
-}
-
+/* the arithmetic one element at a time, the weights read through products.c's group reader
+ * (tsq_weight_group: lane L = 4 h + b holds half h of block b, codes unsigned, the type's offset
+ * 1 << tsq_offset_shift) and the inputs as dot_ref_q reads an xgroup */
 static void b32_reference(int type, const uint8_t *w, int packed, long row_bytes, long n, long k, const xgroup *xq,
                           long m, float *y, long ldy, int nt) {
     const long nb = k / QB, ng = n_groups(k);
+    const int sh = tsq_offset_shift(type), off = sh ? 1 << sh : 0;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1 && n >= 64)
     for (long i = 0; i < n; i++)
         for (long c = 0; c < m; c++) {
             float acc = 0.0f;
-            for (long j = 0; j < nb; j++) {
-                int8_t wc[32];
-                float d, mn;
-                tsq_legacy_block(type, w + i * row_bytes, packed, k, j, wc, &d, &mn);
-                const xgroup *g = xq + c * ng + j / 4;
-                int32_t S = 0, X = 0;
-                for (int e = 0; e < 32; e++) {
-                    S += wc[e] * b32_xcode(g, (int)(j % 4), e);
-                    X += b32_xcode(g, (int)(j % 4), e);
+            for (long g = 0; g < ng; g++) {
+                uint8_t lanes[QG];
+                float a[8], mn[8];
+                tsq_weight_group(type, w + i * row_bytes, g, nb, packed, lanes, a, mn);
+                const xgroup *x = xq + c * ng + g;
+                for (int b = 0; b < 4 && 4 * g + b < nb; b++) {
+                    int32_t S = 0, X = 0;
+                    for (int h = 0; h < 2; h++) {
+                        const int L = 4 * h + b;
+                        for (int e = 0; e < 16; e++) {
+                            const int xv = x->q[(e / 4) * 32 + 4 * L + e % 4];
+                            S += (lanes[16 * L + e] - off) * xv;
+                            X += xv;
+                        }
+                    }
+                    acc = fmaf((float)S, a[b] * x->d[b], acc);
+                    if (type == T_Q4_1) acc = fmaf((float)X, mn[b] * x->d[b], acc);
                 }
-                acc = fmaf((float)S, d * g->d[j % 4], acc);
-                if (type == T_Q4_1) acc = fmaf((float)X, mn * g->d[j % 4], acc);
             }
             y[c * ldy + i] = acc;
         }
@@ -881,7 +886,7 @@ typedef struct { /* the input tiles' operands: B [t][j][8 words][16 inputs x 4];
     long nb;
 } b32_input;
 
-static void b32_prepare(const xgroup *xq, long m, long k, const b32_input *in, int nt) {
+static void b32_prepare(const xgroup *xq, long m, long k, const b32_input *in, int q41, int nt) {
     const long ng = n_groups(k), nb = in->nb, ntile = (m + SB_TR - 1) / SB_TR;
     __m512i idx[2];
     b32_index(0, idx);
@@ -905,7 +910,7 @@ static void b32_prepare(const xgroup *xq, long m, long k, const b32_input *in, i
                 const long at = (t * nb + 4 * g + b) * SB_TR + col;
                 const xgroup *x = xq + (t * SB_TR + col) * ng + g;
                 in->dx[at] = col < live ? x->d[b] : 0.0f;
-                in->xs[at] = col < live ? (float)(x->s[b] + x->s[4 + b]) : 0.0f; /* the block's two halves */
+                if (q41) in->xs[at] = col < live ? (float)(x->s[b] + x->s[4 + b]) : 0.0f; /* its two halves */
             }
     }
 }
@@ -1011,10 +1016,10 @@ static int b32_tiles(int type, const uint8_t *w, int packed, long row_bytes, lon
     int8_t *ops = sb_scratch(ntile * per_t);
     if (!ops) return -2;
     b32_input in = {ops, (float *)(ops + ntile * nb * 512), (float *)(ops + ntile * nb * (512 + SB_TR * 4)), nb};
-    b32_prepare(xq, m, k, &in, nt);
+    const int q41 = type == T_Q4_1;
+    b32_prepare(xq, m, k, &in, q41, nt);
     __m512i idx[2];
     b32_index(packed && (type == T_Q4_0 || type == T_Q4_1), idx);
-    const int q41 = type == T_Q4_1;
     long tb = SB_BLOCK_BYTES / 4 / (long)per_t; /* input tiles a pass: their operands stay in L2 */
     tb = tb < 1 ? 1 : tb;
     const long nblk = (ntile + tb - 1) / tb, items = nblk * npanel;

@@ -301,12 +301,10 @@ void tsq_quantize(const float *x, long m, long k, xgroup *out);
 int tsq_matmul(int type, const uint8_t *w, int packed, long row_bytes, long n_rows, long k, const float *x,
                const void *xqv, long m, float *y, long ldy, int n_threads, int use_simd);
 
-/* products.c, for the tile backend */
+/* products.c, for the tile backend (amx.c) and the 32-element route's reference (prompt_tiles.c) */
 TSQ_INTERNAL void tsq_weight_group(int type, const uint8_t *w, long g, long nblocks, int packed, uint8_t lanes[QG],
                                    float a[8], float m[8]);
 TSQ_INTERNAL int tsq_offset_shift(int type);
-TSQ_INTERNAL void tsq_legacy_block(int type, const uint8_t *row, int packed, long k, long j, int8_t c[32], float *d,
-                                   float *mn);
 #if TSQ_SIMD
 TSQ_INTERNAL void tsq_weight_row_simd(int type, const uint8_t *w, long ng, long nblocks, int packed, uint8_t *codes,
                                       long lane_stride, long group_stride, float *a, float *m, long ab_stride,
