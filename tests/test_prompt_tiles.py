@@ -656,3 +656,38 @@ def test_the_load_time_self_check_runs_here():
     assert kernels.prompt_tiles_self_check(kernels.lib(), hardware=False) is None
     if kernels.amx_usable():
         assert kernels.prompt_tiles_self_check(kernels.lib()) is None
+
+
+@pytest.mark.parametrize("mode", ROUTES)
+def test_a_draft_models_catch_up_takes_the_route(q4k_model, route, mode, tmp_path_factory):
+    """A draft model's forwards of ROUTE_ROWS rows or more (its catch-up over the prompt) are marked as
+    prompt rows, its shorter ones not; the trunk's text stays plain's, greedy and seeded, while the
+    drafter's catch-up runs on the route (its rows never reach the output)."""
+    from tsspec.sampling import Sampler, SamplingParams
+    from tsspec.spec import draft_model as dm
+    from tsspec.spec.loop import decode
+    from tsspec.spec.plan import SpecPlan
+    from tsspec.spec.stats import SpecStats
+
+    drafter = _tiny("Q6_K", tmp_path_factory)
+    route(mode)
+    prompt = PROMPT[:30] + PROMPT[:30]
+    marks: list[tuple[int, bool]] = []
+    real = drafter.forward
+
+    def spy(tokens, cache, **kw):
+        marks.append((len(tokens), kw.get("prompt", False)))
+        return real(tokens, cache, **kw)
+
+    drafter.forward = spy
+    try:
+        for sampler in (Sampler(), Sampler(SamplingParams(temperature=0.8, top_k=20, seed=4))):
+            want = decode(q4k_model, sampler, prompt, 24)
+            spec = dm.DraftModelSpeculator(drafter, vocab_size=300, max_draft_tokens=4)
+            stats = SpecStats()
+            assert decode(q4k_model, sampler, prompt, 24, SpecPlan(spec, window=4), stats=stats) == want
+            assert stats.drafted > 0
+    finally:
+        del drafter.forward
+    assert marks and all(p == (n >= dm.ROUTE_ROWS) for n, p in marks)
+    assert any(p for _, p in marks) and any(not p for _, p in marks)

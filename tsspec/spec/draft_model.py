@@ -80,6 +80,13 @@ DEFAULT_MIN_DRAFT_PROB = 0.0
 # next tokens
 TREE_WIDTH = 3
 TREE_BRANCH = 3
+# drafter forwards of at least this many rows (catch-ups over a prompt or a parked stretch) are
+# marked as prompt rows, so that they take the prompt routes where those are on
+# (``TSSPEC_PROMPT_TILES=1``): a drafter's rows never reach the output, so either arithmetic
+# serves it. Fewer rows keep the shared products, which the routes do not beat below about 16 rows
+# (a forward of qwen2.5-coder-1.5b on an AMX Xeon: 1.53x the time at 1 row, 0.97x at 9, 0.86x at
+# 17; docs/RESULTS.md)
+ROUTE_ROWS = 16
 
 
 class DraftModelSpeculator:
@@ -155,7 +162,10 @@ class DraftModelSpeculator:
     # -- the drafter's cache ---------------------------------------------------------------------
     def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
         """Append ``tokens`` to the drafter's cache; -> logits of the last row, in the trunk's width."""
-        out = self.model.forward(list(tokens), self.cache)
+        if len(tokens) >= ROUTE_ROWS and getattr(self.model, "marks_prompt_rows", False):
+            out = self.model.forward(list(tokens), self.cache, prompt=True)
+        else:
+            out = self.model.forward(list(tokens), self.cache)
         self._cached.extend(int(t) for t in tokens)
         self.forwards += 1
         self.forward_rows += len(tokens)
