@@ -83,10 +83,10 @@ TREE_BRANCH = 3
 # drafter forwards of at least this many rows (catch-ups over a prompt or a parked stretch) are
 # marked as prompt rows, so that they take the prompt routes where those are on
 # (``TSSPEC_PROMPT_TILES=1``): a drafter's rows never reach the output, so either arithmetic
-# serves it. Fewer rows keep the shared products, which the routes do not beat below about 16 rows
-# (a forward of qwen2.5-coder-1.5b on an AMX Xeon: 1.53x the time at 1 row, 0.97x at 9, 0.86x at
-# 17; docs/RESULTS.md)
-ROUTE_ROWS = 16
+# serves it. Fewer rows keep the shared products, which the routes beat only from between 17 and 33
+# rows (a forward on a 128-token cache, AMX Xeon, scripts/route_verify_curve.py: qwen2.5-coder-0.5b
+# 1.21x the shared time at 17 rows, 0.85x at 33; smollm2-135m 1.27x and 0.95x; docs/RESULTS.md)
+ROUTE_ROWS = 32
 
 
 class DraftModelSpeculator:
