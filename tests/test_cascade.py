@@ -17,7 +17,7 @@ from tsspec.errors import BadInput
 from tsspec.models import load_model
 from tsspec.options import SpecOptions, resolve as resolve_spec_options
 from tsspec.sampling import Sampler, SamplingParams
-from tsspec.spec.cascade import CascadeSpeculator, bench_length, costs_more
+from tsspec.spec.cascade import CascadeSpeculator, bench_length, costs_more, gives_way, landed_share
 from tsspec.spec.loop import decode
 from tsspec.spec.plan import SpecPlan
 from tsspec.spec.registry import REGISTRY, SpeculatorDeclined
@@ -153,46 +153,55 @@ class Scripted:
         pass
 
 
-def test_a_model_member_that_loses_is_benched_while_the_first_keeps_drafting():
-    """The model member's rejected drafts bench it (4, then 8 proposals), the first member is asked
-    every step, every member sees every commit; a draft that lands ends the streak. The model
-    member's setup is not passed on to the governor, the first member's is."""
+def test_a_model_member_is_benched_on_what_its_steps_cost_not_on_one_miss():
+    """A model member's draft that lands nothing does not bench it alone; the cost per emitted token
+    of the steps it won against the plain-like steps does (4, then 8 proposals), while the first
+    member is asked every step and every member sees every commit; steps that pay end the streak,
+    and one miss among them benches nothing. The model member's setup is not passed on to the
+    governor, the first member's is."""
     from tsspec.spec.protocols import DraftContext
 
-    cheap = Scripted("cheap", lambda k: [1, 2] if k == 5 else [], setup_ms=0.5)
-    model = Scripted("model", lambda k: [7, 8], setup_ms=900.0)
-    c = CascadeSpeculator([cheap, model], clock=Clock())  # a clock that stands still: no step costs more
+    clock = Clock()
+    cheap = Scripted("cheap", lambda k: [1, 2] if k == 6 else [], setup_ms=0.5)
+    model = Scripted("model", lambda k: [7, 8], setup_ms=1.0)
+    c = CascadeSpeculator([cheap, model], clock=clock)
     c.begin([1, 2, 3], None)
+    c._plain_steps.extend([(50.0, 1)] * 4)  # as the governor's probe leaves them
+    lands = {17: 2, 18: 2}  # the model's drafts land nothing but at these asks
 
-    def step(landed: int):
+    def step():
         d = c.propose(DraftContext(last_token=3, position=3, max_tokens=4, history=[1, 2, 3]))
-        c.commit([0] * ((landed if d.tokens else 0) + 1), None, 3)
+        won = c._winner
+        landed = lands.get(c._asks, 0) if won == 1 else 2 if won == 0 else 0
+        clock.t += (120.0 if won == 1 and not landed else 60.0 if won is not None else 50.0) / 1000.0
+        c.commit([0] * (landed + 1), None, 3)
         return d
 
-    d = step(landed=0)  # ask 1: cheap has nothing, the model drafts and is rejected
-    assert d.tokens == [7, 8] and d.setup_ms == 0.5  # the model's 900 ms catch-up is its step's cost
-    asked = []
-    for _ in range(2, 7):
-        before = model.asked
-        step(landed=0)
-        asked.append(model.asked - before)
-    assert asked == [0, 0, 0, 0, 1]  # benched for asks 2-5 (the cheap member won ask 5), asked at 6
+    d = step()  # ask 1: cheap has nothing, the model drafts and misses: no verdict on one step
+    assert d.tokens == [7, 8] and d.setup_ms == 0.5  # the model's catch-up is its step's cost
+    assert c._benched_until[1] == 0
+    step()  # ask 2: asked again, misses: 120 ms a token against plain's 50, benched for 4 asks
+    assert model.asked == 2 and c._benched_until[1] == 2 + 4
+    for _ in range(3, 7):
+        step()
     m = c.member_stats()
-    # benched counts the asks it sat out where it would have been asked (not ask 5, the cheap one's)
-    assert m["model"]["benched"] == 3 and m["cheap"]["won"] == 1 and m["cheap"]["benched"] == 0
+    # benched counts the asks it sat out where it would have been asked (not ask 6, the cheap one's)
+    assert model.asked == 2 and m["model"]["benched"] == 3 and m["cheap"]["won"] == 1
     assert cheap.asked == 6 and cheap.commits == model.commits == 6
-    for _ in range(8):  # the second loss in a row (ask 6): 8 proposals benched
-        step(landed=0)
-    assert model.asked == 2 and m["model"]["benched"] == 3 + 8
-    step(landed=2)  # ask 15: asked again, and this time its draft lands: the streak ends
-    assert model.asked == 3 and m["model"]["accepted"] == 2
-    step(landed=1)
-    assert model.asked == 4  # not benched after a draft that landed
-    step(landed=0)  # ask 17: rejected, benched to ask 21
+    step(), step()  # asks 7 and 8: two misses again, the second loss in a row: 8 asks benched
+    assert model.asked == 4 and c._benched_until[1] == 8 + 8
+    for _ in range(9, 17):
+        step()
+    assert model.asked == 4 and m["model"]["benched"] == 3 + 8
+    step(), step()  # asks 17 and 18: its drafts land 2 tokens each in 60 ms: they pay, the streak ends
+    assert model.asked == 6 and m["model"]["accepted"] == 4 and c._streak[1] == 0
+    step()  # ask 19: a miss among paying steps (240 ms for 7 tokens against 50 a token): no bench
+    assert c._benched_until[1] == 16 and model.asked == 7
+    c._lost(1)  # a loss: benched to ask 19 + 4
     c.begin([1], None)  # a new sequence: its own counts, but the bench carries on (as a park does)
-    assert c.member_stats()["model"]["benched"] == 0 and c._benched_until[1] == 17 + 4
-    step(landed=0)
-    assert model.asked == 5 and c.member_stats()["model"]["benched"] == 1
+    assert c.member_stats()["model"]["benched"] == 0 and c._benched_until[1] == 19 + 4
+    step()
+    assert model.asked == 7 and c.member_stats()["model"]["benched"] == 1
     c.reset()  # forget everything
     assert c._benched_until == [0, 0] and c._streak == [0, 0]
 
@@ -224,6 +233,67 @@ def run_steps(c, clock, model_ms, plain_ms, landed, steps):
         won = c._winner
         clock.t += (model_ms if won == 1 else plain_ms if not d.tokens else plain_ms * 1.5) / 1000.0
         c.commit([0] * ((landed if won == 1 else 2 if won == 0 else 0) + 1), None, 3)
+
+
+def test_landed_share_and_giving_way():
+    assert landed_share([(1, 4)] * 3) is None  # too few steps to judge
+    assert landed_share([(1, 4), (3, 4), (0, 4), (4, 4)]) == 0.5
+    assert landed_share([(0, 0)] * 5) is None  # nothing drafted
+    assert gives_way(0.4, [0.6]) and not gives_way(0.55, [0.6])  # within the margin: the earlier keeps it
+    assert not gives_way(None, [0.9]) and not gives_way(0.2, [None])  # unjudged on either side
+    assert gives_way(0.2, [None, 0.5])
+
+
+class Ordered(Scripted):
+    """A Scripted member with an n-gram's match order for each proposal (``last_order``)."""
+
+    def __init__(self, name, script, order):
+        super().__init__(name, script)
+        self.order = order
+        self.last_order = 0
+
+    def propose(self, ctx):
+        d = super().propose(ctx)
+        self.last_order = self.order(self.asked)
+        return d
+
+
+def test_an_earlier_members_weak_proposals_give_way_to_a_later_member_that_lands_more():
+    """The cheap member's order-2 drafts land nothing, its order-6 drafts all their tokens, the model's
+    3 of 4: once each is judged, order-2 proposals give way to the model (asked, and its draft is the
+    step's) while order-6 ones keep winning; where the model then has nothing, the cheap draft
+    stands, and while the model is benched nothing is set aside for it."""
+    from tsspec.spec.protocols import DraftContext
+
+    cheap = Ordered("cheap", lambda k: [] if k % 3 == 0 else [1, 2, 3, 4], lambda k: 2 if k % 3 == 1 else 6)
+    empty = set()
+    model = Scripted("model", lambda k: [] if k in empty else [7, 8, 9, 10])
+    c = CascadeSpeculator([cheap, model], clock=Clock())  # a clock that stands still: no step costs more
+    c.begin([1, 2, 3], None)
+
+    def step():
+        d = c.propose(DraftContext(last_token=3, position=3, max_tokens=4, history=[1, 2, 3]))
+        landed = {None: 0, 0: 0 if cheap.last_order == 2 else 4, 1: 3}[c._winner]
+        c.commit([0] * (landed + 1), None, 3)
+        return cheap.last_order, list(d.tokens)
+
+    seen = [step() for _ in range(60)]
+    m = c.member_stats()
+    late = seen[30:]
+    assert [t for o, t in late if o == 2] and all(t == [7, 8, 9, 10] for o, t in late if o == 2)  # gave way
+    assert [t for o, t in late if o == 6 and t == [1, 2, 3, 4]]  # order 6: kept
+    assert all(t in ([1, 2, 3, 4], [7, 8, 9, 10]) for o, t in late if o == 6)
+    assert m["cheap"]["deferred"] >= 10 and m["model"]["won"] > 20 and m["cheap"]["won"] > 20
+    empty.update(range(model.asked + 1, model.asked + 100))  # from now on the model has nothing
+    while cheap.asked % 3 != 0:  # the next ask is an order-2 draft
+        step()
+    asked = model.asked
+    assert step() == (2, [1, 2, 3, 4]) and model.asked == asked + 1  # asked, had nothing: the draft stood
+    assert c._asks < c._benched_until[1]  # and it is benched for that
+    before = m["cheap"]["deferred"]
+    for _ in range(3):
+        assert step()[1] in ([], [1, 2, 3, 4])
+    assert m["cheap"]["deferred"] == before and model.asked == asked + 1
 
 
 @pytest.mark.parametrize("model_ms, benched", [(60.0, False), (250.0, True)])

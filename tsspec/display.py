@@ -135,7 +135,8 @@ def stats_table(s: SpecStats, governor=None) -> Table:
             t.add_row("trees", f"{s.nodes_per_tree:.1f} nodes/verify, accepted depth {s.accepted_depth:.2f}")
         for name, c in s.members.items():
             t.add_row(f"  {name}", f"won {c['won']} of {c['proposals']} asked, accepted {c['accepted']} of "
-                                   f"{c['drafted']} drafted" + (f", benched {c['benched']}" if c.get("benched") else ""))
+                                   f"{c['drafted']} drafted" + (f", benched {c['benched']}" if c.get("benched") else "")
+                                   + (f", gave way {c['deferred']}" if c.get("deferred") else ""))
         if governor is not None:
             left = governor.steps_left
             state = governor.state + (f" ({left} steps left)" if left is not None else "")

@@ -23,9 +23,12 @@ Contract:
   proposals: 4, 8, 16 ... 256 while it keeps losing, and after a loss that paid a catch-up, long
   enough that the catch-up is 3% of the plain time benched; kept across the engine's sequences, as
   the governor keeps a park) while the members before it go on drafting.
-  A member loses when its draft lands nothing (the trunk rejected its first token, or it proposed
-  nothing for its forward), or when the steps it won cost more per emitted token than plain steps
-  (``costs_more``): the cascade times each step as the interval between consecutive commits (every
+  A member loses when it proposed nothing for its forward, or when the steps it won cost more per
+  emitted token than plain steps (``costs_more``; a draft that landed nothing is a step of one
+  token there, no verdict alone: a 0.5B draft model that lands 88% of its tokens on code misses its
+  first token in about one step of eight, and benched for each miss it sat out most of a prompt; two
+  misses in a row as a verdict where the cost could not be judged yet cost it most of that again,
+  docs/RESULTS.md): the cascade times each step as the interval between consecutive commits (every
   step commits, plain ones too), and keeps the recent steps each later member won beside the
   recent plain-like ones (no proposal asked of the loop, or one only the first member was asked
   for and declined). A member's catch-up (``Draft.setup_ms``) is part of what its steps cost, so it
@@ -33,8 +36,15 @@ Contract:
   for as long as the setup is worth, up to thousands of steps) parked the whole cascade, n-gram with
   it, for the 0.5B draft model's first lost catch-up on qwen2.5-coder-1.5b's grounded prompts
   (0.99x plain against n-gram's 1.16x). The first member's setup is passed on as before.
+* An earlier member's proposal gives way to a later member's where it lands less: the cascade
+  keeps, per member, the share of its drafted tokens the trunk accepted in the recent steps it won
+  (an n-gram member's per match order, ``last_order``: a 2-token match is often a coincidence where
+  an 8-token one quotes), and where an earlier member's share for this proposal is below a later,
+  unbenched member's by more than ``DEFER_MARGIN``, the later member is asked; the earlier
+  proposal stays as the step's draft if the later one has none.
 * ``member_stats()`` counts, per member, the proposals it made, the steps it won, the tokens it
-  drafted there, how many of them the trunk accepted, and the proposals it sat out benched, for the
+  drafted there, how many of them the trunk accepted, the proposals it sat out benched, and the
+  proposals it set aside for a later member (``deferred``), for the
   sequence in hand (``begin`` zeroes them in place). It returns the live counts: the loop hands them
   to ``SpecStats.members`` once per sequence, and no step copies them.
 
@@ -53,7 +63,7 @@ import torch
 from .governor import Sample, cost_ratio, is_losing, ms_per_token, park_length, setup_park_length
 from .protocols import Draft, DraftContext, arms_after_prefix_reuse, tap_horizon
 
-__all__ = ["CascadeSpeculator", "DEFAULT_MIN_TOKENS", "bench_length", "costs_more"]
+__all__ = ["CascadeSpeculator", "DEFAULT_MIN_TOKENS", "bench_length", "costs_more", "gives_way", "landed_share"]
 
 # the shortest proposal of an earlier member that wins its step: a one-token n-gram guess is often a
 # coincidence, and the model drafter behind it would usually have proposed that token and more
@@ -64,6 +74,26 @@ SETUP_BUDGET = 0.03  # a losing member's catch-ups may cost this share of the pl
 SETUP_BENCH_CAP = 4096
 COST_SAMPLES = 8  # a later member's recent won steps, and the recent plain-like steps, kept
 COST_MARGIN = 0.05  # a member's steps may cost this much more per token than plain ones
+LAND_SAMPLES = 16  # the recent won steps whose landed share a member (per match order) is judged by
+LAND_MIN_SAMPLES = 4  # fewer: no judgement, the earlier member's proposal wins as it always did
+DEFER_MARGIN = 0.10  # an earlier member gives way where its landed share is below a later one's by more
+ALL_ORDERS = -1  # the landed-share key of a member's steps whatever their match order
+
+
+def landed_share(steps: Sequence[tuple[int, int]], min_samples: int = LAND_MIN_SAMPLES) -> float | None:
+    """The share of the drafted tokens the trunk accepted over ``steps`` (``(accepted, drafted)``
+    each), None with fewer than ``min_samples`` steps or nothing drafted. Pure."""
+    if len(steps) < min_samples:
+        return None
+    drafted = sum(d for _, d in steps)
+    return sum(a for a, _ in steps) / drafted if drafted else None
+
+
+def gives_way(mine: float | None, later: Sequence[float | None], margin: float = DEFER_MARGIN) -> bool:
+    """Whether a proposal whose member lands ``mine`` of its tokens gives way to a later member that
+    lands one of ``later`` (None: not judged yet): only where both are known and a later one lands
+    more by over ``margin``. Pure."""
+    return mine is not None and any(x is not None and x > mine + margin for x in later)
 
 
 def costs_more(won: Sequence[Sample], plain: Sequence[Sample], margin: float = COST_MARGIN,
@@ -114,8 +144,14 @@ class CascadeSpeculator:
                       for m in self.members]
         horizons = [tap_horizon(m) for m in self.members if m.needs_hidden_state]
         self.tap_horizon = None if not horizons or None in horizons else max(horizons)
-        self._counts = {n: dict(proposals=0, won=0, drafted=0, accepted=0, benched=0) for n in self.names}
+        self._counts = {n: dict(proposals=0, won=0, drafted=0, accepted=0, benched=0, deferred=0)
+                        for n in self.names}
         self._winner: int | None = None  # the member whose draft the next commit settles
+        self._winner_key: tuple[int, int] | None = None  # its (member, match order), for ``_landed``
+        self._winner_drafted = 0
+        # (accepted, drafted) of the recent won steps, per (member, match order: 0 for a member without
+        # one, ALL_ORDERS for all its steps)
+        self._landed: dict[tuple[int, int], deque] = {}
         self._asks = 0  # proposals since the last reset (benches count in them, across sequences)
         self._streak = [0] * len(self.members)  # consecutive losses, per member
         self._benched_until = [0] * len(self.members)  # not asked while ``_asks`` is below
@@ -154,12 +190,27 @@ class CascadeSpeculator:
         for i, m in enumerate(self.members):
             m.begin(prompt, self._slice(i, hidden))
 
+    def _key(self, i: int) -> tuple[int, int]:
+        """Member i's landed-share key for its latest proposal: its match order where it has one."""
+        return i, int(getattr(self.members[i], "last_order", 0) or 0)
+
+    def _share(self, key: tuple[int, int]) -> float | None:
+        return landed_share(self._landed.get(key, ()))
+
+    def _win(self, i: int, d: Draft, setup: float) -> Draft:
+        c = self._counts[self.names[i]]
+        c["won"] += 1
+        c["drafted"] += len(d.tokens)
+        self._winner, self._winner_key, self._winner_drafted = i, self._key(i), len(d.tokens)
+        return Draft(d.tokens, d.probs, setup_ms=setup, parents=d.parents)
+
     def propose(self, ctx: DraftContext) -> Draft:
         self._winner = None
         self._asks += 1
         setup = 0.0
         last = len(self.members) - 1
         self._asked_in_step = 0
+        held: tuple[int, Draft] | None = None  # an earlier proposal that gave way to a later member
         for i, m in enumerate(self.members):
             c = self._counts[self.names[i]]
             if self._asks <= self._benched_until[i]:
@@ -173,12 +224,17 @@ class CascadeSpeculator:
                 self._won_setup[i] += d.setup_ms
             c["proposals"] += 1
             if d.tokens and (len(d.tokens) >= min(self.min_tokens, ctx.max_tokens) or i == last):
-                c["won"] += 1
-                c["drafted"] += len(d.tokens)
-                self._winner = i
-                return Draft(d.tokens, d.probs, setup_ms=setup, parents=d.parents)
+                later = [self._share((j, ALL_ORDERS)) for j in range(i + 1, len(self.members))
+                         if self._asks > self._benched_until[j]]
+                if held is None and gives_way(self._share(self._key(i)), later):
+                    c["deferred"] += 1
+                    held = (i, d)
+                    continue
+                return self._win(i, d, setup)
             if i > 0:
                 self._lost(i)  # it paid its forward for nothing (its step is timed as its own at commit)
+        if held is not None:  # the later members had nothing: the earlier proposal is the draft
+            return self._win(held[0], held[1], setup)
         return Draft(setup_ms=setup)
 
     def _lost(self, i: int) -> None:
@@ -203,21 +259,22 @@ class CascadeSpeculator:
         i = winner if winner is not None else asked
         if i == 0:
             return
-        if winner is not None and n_tokens < 2:
-            self._lost(i)  # its draft landed nothing (a declined one was judged when it declined)
         if ms is not None:
             self._won_steps[i].append((ms, n_tokens))  # after a bench, the first evidence of the next verdict
-        if winner is None or n_tokens < 2:
+        if winner is None:  # asked and declined: judged when it declined
             return
-        verdict = costs_more(self._won_steps[i], self._plain_steps)
+        verdict = costs_more(self._won_steps[i], self._plain_steps)  # a draft that landed nothing included
         if verdict:
             self._lost(i)
-        elif verdict is False:
+        elif verdict is False and n_tokens >= 2:
             self._streak[i] = 0  # it pays: its next loss benches it for the shortest time again
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         if self._winner is not None:
-            self._counts[self.names[self._winner]]["accepted"] += max(len(tokens) - 1, 0)
+            accepted = min(max(len(tokens) - 1, 0), self._winner_drafted)
+            self._counts[self.names[self._winner]]["accepted"] += accepted
+            for key in {self._winner_key, (self._winner, ALL_ORDERS)}:  # its order's and its own in all
+                self._landed.setdefault(key, deque(maxlen=LAND_SAMPLES)).append((accepted, self._winner_drafted))
         self._timed(len(tokens))
         self._winner = None
         for i, m in enumerate(self.members):
@@ -241,6 +298,7 @@ class CascadeSpeculator:
             d.clear()
         self._won_setup = [0.0] * len(self.members)
         self._plain_steps.clear()
+        self._landed.clear()
         for m in self.members:
             m.reset()
 
@@ -252,6 +310,7 @@ class CascadeSpeculator:
 
     def report(self) -> str:
         parts = [f"{n} won {c['won']} of {c['proposals']} asked, {c['accepted']}/{c['drafted']} accepted"
-                 + (f", benched {c['benched']}" if c["benched"] else "") for n, c in self.member_stats().items()]
+                 + (f", benched {c['benched']}" if c["benched"] else "")
+                 + (f", gave way {c['deferred']}" if c["deferred"] else "") for n, c in self.member_stats().items()]
         return "cascade: " + "; ".join(parts)
 
