@@ -336,3 +336,21 @@ def test_the_environment_spells_a_cascade_too():
     for bad in ("ngram,ngram", "ngram,cascade", "ngram,nope"):
         with pytest.raises(BadInput, match="TS_SPEC_TYPE"):
             resolve_spec_options({}, {"TS_SPEC_TYPE": bad}, speculators=REGISTRY.names())
+
+
+def test_the_live_table_and_the_report_print_each_member_alike():
+    from rich.console import Console
+
+    from tsspec.display import stats_table
+    from tsspec.spec.stats import SpecStats, member_line
+
+    c = dict(proposals=5, won=3, drafted=6, accepted=4, benched=0, deferred=2)
+    assert member_line(c) == "won 3 of 5 asked, accepted 4 of 6 drafted, gave way 2"
+    s = SpecStats(speculator="cascade", members={"ngram": c})
+    console = Console(record=True, width=200)
+    console.print(stats_table(s))
+    text = console.export_text()
+    assert "ngram" in text and member_line(c) in text
+    cascade = CascadeSpeculator([Scripted("a", lambda k: []), Scripted("b", lambda k: [])])
+    assert cascade.report() == "cascade: a " + member_line(cascade.member_stats()["a"]) + "; b " + member_line(
+        cascade.member_stats()["b"])

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import TsspecError
-from .spec.stats import SpecStats
+from .spec.stats import SpecStats, member_line
 
 LIVE_LINES = 24  # text lines kept on screen while the panel is live
 
@@ -134,9 +134,7 @@ def stats_table(s: SpecStats, governor=None) -> Table:
         if s.tree_verifies:
             t.add_row("trees", f"{s.nodes_per_tree:.1f} nodes/verify, accepted depth {s.accepted_depth:.2f}")
         for name, c in s.members.items():
-            t.add_row(f"  {name}", f"won {c['won']} of {c['proposals']} asked, accepted {c['accepted']} of "
-                                   f"{c['drafted']} drafted" + (f", benched {c['benched']}" if c.get("benched") else "")
-                                   + (f", gave way {c['deferred']}" if c.get("deferred") else ""))
+            t.add_row(f"  {name}", member_line(c))
         if governor is not None:
             left = governor.steps_left
             state = governor.state + (f" ({left} steps left)" if left is not None else "")

@@ -62,6 +62,7 @@ import torch
 
 from .governor import Sample, cost_ratio, is_losing, ms_per_token, park_length, setup_park_length
 from .protocols import Draft, DraftContext, arms_after_prefix_reuse, tap_horizon
+from .stats import member_line
 
 __all__ = ["CascadeSpeculator", "DEFAULT_MIN_TOKENS", "bench_length", "costs_more", "gives_way", "landed_share"]
 
@@ -147,8 +148,7 @@ class CascadeSpeculator:
         self._counts = {n: dict(proposals=0, won=0, drafted=0, accepted=0, benched=0, deferred=0)
                         for n in self.names}
         self._winner: int | None = None  # the member whose draft the next commit settles
-        self._winner_key: tuple[int, int] | None = None  # its (member, match order), for ``_landed``
-        self._winner_drafted = 0
+        self._winner_drafted = 0  # the length of its draft, for ``_landed``
         # (accepted, drafted) of the recent won steps, per (member, match order: 0 for a member without
         # one, ALL_ORDERS for all its steps)
         self._landed: dict[tuple[int, int], deque] = {}
@@ -201,7 +201,7 @@ class CascadeSpeculator:
         c = self._counts[self.names[i]]
         c["won"] += 1
         c["drafted"] += len(d.tokens)
-        self._winner, self._winner_key, self._winner_drafted = i, self._key(i), len(d.tokens)
+        self._winner, self._winner_drafted = i, len(d.tokens)
         return Draft(d.tokens, d.probs, setup_ms=setup, parents=d.parents)
 
     def propose(self, ctx: DraftContext) -> Draft:
@@ -224,9 +224,10 @@ class CascadeSpeculator:
                 self._won_setup[i] += d.setup_ms
             c["proposals"] += 1
             if d.tokens and (len(d.tokens) >= min(self.min_tokens, ctx.max_tokens) or i == last):
-                later = [self._share((j, ALL_ORDERS)) for j in range(i + 1, len(self.members))
-                         if self._asks > self._benched_until[j]]
-                if held is None and gives_way(self._share(self._key(i)), later):
+                mine = self._share(self._key(i)) if held is None and i < last else None
+                later = [] if mine is None else [self._share((j, ALL_ORDERS)) for j in range(i + 1, last + 1)
+                                                 if self._asks > self._benched_until[j]]
+                if gives_way(mine, later):
                     c["deferred"] += 1
                     held = (i, d)
                     continue
@@ -271,9 +272,11 @@ class CascadeSpeculator:
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         if self._winner is not None:
-            accepted = min(max(len(tokens) - 1, 0), self._winner_drafted)
+            accepted = max(len(tokens) - 1, 0)
             self._counts[self.names[self._winner]]["accepted"] += accepted
-            for key in {self._winner_key, (self._winner, ALL_ORDERS)}:  # its order's and its own in all
+            # its order's share and its own in all (its match order is still the proposal's: members
+            # are asked nothing between a proposal and its commit)
+            for key in {self._key(self._winner), (self._winner, ALL_ORDERS)}:
                 self._landed.setdefault(key, deque(maxlen=LAND_SAMPLES)).append((accepted, self._winner_drafted))
         self._timed(len(tokens))
         self._winner = None
@@ -309,8 +312,5 @@ class CascadeSpeculator:
         return self._counts
 
     def report(self) -> str:
-        parts = [f"{n} won {c['won']} of {c['proposals']} asked, {c['accepted']}/{c['drafted']} accepted"
-                 + (f", benched {c['benched']}" if c["benched"] else "")
-                 + (f", gave way {c['deferred']}" if c["deferred"] else "") for n, c in self.member_stats().items()]
-        return "cascade: " + "; ".join(parts)
+        return "cascade: " + "; ".join(f"{n} {member_line(c)}" for n, c in self.member_stats().items())
 

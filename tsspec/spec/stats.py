@@ -23,6 +23,13 @@ class _Phase:
         self.stats.add_phase(self.name, (time.perf_counter() - self.t0) * 1000.0)
 
 
+def member_line(c: dict[str, int]) -> str:
+    """One member's counts (``SpecStats.members``' entry, a cascade's ``member_stats``) as the summary and the live table print them. Pure."""
+    return (f"won {c['won']} of {c['proposals']} asked, accepted {c['accepted']} of {c['drafted']} drafted"
+            + (f", benched {c['benched']}" if c.get("benched") else "")
+            + (f", gave way {c['deferred']}" if c.get("deferred") else ""))
+
+
 @dataclass
 class SpecStats:
     speculator: str | None = None
