@@ -18,6 +18,7 @@ from tsspec.bench.workloads import (
     Prompt,
     Workload,
     get_workload,
+    known_workloads,
     load_prompts,
     load_workload,
 )
@@ -270,6 +271,10 @@ def test_builtin_workloads():
         assert all(p.text.strip() for p in w.prompts)
     # grounded prompts carry a passage long enough to be quoted back
     assert all(len(p.text.split()) >= 120 for p in get_workload("grounded").prompts)
+    # code edits carry a whole file and ask for it back, changed
+    edits = get_workload("code-edit").prompts
+    assert len(edits) >= 12 and all("```" in p.text and "complete new file" in p.text for p in edits)
+    assert "code-edit" in known_workloads() and "code-edit" not in WORKLOADS
     with pytest.raises(BadInput, match="known"):
         get_workload("poetry")
 

@@ -354,3 +354,26 @@ def test_the_live_table_and_the_report_print_each_member_alike():
     cascade = CascadeSpeculator([Scripted("a", lambda k: []), Scripted("b", lambda k: [])])
     assert cascade.report() == "cascade: a " + member_line(cascade.member_stats()["a"]) + "; b " + member_line(
         cascade.member_stats()["b"])
+
+
+def test_the_drafters_preferred_window_bounds_its_own_member_only(files, trunk):
+    """A draft model's preferred window (4, measured for it alone) bounds the draft-model member;
+    n-gram keeps the run's window, as it has alone; a window the user chose holds for both."""
+    from tsspec.session import Session
+    from tsspec.settings import resolve_run
+
+    drafter = load_drafter(files["related"], trunk)
+    assert drafter.preferred_window == 4
+    spec = REGISTRY.create("cascade", trunk, SpecOptions(), drafter)
+    assert [m.max_draft_tokens for m in spec.members] == [8, 4] and spec.max_draft_tokens == 8
+    mine = REGISTRY.create("ngram,draft-model", trunk, SpecOptions(draft=6, draft_explicit=True), drafter)
+    assert [m.max_draft_tokens for m in mine.members] == [6, 6]
+    # the session's plan: the cascade's window is n-gram's, the draft model alone keeps its own
+    session = Session.open(resolve_run(model=str(files["trunk"])), progress=False)
+    for kind, window in (("cascade", 8), ("ngram,draft-model", 8), ("draft-model", 4), ("ngram", 8)):
+        s = session.speculation(SpecOptions(enabled=True, type=kind, draft_model=str(files["related"])))
+        assert (s.plan.window, s.options.draft) == (window, window), kind
+    # every token a cascade emits is still the trunk's
+    prompt = PROMPTS[1]
+    plain = decode(trunk, Sampler(), prompt, N_TOKENS)
+    assert decode(trunk, Sampler(), prompt, N_TOKENS, SpecPlan(spec, window=8)) == plain

@@ -743,7 +743,7 @@ def bench(
     config_file: Optional[Path] = typer.Option(None, "--config-file", help="TOML file with \\[configs.NAME] tables."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Config name or spec every ratio is taken against (default plain)."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", "--spec-draft-model", "--mtp-draft-model", help="Drafter for configs that need one and name none (also spelled as generate's --spec-draft-model and its legacy --mtp-draft-model)."),
-    workload: List[str] = typer.Option([], "-w", "--workload", help="Built-in workload (prose, factual, code, grounded; agent only when named: its requests run in order, for what a speculator carries between them) or a prompts file (text or JSONL); repeatable. Default: the first four."),
+    workload: List[str] = typer.Option([], "-w", "--workload", help="Built-in workload (prose, factual, code, grounded; agent and code-edit only when named: agent's requests run in order, for what a speculator carries between them; code-edit quotes a file and writes new code in it) or a prompts file (text or JSONL); repeatable. Default: the first four."),
     max_tokens: int = typer.Option(64, "-n", "--max-tokens", help="Tokens generated per run (every run generates exactly this many unless --stop-at-eos)."),
     reps: int = typer.Option(5, "--reps", help="Repetitions; configurations alternate inside each, order rotating."),
     warmup: int = typer.Option(1, "--warmup", help="Unrecorded warm-up runs per configuration."),

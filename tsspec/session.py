@@ -182,9 +182,12 @@ class Session:
 
     def with_preferred_window(self, options: SpecOptions, drafter=None) -> SpecOptions:
         """``options`` with the window the model prefers: the drafter's (measured for it) first,
-        else the trunk's; a window the user chose (``--spec-draft``, ``TS_SPEC_DRAFT``) wins."""
-        preferred = (drafter.preferred_window if drafter is not None else None) or getattr(
-            self.target, "preferred_window", None)
+        else the trunk's; a window the user chose (``--spec-draft``, ``TS_SPEC_DRAFT``) wins. The
+        drafter's applies where it drafts alone (its own algorithm, or ``auto``, which takes it
+        first); a cascade's lookup members keep the run's window, and the drafter's bounds its own
+        member there (``try_cascade``)."""
+        alone = drafter is not None and options.type in ("auto", drafter.speculator_name)
+        preferred = (drafter.preferred_window if alone else None) or getattr(self.target, "preferred_window", None)
         return with_window(options, preferred)
 
     def rollback_memory(self, window: int) -> int:

@@ -11,6 +11,9 @@ rest on):
 * ``code``      code completion; boilerplate and repeated identifiers;
 * ``grounded``  repeat / edit / summarise a passage that is *in the prompt* (150-300 words or a
                 code block), so the answer quotes it and prompt-lookup drafting shines;
+* ``code-edit`` (only when named: ``-w code-edit``) a source file and a change asked of it, the
+                whole file back: the answer quotes the file and writes new code where the change
+                goes, so lookup and a model each have their part (what a cascade is for);
 * ``agent``     (only when named: ``-w agent``) one tool-routing instruction, then requests that
                 each want a JSON tool call about a different input; what repeats is across
                 requests (the JSON shape, tool names, argument keys), which the suffix
@@ -270,6 +273,155 @@ _GROUNDED = [
 ]
 
 
+# code edits: a source file in the prompt and a change asked of it, the whole file back. The answer
+# quotes the file (prompt lookup's part), writes the new code where the change goes (a model's
+# part), and quotes again: the mix a cascade of n-gram and a draft model is for. The changes sit
+# near the top or in the middle of each file, so both kinds of text come early in the answer.
+_EDIT_INVENTORY = (
+    "```python\n"
+    "class Inventory:\n"
+    "    def __init__(self):\n"
+    "        self.items = {}\n\n"
+    "    def add_item(self, name, quantity, price):\n"
+    "        if name in self.items:\n"
+    "            self.items[name]['quantity'] += quantity\n"
+    "        else:\n"
+    "            self.items[name] = {'quantity': quantity, 'price': price}\n\n"
+    "    def remove_item(self, name, quantity):\n"
+    "        if name not in self.items:\n"
+    "            return False\n"
+    "        if self.items[name]['quantity'] < quantity:\n"
+    "            return False\n"
+    "        self.items[name]['quantity'] -= quantity\n"
+    "        if self.items[name]['quantity'] == 0:\n"
+    "            del self.items[name]\n"
+    "        return True\n\n"
+    "    def total_value(self):\n"
+    "        total = 0\n"
+    "        for name in self.items:\n"
+    "            total += self.items[name]['quantity'] * self.items[name]['price']\n"
+    "        return total\n\n"
+    "    def low_stock(self, threshold):\n"
+    "        result = []\n"
+    "        for name in self.items:\n"
+    "            if self.items[name]['quantity'] < threshold:\n"
+    "                result.append(name)\n"
+    "        return result\n"
+    "```"
+)
+
+_EDIT_TODO = (
+    "```javascript\n"
+    "class TodoStore {\n"
+    "  constructor() {\n"
+    "    this.todos = [];\n"
+    "    this.nextId = 1;\n"
+    "  }\n\n"
+    "  add(title) {\n"
+    "    const todo = { id: this.nextId, title: title, done: false };\n"
+    "    this.nextId += 1;\n"
+    "    this.todos.push(todo);\n"
+    "    return todo;\n"
+    "  }\n\n"
+    "  complete(id) {\n"
+    "    const todo = this.todos.find((t) => t.id === id);\n"
+    "    if (!todo) {\n"
+    "      return false;\n"
+    "    }\n"
+    "    todo.done = true;\n"
+    "    return true;\n"
+    "  }\n\n"
+    "  remove(id) {\n"
+    "    const before = this.todos.length;\n"
+    "    this.todos = this.todos.filter((t) => t.id !== id);\n"
+    "    return this.todos.length < before;\n"
+    "  }\n\n"
+    "  pending() {\n"
+    "    return this.todos.filter((t) => !t.done);\n"
+    "  }\n"
+    "}\n\n"
+    "module.exports = { TodoStore };\n"
+    "```"
+)
+
+_EDIT_CONFIG = (
+    "```go\n"
+    "package config\n\n"
+    "import (\n"
+    "    \"bufio\"\n"
+    "    \"os\"\n"
+    "    \"strings\"\n"
+    ")\n\n"
+    "type Config struct {\n"
+    "    values map[string]string\n"
+    "}\n\n"
+    "func Load(path string) (*Config, error) {\n"
+    "    f, err := os.Open(path)\n"
+    "    if err != nil {\n"
+    "        return nil, err\n"
+    "    }\n"
+    "    defer f.Close()\n"
+    "    cfg := &Config{values: map[string]string{}}\n"
+    "    scanner := bufio.NewScanner(f)\n"
+    "    for scanner.Scan() {\n"
+    "        line := strings.TrimSpace(scanner.Text())\n"
+    "        if line == \"\" || strings.HasPrefix(line, \"#\") {\n"
+    "            continue\n"
+    "        }\n"
+    "        parts := strings.SplitN(line, \"=\", 2)\n"
+    "        if len(parts) != 2 {\n"
+    "            continue\n"
+    "        }\n"
+    "        cfg.values[strings.TrimSpace(parts[0])] = strings.TrimSpace(parts[1])\n"
+    "    }\n"
+    "    return cfg, scanner.Err()\n"
+    "}\n\n"
+    "func (c *Config) Get(key string, fallback string) string {\n"
+    "    if v, ok := c.values[key]; ok {\n"
+    "        return v\n"
+    "    }\n"
+    "    return fallback\n"
+    "}\n"
+    "```"
+)
+
+_WHOLE = " Output the complete new file and nothing else."
+_CODE_EDIT = [
+    "Add a method `update_price(self, name, price)` right after `add_item` in the following "
+    "class; it returns False if the item is unknown or the price is negative." + _WHOLE
+    + f"\n\n{_EDIT_INVENTORY}",
+    "In the following class, make `add_item` raise ValueError when the quantity or the price is "
+    "negative, and make `remove_item` raise KeyError for an unknown item instead of returning "
+    "False." + _WHOLE + f"\n\n{_EDIT_INVENTORY}",
+    "Add a `__len__` method and a `from_dict(cls, data)` classmethod right after `__init__` in "
+    "the following class, and a `most_valuable(self)` method at the end." + _WHOLE
+    + f"\n\n{_EDIT_INVENTORY}",
+    "Add a method `rename(id, title)` right after `add` in the following class; it returns false "
+    "when no todo has that id." + _WHOLE + f"\n\n{_EDIT_TODO}",
+    "In the following class, give every todo a `createdAt` date in `add`, make `complete` also "
+    "record a `completedAt` date, and add a `completed()` method after `pending()`." + _WHOLE
+    + f"\n\n{_EDIT_TODO}",
+    "Make the constructor of the following class take an optional array of titles to add at "
+    "once, and add a `clearCompleted()` method right after `remove`." + _WHOLE
+    + f"\n\n{_EDIT_TODO}",
+    "Add a method `GetInt(key string, fallback int) int` right after `Load` in the following Go "
+    "file, using strconv.Atoi and returning the fallback on an error." + _WHOLE
+    + f"\n\n{_EDIT_CONFIG}",
+    "Change `Load` in the following Go file so that a line without '=' returns an error naming "
+    "the line number, instead of being skipped." + _WHOLE + f"\n\n{_EDIT_CONFIG}",
+    "Add a `Set(key, value string)` method and a `Keys() []string` method returning the keys in "
+    "sorted order, both right after the Config type in the following Go file." + _WHOLE
+    + f"\n\n{_EDIT_CONFIG}",
+    "Rewrite the following code so that `load_users` skips lines whose age is not a number, "
+    "logging a warning for each with the logging module." + _WHOLE + f"\n\n{_CODE_BLOCK}",
+    "Add a function `find_by_email(users, email)` right after `load_users` in the following code; "
+    "it returns the first matching user or None." + _WHOLE + f"\n\n{_CODE_BLOCK}",
+    "Rewrite the following code with `average_age` returning None for an empty list and a new "
+    "function `oldest(users)` placed between `average_age` and `adults`." + _WHOLE
+    + f"\n\n{_CODE_BLOCK}",
+]
+
+
 # an agent loop: one system instruction, then requests that each want a structured answer about a
 # different input. What repeats is across requests (the JSON shape, the tool names, the argument
 # keys), not within one: the source the suffix speculator reads and per-sequence n-gram cannot.
@@ -312,6 +464,7 @@ WORKLOADS: dict[str, Workload] = {
 # one engine, and its point is what a speculator carries from one request to the next
 EXTRA_WORKLOADS: dict[str, Workload] = {
     "agent": _workload("agent", _AGENT),
+    "code-edit": _workload("code-edit", _CODE_EDIT),
 }
 
 

@@ -69,12 +69,19 @@ class SpeculatorRegistry:
         return parts
 
     def try_cascade(self, names: list[str], target, options, drafter=None, shared: dict | None = None):
-        """-> (a cascade of ``names``, in order, or None, decline reason or None)."""
+        """-> (a cascade of ``names``, in order, or None, decline reason or None). The attached
+        drafter's preferred window (``preferred_window``, measured for it alone) bounds its own
+        member's drafts only: the lookup members keep the run's window, as they have it alone (the
+        0.5B draft model's 4 held n-gram to 4 tokens a verify on quoted text, 2.12x plain on code
+        edits against n-gram's own 2.46x, docs/RESULTS.md)."""
+        from ..options import with_window
         from .cascade import CascadeSpeculator
 
         built = []
         for n in names:
-            spec, why = self.try_create(n, target, options, drafter, shared)
+            own = drafter is not None and n == drafter.speculator_name
+            opts = with_window(options, drafter.preferred_window) if own else options
+            spec, why = self.try_create(n, target, opts, drafter, shared)
             if spec is None:
                 return None, f"member {n}: {why}"
             built.append(spec)
