@@ -377,3 +377,37 @@ def test_the_drafters_preferred_window_bounds_its_own_member_only(files, trunk):
     prompt = PROMPTS[1]
     plain = decode(trunk, Sampler(), prompt, N_TOKENS)
     assert decode(trunk, Sampler(), prompt, N_TOKENS, SpecPlan(spec, window=8)) == plain
+
+
+ARCH_FILES = ["llama", "qwen2", "qwen3", "gemma3", "qwen35"]
+
+
+@pytest.mark.parametrize("arch", ARCH_FILES)
+def test_cascade_and_suffix_equal_plain_on_every_architecture(tmp_path, arch):
+    """Issue 48's exactness on the tiny file of every architecture (a hybrid trunk included): the
+    cascade (n-gram, then a draft model of the same family) and suffix (its store carried from one
+    request to the next), greedy and seeded, give plain decoding's tokens."""
+    from tiny import ARCHS
+    from tiny_hybrid import write_hybrid
+    from tsspec.spec.suffix import SuffixSpeculator, SuffixStore
+
+    if arch in ARCHS:
+        trunk_path = write_tiny_model(tmp_path / "t.gguf", arch, seed=11, n_layers=3)
+        drafter_path = write_tiny_model(tmp_path / "d.gguf", arch, seed=11, n_layers=2)
+    else:
+        trunk_path, _ = write_hybrid(tmp_path / "t.gguf", arch, seed=0)
+        drafter_path, _ = write_hybrid(tmp_path / "d.gguf", arch, seed=0, num_hidden_layers=2)
+    model = load_model(trunk_path)
+    drafter = load_drafter(drafter_path, model)
+    drafted = 0
+    for params in SAMPLERS:
+        cascade = REGISTRY.create("cascade", model, SpecOptions(), drafter)
+        suffix = SuffixSpeculator(SuffixStore(), max_draft_tokens=6)
+        for prompt in (PROMPTS[0], PROMPTS[2], PROMPTS[0]):
+            plain = decode(model, Sampler(params), prompt, 24)
+            for spec, window in ((cascade, 8), (suffix, 6)):
+                st = SpecStats()
+                got = decode(model, Sampler(params), prompt, 24, SpecPlan(spec, window=window), stats=st)
+                assert got == plain, f"{arch} {spec.name} {params}"
+                drafted += st.drafted
+    assert drafted > 0

@@ -311,3 +311,50 @@ def test_hybrid_cache_keep_goes_back_inside_the_last_forward_or_starts_over(file
     assert torch.equal(m.forward([7], c).logits, m.forward([7], fresh).logits)
     assert c.keep(10) == 0 and c.length == 0  # behind the last forward: start over
     assert torch.equal(m.forward(prompt, c).logits, m.forward(prompt, m.make_cache()).logits)
+
+
+def test_hybrid_cache_restores_a_snapshot_after_one_row_forwards(files):
+    """``snapshot()`` then one-row forwards (a recurrent draft model drafting) then ``restore``: the
+    cache is where it was, bit for bit (the next forward equals a fresh run's)."""
+    m = load_model(files["qwen35"][0])
+    prompt = _prompt()
+    c = m.make_cache()
+    m.forward(prompt[:16], c)
+    snap = c.snapshot()
+    for t in (3, 4, 5):
+        m.forward([t], c)
+    c.restore(snap)
+    assert c.length == 16
+    fresh = m.make_cache()
+    m.forward(prompt[:16], fresh)
+    assert torch.equal(m.forward(prompt[16:20], c).logits, m.forward(prompt[16:20], fresh).logits)
+    with pytest.raises(ValueError, match="cannot restore"):
+        c.restore((40, snap[1]))
+
+
+@pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "seeded"])
+def test_a_recurrent_draft_model_equals_plain_and_keeps_its_state(files, sampling):
+    """A hybrid draft model (for a hybrid trunk) drafts in one-row forwards its state cannot step back
+    over: at a commit it returns to its state before the drafts, and the drafts that landed go
+    through again with its next catch-up. Output equals plain; some drafts land, some do not; and
+    after the run the drafter's state is a fresh drafter's over the committed tokens."""
+    from tsspec.spec.draft_model import DraftModelSpeculator
+
+    trunk = load_model(files["qwen35"][0])
+    drafter = load_model(files["qwen3next"][0])  # another hybrid, the same vocabulary
+    params = SamplingParams(temperature=0.8, top_k=40, seed=5) if sampling else SamplingParams()
+    spec = DraftModelSpeculator(drafter, vocab_size=trunk.vocab_size, max_draft_tokens=3)
+    prompt = _prompt()
+    st = SpecStats()
+    got = decode(trunk, Sampler(params), prompt, 24, SpecPlan(spec, window=3), stats=st)
+    assert got == decode(trunk, Sampler(params), prompt, 24)
+    assert 0 < st.accepted < st.drafted
+    spec.sync()  # every committed token through the drafter
+    seq = spec.cached_tokens
+    fresh = drafter.make_cache()
+    drafter.forward(seq[:-1], fresh)
+    last = spec.cache.length
+    assert last == len(seq)
+    c = spec.cache
+    c.restore(c.snapshot())  # no-op, settles
+    assert torch.equal(drafter.forward([7], c).logits, drafter.forward([seq[-1], 7], fresh).logits[-1:])

@@ -226,6 +226,21 @@ class HybridCache:
             self.reset()
         return self.length
 
+    def snapshot(self) -> tuple[int, list[RecurrentState]]:
+        """A copy of the state at ``length``, for ``restore``: how a caller that goes on in one-row
+        forwards past a point it may have to return to (a recurrent draft model drafting) gets back."""
+        return self.length, [s.clone() for s in self.live_states()]
+
+    def restore(self, snap: tuple[int, list[RecurrentState]]) -> None:
+        """Return to a ``snapshot`` taken at a length this cache has not gone below since."""
+        length, states = snap
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot restore a state at {length} in a cache of {self.length}")
+        self.kv.trim(self.kv.length - length)
+        self.states = [s.clone() for s in states]
+        self.state_len = length
+        self.pending, self.saved, self.replay, self.live_buf = None, None, [], None
+
     # -- what the model's forward uses -----------------------------------------------------------
     def settle(self) -> None:
         """Every row of a pending forward was kept: the live state moves to its last slot."""

@@ -16,6 +16,11 @@ Contract:
   forward (the catch-up folded into the first draft step: after a fully accepted draft the last
   draft token and the trunk's bonus token go through together), then drafts autoregressively,
   one row per token, up to ``ctx.max_tokens``.
+* A recurrent drafter (a hybrid such as Qwen 3.5, whose state cannot step back over one-row
+  forwards) keeps a copy of its state after each catch-up (``HybridCache.snapshot``) and returns to
+  it at the commit when drafts were rejected; the drafts that landed go through again with the next
+  catch-up (it trimmed its cache as an attention drafter does, and stopped with an error at the
+  first rejected draft).
 * Early stop (``min_draft_prob``, ``--spec-pmin``): before a token is added to the draft, the
   top-1 probability of the drafter's own softmax (temperature 1, no sampler transforms) must
   reach ``min_draft_prob``; otherwise the draft ends there. The default is 0.0 (never stop
@@ -133,6 +138,10 @@ class DraftModelSpeculator:
         self._committed: list[int] = []  # what the trunk's KV holds
         self._cached: list[int] = []  # what the drafter's KV holds (== cache.length tokens)
         self._offset = 0  # the sequence position of the drafter's cache position 0
+        # a recurrent drafter's state cannot step back over its one-row draft forwards: a copy of it
+        # after the catch-up (``HybridCache.snapshot``), returned to at the commit
+        self._recurrent = hasattr(self.cache, "snapshot")
+        self._snap = None
         self.restarts = 0
         # counters one report line can print
         self.proposals = 0
@@ -213,9 +222,18 @@ class DraftModelSpeculator:
 
     def _rewind_to_committed(self) -> None:
         keep = common_prefix(self._cached, self._committed[self._offset:])
-        if keep < len(self._cached):
+        snap, self._snap = self._snap, None
+        if keep >= len(self._cached):
+            return
+        if not self._recurrent:
             self.cache.trim(self.cache.length - keep)
-            del self._cached[keep:]
+        elif snap is not None and snap[0] <= keep:
+            # back to before the drafts: the ones that landed go through again with the next catch-up
+            self.cache.restore(snap)
+            keep = snap[0]
+        else:
+            keep = self.cache.keep(keep)  # where it can return, else it starts over
+        del self._cached[keep:]
 
     def sync(self) -> None:
         """Forward every pending committed token now (the loop never needs this; tests do)."""
@@ -232,6 +250,7 @@ class DraftModelSpeculator:
         """Start the drafter's cache over on the last ``context`` committed tokens before ``position``."""
         self.cache.reset()
         self._grown = None
+        self._snap = None
         self._cached = []
         self._offset = max(0, position - (self.context - 1))
         self.restarts += 1
@@ -261,6 +280,8 @@ class DraftModelSpeculator:
             self._forward(catch_up[:PREFILL_CHUNK])
             catch_up = catch_up[PREFILL_CHUNK:]
         logits = self._forward(catch_up)  # [vocab] the row that predicts position + 1
+        if self._recurrent and k > 1:
+            self._snap = self.cache.snapshot()
         # after a parked stretch or a restart: one-off work, which the governor budgets apart
         setup_ms = (time.perf_counter() - t_catch) * 1000.0 if long_catch_up else 0.0
 
@@ -352,6 +373,7 @@ class DraftModelSpeculator:
     def reset(self) -> None:
         self.cache.reset()
         self._grown = None
+        self._snap = None
         self._committed = []
         self._cached = []
         self._offset = 0
