@@ -143,3 +143,34 @@ def test_token_trees_equal_plain(real):
             trees += stats.tree_verifies
     assert trees > 0
 
+
+
+def test_cascade_and_suffix_equal_plain(real):
+    """Issue 48's exactness on real weights, greedy and seeded: the cascade (n-gram, then the model
+    as its own draft model, asked where n-gram has nothing) on free text and on a grounded prompt,
+    and suffix over a request and then the same request again (the second drafts from the first's
+    answer); every token is plain decoding's."""
+    from tsspec.spec.cascade import CascadeSpeculator
+    from tsspec.spec.draft_model import DraftModelSpeculator
+    from tsspec.spec.suffix import SuffixSpeculator, SuffixStore
+
+    name, model = real
+    cases = reference(name)
+    code = next(c for c in cases if c["prompt"].startswith("def fibonacci"))
+    grounded = (code["prompt_ids"] + code["continuation_ids"]) * 2 + code["prompt_ids"]
+    for params in (SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=5)):
+        cascade = CascadeSpeculator([NGramSpeculator(), DraftModelSpeculator(model, vocab_size=model.vocab_size,
+                                                                             max_draft_tokens=4)])
+        suffix = SuffixSpeculator(SuffixStore())
+        won = {"ngram": 0, "draft-model": 0}
+        for prompt, spec in ((cases[0]["prompt_ids"], cascade), (grounded, cascade),
+                             (cases[0]["prompt_ids"], suffix), (cases[0]["prompt_ids"], suffix)):
+            want = decode(model, Sampler(params), prompt, 32)
+            stats = SpecStats()
+            got = decode(model, Sampler(params), prompt, 32, SpecPlan(spec, window=8), stats=stats)
+            assert got == want, f"{name}: {spec.name} output differs from plain ({params})"
+            if spec is cascade:
+                for n in won:
+                    won[n] += stats.members[n]["won"]
+        assert won["ngram"] > 0 and won["draft-model"] > 0  # both members drafted
+        assert suffix.from_store > 0  # the repeated request drafted from the first one's answer
