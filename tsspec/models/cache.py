@@ -232,12 +232,13 @@ class HybridCache:
         return self.length, [s.clone() for s in self.live_states()]
 
     def restore(self, snap: tuple[int, list[RecurrentState]]) -> None:
-        """Return to a ``snapshot`` taken at a length this cache has not gone below since."""
+        """Return to a ``snapshot`` taken at a length this cache has not gone below since. The
+        snapshot's states become the live ones (not copied again): it is used up."""
         length, states = snap
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot restore a state at {length} in a cache of {self.length}")
         self.kv.trim(self.kv.length - length)
-        self.states = [s.clone() for s in states]
+        self.states = states
         self.state_len = length
         self.pending, self.saved, self.replay, self.live_buf = None, None, [], None
 
