@@ -352,7 +352,10 @@ def test_registry_entry(files, trunk):
         REGISTRY.try_create("block", trunk, opts, drafter)[1]
     spec = REGISTRY.create("draft-model", trunk, opts, drafter)
     assert isinstance(spec, DraftModelSpeculator)
-    assert (spec.max_draft_tokens, spec.min_draft_prob) == (5, 0.25)
+    # its preferred window (4) bounds its drafts unless the user chose one
+    assert (spec.max_draft_tokens, spec.min_draft_prob) == (4, 0.25)
+    chosen = REGISTRY.create("draft-model", trunk, SpecOptions(draft=5, draft_explicit=True), drafter)
+    assert chosen.max_draft_tokens == 5
     assert spec.default_accept_rule == "match" and spec.can_arm_after_prefix_reuse
     assert not spec.needs_hidden_state and spec.taps == ()
     assert REGISTRY.auto_order(drafter)[0] == "draft-model"

@@ -606,7 +606,7 @@ def info(
                 s.add_row(name, "[green]yes[/]" if ok else "[red]no[/]", why)
             out.print(s)
             out.print(f"auto would use: {' -> '.join(session.auto_order(drafter))} (first that serves)")
-            window = session.with_preferred_window(spec, drafter).draft
+            window = session.with_preferred_window(spec).draft
             held = session.rollback_memory(window)
             if held:
                 how = ("one copy of the recurrent state, TS_Q35_VERIFY_SNAPSHOTS=0" if not config.verify_snapshots

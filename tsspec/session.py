@@ -153,7 +153,7 @@ class Session:
             for w in drafter.warnings:
                 if self._warn is not None:
                     self._warn(w)
-        opts = self.with_preferred_window(opts, drafter)
+        opts = self.with_preferred_window(opts)
         accept_rule = None if opts.accept == "auto" else opts.accept
 
         shared: dict = {}  # what a speculator keeps across this engine's sequences (the suffix store)
@@ -180,15 +180,12 @@ class Session:
                        f"{self.path.name} is {self.gguf.arch}: not attached")
         return without_attach(options)
 
-    def with_preferred_window(self, options: SpecOptions, drafter=None) -> SpecOptions:
-        """``options`` with the window the model prefers: the drafter's (measured for it) first,
-        else the trunk's; a window the user chose (``--spec-draft``, ``TS_SPEC_DRAFT``) wins. The
-        drafter's applies where it drafts alone (its own algorithm, or ``auto``, which takes it
-        first); a cascade's lookup members keep the run's window, and the drafter's bounds its own
-        member there (``try_cascade``)."""
-        alone = drafter is not None and options.type in ("auto", drafter.speculator_name)
-        preferred = (drafter.preferred_window if alone else None) or getattr(self.target, "preferred_window", None)
-        return with_window(options, preferred)
+    def with_preferred_window(self, options: SpecOptions) -> SpecOptions:
+        """``options`` with the window the trunk prefers (a hybrid's, for its rollback memory); a
+        window the user chose (``--spec-draft``, ``TS_SPEC_DRAFT``) wins. A drafter's own preference
+        bounds its speculator's drafts where the registry builds it (``SpeculatorRegistry.try_create``),
+        and the plan's window follows the speculator's."""
+        return with_window(options, getattr(self.target, "preferred_window", None))
 
     def rollback_memory(self, window: int) -> int:
         """Bytes one sequence holds to undo a verify of ``window`` drafts (0 on a KV-cache trunk)."""

@@ -69,19 +69,12 @@ class SpeculatorRegistry:
         return parts
 
     def try_cascade(self, names: list[str], target, options, drafter=None, shared: dict | None = None):
-        """-> (a cascade of ``names``, in order, or None, decline reason or None). The attached
-        drafter's preferred window (``preferred_window``, measured for it alone) bounds its own
-        member's drafts only: the lookup members keep the run's window, as they have it alone (the
-        0.5B draft model's 4 held n-gram to 4 tokens a verify on quoted text, 2.12x plain on code
-        edits against n-gram's own 2.46x, docs/RESULTS.md)."""
-        from ..options import with_window
+        """-> (a cascade of ``names``, in order, or None, decline reason or None)."""
         from .cascade import CascadeSpeculator
 
         built = []
         for n in names:
-            own = drafter is not None and n == drafter.speculator_name
-            opts = with_window(options, drafter.preferred_window) if own else options
-            spec, why = self.try_create(n, target, opts, drafter, shared)
+            spec, why = self.try_create(n, target, options, drafter, shared)
             if spec is None:
                 return None, f"member {n}: {why}"
             built.append(spec)
@@ -99,6 +92,14 @@ class SpeculatorRegistry:
         if members is not None:
             return self.try_cascade(members, target, options, drafter, shared)
         e = self.entry(name)
+        if drafter is not None and name == drafter.speculator_name:
+            # the drafter's preferred window (measured for it alone) bounds its own drafts, here and
+            # as a cascade's member; the others keep the run's (the 0.5B draft model's 4 held n-gram
+            # inside a cascade to 4 tokens a verify on quoted text: 2.12x plain on code edits against
+            # n-gram alone's 2.46x, docs/RESULTS.md)
+            from ..options import with_window
+
+            options = with_window(options, drafter.preferred_window)
         if e.shared:
             made = e.factory(target, options, drafter, {} if shared is None else shared)
         else:
