@@ -537,6 +537,35 @@ def test_a_losing_drafter_starts_the_next_sequence_parked():
     assert off.should_draft()
 
 
+def test_a_new_sequence_takes_the_last_ones_plain_baseline():
+    """begin_sequence keeps the plain samples: the next sequence's first probe drafts without plain
+    steps of its own (each pair of them cost an agent request of 25 tokens two steps where the
+    suffix store would have drafted), and judges against the carried baseline."""
+    gov = SpeculationCostGovernor()
+    gov.begin_sequence()
+    kinds = []
+    while gov.state == PROBING:
+        kinds.append(gov.should_draft())
+        gov.draft_length(8)
+        gov.record(kinds[-1], 10.0 if kinds[-1] else PLAIN_MS, 3 if kinds[-1] else 1, 3 if kinds[-1] else None)
+    assert kinds.count(False) >= 2 and gov.state == HOLDING  # the first sequence measured its own
+    gov.begin_sequence()
+    assert gov.state == PROBING and gov.ratio is None  # the speculative side starts empty
+    kinds = []
+    while gov.state == PROBING:
+        kinds.append(gov.should_draft())
+        gov.record(kinds[-1], 10.0, 3, 3)
+    assert kinds == [True, True] and gov.state == HOLDING  # two drafts, no plain step
+    # losing drafts are judged against the carried baseline: parked at once
+    gov.begin_sequence()
+    gov.record(True, 40.0, 1, 3)
+    assert gov.state == PARKED
+    # reset forgets the baseline: the probe measures plain steps again
+    gov.reset()
+    gov.record(True, 10.0, 3, 3)
+    assert not gov.should_draft()
+
+
 # ----------------------------------------------------------------------------- one-off setup (a drafter's catch-up)
 
 

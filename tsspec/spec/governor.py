@@ -69,7 +69,8 @@ States:
 * ``probing`` -- gathering evidence. The first probe of a sequence interleaves speculative and
   plain steps (S P P S P P ...) until both kinds have ``probe_spec`` / ``probe_plain`` measured
   samples; plain samples are needed because the baseline is measured in the same run, on the
-  same context, not assumed. The plain step right after a proposal is not one: it still pays for
+  same context, not assumed (a later sequence of the same engine starts with the last one's plain
+  samples as its baseline, so its first probe drafts only: S S). The plain step right after a proposal is not one: it still pays for
   the proposal (a drafter's weights evict the trunk's from cache), so its time and token go to the
   speculative side, and a clean plain step follows it. A proposal that drafted nothing (a gate cut
   it) is on the speculative side too, but only counts towards ``probe_spec`` after ``probe_empty``
@@ -124,8 +125,9 @@ Without this a 45-step catch-up every 256-step park cost the draft model ~15 % w
 
 ``enabled=False`` (``TS_SPEC_ADAPTIVE=0``, mapped by the caller) drafts every step; the windows
 are still kept so the display can show the ratio. ``begin_sequence()`` (what the loop calls) starts
-a new sequence of the same engine: fresh windows, but a drafter parked at the end of the last one
-stays parked for the rest of that park, its backoff kept; ``reset()`` forgets everything.
+a new sequence of the same engine: a fresh speculative window and acceptance, the plain baseline
+kept, and a drafter parked at the end of the last one stays parked for the rest of that park, its
+backoff kept; ``reset()`` forgets everything.
 """
 
 from __future__ import annotations
@@ -380,7 +382,10 @@ class SpeculationCostGovernor:
 
     def begin_sequence(self) -> None:
         """A new sequence of the same engine (a bench prompt, a chat turn, a server request): the
-        windows start empty, but a drafter that was parked when the last sequence ended stays parked
+        speculative window and the acceptance start empty, the plain samples stay as the baseline
+        (the same engine's plain step; the first probe then takes no plain steps: on the agent
+        workload's 25-40-token requests its two pairs of them were a tenth of a request's steps,
+        where the suffix store would have drafted), and a drafter that was parked when the last sequence ended stays parked
         for the rest of that park, its backoff kept. Without this every sequence would pay a first
         probe (for a draft model: its catch-up too) to relearn a loss; with it a losing drafter is
         retried once per park, across sequences as within one. (A park longer than a sequence
@@ -394,11 +399,23 @@ class SpeculationCostGovernor:
             source = other
         parked = self.enabled and source._state == PARKED
         streak, left = source._streak, source._steps_left
+        baseline = list(self._plain)
         self.reset()
+        self._carry_baseline(baseline)
         if parked:
             self._streak = streak
             self._state = PARKED
             self._steps_left = max(1, left)
+
+    def _carry_baseline(self, plain: list[Sample]) -> None:
+        """Take the last sequence's plain samples as this one's baseline: the same engine's plain
+        step, measured in the same run; the first probe then needs no plain steps of its own."""
+        if not plain:
+            return
+        self._plain.extend(plain)
+        self._seen_plain = self.config.warmup + len(plain)
+        if self._state == PROBING:
+            self._need_plain = max(0, self._need_plain - len(plain))
 
     def reset(self) -> None:
         """Forget everything, backoff and windows included."""
