@@ -19,6 +19,7 @@ from tsspec.sampling import Sampler, SamplingParams
 from tsspec.spec import tree
 from tsspec.spec.loop import decode
 from tsspec.spec.plan import SpecPlan
+from tsspec.spec.protocols import DraftContext
 from tsspec.spec.registry import REGISTRY
 from tsspec.spec.stats import SpecStats
 from tsspec.spec.suffix import SuffixSpeculator, SuffixStore, most_followed
@@ -81,6 +82,50 @@ def test_a_full_store_adds_without_rebuilding():
     assert store.sequences_added == 60 and store.sequences >= 10
     n, conts = store.continuations([0, 59, 200], depth=3, min_order=2)
     assert n == 2 and conts[0] == [201, 202, 203]
+
+
+def test_follow_reads_on_along_the_stored_sequence():
+    store = SuffixStore()
+    store.add([1, 2, 3, 70, 71, 4, 5, 3, 6, 7, 8])
+    n, found = store.lookup([9, 1, 2], depth=2, min_order=2)
+    assert n == 2 and [c for c, _ in found] == [[3, 70]]
+    anchor = found[0][1]
+    # new text (90, 91) where the stored one had 70, 71; then the token that followed it there
+    assert store.follow(anchor, [1, 2, 3, 90, 91, 4], depth=3) == ([5, 3, 6], (anchor[0], 6))
+    # the first occurrence after the previous token wins over an earlier one without it
+    assert store.follow(anchor, [5, 3], depth=2) == ([6, 7], (anchor[0], 8))
+    assert store.follow(anchor, [9, 3], depth=2) == ([70, 71], (anchor[0], 3))  # no 9 before it: the first
+    assert store.follow(anchor, [5, 99], depth=2) == ([], anchor)  # not there: the place is kept
+    assert store.follow(anchor, [8], depth=2) == ([], anchor)  # 8 ends its sequence: nothing after it
+    assert store.follow(anchor, [4], depth=2, window=2) == ([], anchor)  # 4 is further than the window
+    store.add([4, 4, 4])
+    assert store.follow((anchor[0], 10), [8], depth=3) == ([], (anchor[0], 10))  # never past the separator
+
+
+def test_a_second_request_drafts_past_its_new_value_from_the_first():
+    """The agent shape: the same structure, a different value. A suffix match needs two tokens of the
+    new text before it finds anything; following the first request drafts right after the value."""
+    store = SuffixStore()
+    sys_prompt = [100, 101, 102, 103]
+    first = [6, 7, 8, 9, 10, 50, 51, 11, 12, 13, 14]  # structure 6-10, value 50 51, structure 11-14
+    spec = SuffixSpeculator(store, max_draft_tokens=8)
+    spec.begin(sys_prompt + [200], None)
+    spec.end_sequence(sys_prompt + [200] + first)
+    spec.begin(sys_prompt + [201], None)
+
+    def propose(history):
+        return spec.propose(DraftContext(last_token=history[-1], position=len(history) - 1, max_tokens=8,
+                                         history=history)).tokens
+
+    h = sys_prompt + [201, 6, 7]
+    assert propose(h) == [8, 9, 10, 50, 51, 11, 12, 13]  # from the store (its first proposal)
+    h += [8, 9, 10, 60]  # a different value
+    assert propose(h) == []  # 60 is nowhere: nothing to follow yet
+    h += [61, 11]
+    assert propose(h) == [12, 13, 14]  # followed past the value; a suffix match has only [61, 11]
+    assert spec.followed == 1 and spec.from_store == 2
+    spec.begin(sys_prompt + [202], None)  # a new sequence follows nothing until the store drafts again
+    assert propose(sys_prompt + [202, 60, 61, 11]) == []
 
 
 def test_readers_beside_a_writer_never_see_half_a_sequence():

@@ -18,6 +18,13 @@ Contract:
   drafted while at least half of the occurrences that reached its parent went on with it (the
   paper's frequency score, arXiv 2411.04975, with a fixed threshold). With a node budget (``tree``)
   it drafts the trie's most followed nodes as a token tree.
+* Where neither the sequence nor the store has a suffix to match (just past a value the earlier
+  sequences never held: a new city, a new address), the speculator **follows** the stored sequence
+  its last store draft came from: it finds its newest token a little further along that sequence
+  (``FOLLOW_WINDOW`` tokens; its previous token too where it can) and drafts what came after it
+  there. An agent's second weather request after ``"city": "Oslo`` drafts ``", "unit": "`` from the
+  first one's ``"city": "Lisbon", "unit": "celsius"``, where a suffix match needs two tokens of the
+  new text before it finds anything.
 * A speculator sees its sequence end (``end_sequence``, which ``Run.finish`` calls) and adds it to
   the store then, once. Proposals read the store; nothing in it changes what is emitted: the trunk
   verifies every token, so the store changes speed only.
@@ -35,10 +42,13 @@ import torch
 from .ngram import NGramIndex, NGramSpeculator
 from .protocols import Draft, DraftContext
 
-__all__ = ["SuffixStore", "SuffixSpeculator", "most_followed", "DEFAULT_BUDGET"]
+__all__ = ["SuffixStore", "SuffixSpeculator", "most_followed", "DEFAULT_BUDGET", "FOLLOW_WINDOW"]
 
 DEFAULT_BUDGET = 1 << 16  # tokens of earlier sequences kept
 SEPARATOR = -1  # between sequences in the store's index: no token, so no n-gram spans two
+# how far along the followed sequence its newest token is looked for: past a drafted window (8) and
+# the new text a request writes in place of the stored one (the agent workload's values, 1-6 tokens)
+FOLLOW_WINDOW = 16
 
 
 def most_followed(continuations: Sequence[Sequence[int]], depth: int, nodes: int = 0, share: float = 0.5
@@ -111,21 +121,45 @@ class _Generation:
         self.tokens += len(seq)
         self.sequences += 1
 
-    def continuations(self, suffix: tuple[int, ...], depth: int, limit: int) -> list[list[int]]:
-        """What followed the newest ``limit`` occurrences of ``suffix`` here, newest first, each up to
-        ``depth`` tokens and never past its sequence's end."""
+    def read(self, start: int, depth: int) -> list[int]:
+        """Up to ``depth`` tokens from ``start``, never past its sequence's end."""
         idx = self.index
+        cont = []
+        for j in range(start, min(start + depth, len(idx))):
+            t = idx[j]
+            if t == SEPARATOR:
+                break
+            cont.append(t)
+        return cont
+
+    def continuations(self, suffix: tuple[int, ...], depth: int, limit: int) -> list[tuple[list[int], int]]:
+        """What followed the newest ``limit`` occurrences of ``suffix`` here, newest first, each up to
+        ``depth`` tokens and never past its sequence's end, with where it starts."""
         out = []
-        for e in reversed(idx.ends_of(suffix)[-limit:] if limit > 0 else ()):
-            cont = []
-            for j in range(e, min(e + depth, len(idx))):
-                t = idx[j]
-                if t == SEPARATOR:
-                    break
-                cont.append(t)
+        for e in reversed(self.index.ends_of(suffix)[-limit:] if limit > 0 else ()):
+            cont = self.read(e, depth)
             if cont:
-                out.append(cont)
+                out.append((cont, e))
         return out
+
+    def find(self, start: int, last: int, prev: int | None, window: int) -> int | None:
+        """Where ``last`` next occurs from ``start`` on, within ``window`` tokens and its sequence:
+        the first occurrence after ``prev`` if there is one, else the first; None where it does not."""
+        idx = self.index
+        first = None
+        for j in range(start, min(start + window, len(idx))):
+            t = idx[j]
+            if t == SEPARATOR:
+                break
+            if t == last:
+                if prev is None or (j > 0 and idx[j - 1] == prev):
+                    return j
+                if first is None:
+                    first = j
+        return first
+
+
+Anchor = tuple[_Generation, int]  # a place in the store: a generation and a position in its index
 
 
 class SuffixStore:
@@ -180,18 +214,39 @@ class SuffixStore:
         """``(n, conts)``: for the longest suffix of ``history`` of order >= ``min_order`` found in
         the store, what followed its newest ``per_match`` occurrences (each up to ``depth`` tokens,
         cut at the end of its sequence); ``(0, [])`` when none is found."""
+        n, found = self.lookup(history, depth, min_order, per_match)
+        return n, [cont for cont, _ in found]
+
+    def lookup(self, history: Sequence[int], depth: int, min_order: int, per_match: int = 32
+               ) -> tuple[int, list[tuple[list[int], Anchor]]]:
+        """``continuations``, each with its ``Anchor`` (where it starts in the store), for ``follow``."""
         with self._lock:
             self.lookups += 1
             lo = max(min_order, self.min_order)
             tail = tuple(int(t) for t in history[-self.max_order :])
             for n in range(min(self.max_order, len(tail)), lo - 1, -1):
                 suffix = tail[len(tail) - n :]
-                conts = self._young.continuations(suffix, depth, per_match)
-                conts += self._old.continuations(suffix, depth, per_match - len(conts))
-                if conts:
+                found = [(c, (self._young, e)) for c, e in self._young.continuations(suffix, depth, per_match)]
+                found += [(c, (self._old, e)) for c, e in self._old.continuations(suffix, depth, per_match - len(found))]
+                if found:
                     self.hits += 1
-                    return n, conts
+                    return n, found
             return 0, []
+
+    def follow(self, anchor: "Anchor", history: Sequence[int], depth: int, window: int = FOLLOW_WINDOW
+               ) -> tuple[list[int], "Anchor"]:
+        """``(draft, anchor)``: along the stored sequence at ``anchor``, the next occurrence of
+        ``history``'s last token within ``window`` tokens (after its previous token where one such
+        is there) and up to ``depth`` tokens that followed it, with the anchor of the draft's first
+        token; ``([], anchor)`` where the token is not there (new text goes on: the place is kept). A generation dropped since the anchor
+        was taken is still read (the anchor holds it), and no longer written."""
+        gen, start = anchor
+        last = int(history[-1])
+        prev = int(history[-2]) if len(history) > 1 else None
+        with self._lock:
+            j = gen.find(start, last, prev, window)
+            draft = gen.read(j + 1, depth) if j is not None else []
+        return (draft, (gen, j + 1)) if draft else ([], anchor)
 
     def gauges(self) -> list[tuple[str, str, str, float]]:
         """(name, kind, help, value) for a server's ``/metrics``."""
@@ -229,8 +284,10 @@ class SuffixSpeculator:
         self.max_draft_tokens = max_draft_tokens
         self.tree = tree
         self._ended = True
+        self._anchor: Anchor | None = None  # where the last store draft began: what ``follow`` reads on from
         self.proposals = 0
         self.from_store = 0  # proposals drafted from earlier sequences
+        self.followed = 0  # of them, drafted by following a stored sequence past new text
         self.from_self = 0  # proposals drafted from this sequence
 
     @property
@@ -252,6 +309,7 @@ class SuffixSpeculator:
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
         self.own.begin(prompt, hidden)
         self._ended = False
+        self._anchor = None
 
     def propose(self, ctx: DraftContext) -> Draft:
         own = self.own
@@ -259,15 +317,24 @@ class SuffixSpeculator:
         self.proposals += 1
         k = min(ctx.max_tokens, self.max_draft_tokens)
         own_order, chain = own.index.lookup_order(k, own.required_order)
-        order, conts = self.store.continuations(ctx.history, k, max(own.required_order, own_order + 1))
-        if order > own_order and conts:
-            tokens, parents = most_followed(conts, k, self.tree)
+        order, found = self.store.lookup(ctx.history, k, max(own.required_order, own_order + 1))
+        if order > own_order and found:
+            tokens, parents = most_followed([c for c, _ in found], k, self.tree)
             if tokens:
                 self.from_store += 1
+                # the newest occurrence that went on with the draft's first token: the one to follow
+                self._anchor = next(a for c, a in found if c[0] == tokens[0])
                 return Draft(tokens=tokens, parents=parents if self.tree else None)
         if chain:
             self.from_self += 1
-        return Draft(tokens=chain)
+            return Draft(tokens=chain)
+        if self._anchor is not None:
+            tokens, self._anchor = self.store.follow(self._anchor, ctx.history, k)
+            if tokens:
+                self.from_store += 1
+                self.followed += 1
+                return Draft(tokens=tokens)
+        return Draft(tokens=[])
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         self.own.commit(tokens, hidden, start_pos)
@@ -281,9 +348,10 @@ class SuffixSpeculator:
     def reset(self) -> None:
         self.own.reset()
         self._ended = True
+        self._anchor = None
 
     def report(self) -> str:
         s = self.store
         return (f"suffix: {self.proposals} proposals, {self.from_store} from earlier sequences, "
-                f"{self.from_self} from this one; store {s.tokens} tokens of {s.sequences_added} sequences, "
+                f"{self.from_self} from this one, {self.followed} by following an earlier one; store {s.tokens} tokens of {s.sequences_added} sequences, "
                 f"{s.hits}/{s.lookups} lookups found")
