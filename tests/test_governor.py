@@ -847,3 +847,31 @@ def test_a_server_sequence_begins_parked_while_another_of_its_engine_is():
     assert first.steps_left > left + 3
     fourth.begin_sequence()
     assert fourth.state == PARKED and fourth.steps_left == first.steps_left
+
+
+def test_a_server_sequence_takes_the_engines_plain_baseline():
+    """A server makes a governor per request: the new one takes the plain samples of the governor
+    that measured the engine's newest plain step, so its first probe drafts at once; without a
+    shared record (or before any plain step) it measures its own."""
+    from tsspec.spec.governor import SharedParks
+
+    parks = SharedParks()
+    first = SpeculationCostGovernor(shared_parks=parks)
+    early = SpeculationCostGovernor(shared_parks=parks)
+    early.begin_sequence()  # nothing measured yet: a probe with plain steps
+    assert early.steps_left == GovernorConfig().probe_spec + GovernorConfig().probe_plain
+    first.begin_sequence()
+    while first.state == PROBING:
+        first.record(*((True, *WINNER(0), 2) if first.should_draft() else (False, PLAIN_MS, 1)))
+    assert parks.measured is first
+    second = SpeculationCostGovernor(shared_parks=parks)
+    second.begin_sequence()
+    assert second.state == PROBING and second.steps_left == GovernorConfig().probe_spec
+    kinds = []
+    while second.state == PROBING:
+        kinds.append(second.should_draft())
+        second.record(*((True, *WINNER(0), 2) if kinds[-1] else (False, PLAIN_MS, 1)))
+    assert kinds == [True, True] and second.state == HOLDING
+    alone = SpeculationCostGovernor()
+    alone.begin_sequence()
+    assert alone.steps_left == GovernorConfig().probe_spec + GovernorConfig().probe_plain

@@ -361,11 +361,15 @@ class GovernorConfig:
 
 class SharedParks:
     """What the governors of one engine's sequences share: the one that parked last, until one of
-    them holds (a win is newer evidence). A sequence that begins while that one is still parked starts
-    parked (``begin_sequence``). Read and written by the thread that steps the sequences."""
+    them holds (a win is newer evidence), and the one that measured the newest plain step. A sequence
+    that begins while that one is still parked starts parked, and a new governor takes the plain
+    samples of the other as its baseline (``begin_sequence``). Read and written by the thread that
+    steps the sequences."""
 
     def __init__(self) -> None:
         self.latest: "SpeculationCostGovernor | None" = None
+        # the governor that measured the engine's newest plain step: a new sequence's baseline
+        self.measured: "SpeculationCostGovernor | None" = None
 
 
 class SpeculationCostGovernor:
@@ -392,7 +396,9 @@ class SpeculationCostGovernor:
         carries over; it does not start again, or a drafter parked longer than one sequence would
         never be retried.) With ``shared_parks`` (``SharedParks``: a server's governors, one per request, in
         step together) a sequence that begins while another governor of the engine is parked starts
-        parked for the rest of that park: a server's short requests otherwise each paid a probe."""
+        parked for the rest of that park: a server's short requests otherwise each paid a probe; and a
+        new governor takes as its baseline the plain samples of the one that measured the engine's
+        newest plain step."""
         source = self
         other = self.shared_parks.latest if self.shared_parks is not None else None
         if self._state != PARKED and other is not None and other is not self and other._state == PARKED:
@@ -400,6 +406,9 @@ class SpeculationCostGovernor:
         parked = self.enabled and source._state == PARKED
         streak, left = source._streak, source._steps_left
         baseline = list(self._plain)
+        measured = self.shared_parks.measured if self.shared_parks is not None else None
+        if not baseline and measured is not None:  # a server's new request: the engine's plain step
+            baseline = list(measured._plain)
         self.reset()
         self._carry_baseline(baseline)
         if parked:
@@ -528,6 +537,8 @@ class SpeculationCostGovernor:
             self._seen_plain += 1
             if self._seen_plain > c.warmup:
                 self._plain.append((float(ms), int(tokens)))
+                if self.shared_parks is not None:
+                    self.shared_parks.measured = self
         if not self.enabled:
             return
 
