@@ -276,6 +276,19 @@ def test_bench_json_records_what_ran(model, tmp_path):
     assert len(ng["per_prompt_ratio"]) == 3 and ng["ratio"]["n_groups"] == 3
 
 
+def test_bench_keep_cache_is_recorded_and_refused_beside_a_peer(model, tmp_path):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the same long instruction, then one\n\nthe same long instruction, then two\n", encoding="utf-8")
+    out = tmp_path / "b.json"
+    r = run("bench", "-m", model, "-w", str(prompts), "--config", "ngram", "-n", "4", "--reps", "1",
+            "--warmup", "0", "--keep-cache", "--json", str(out))
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    assert d["metadata"]["keep_cache"] is True and d["ok"]
+    r = run("bench", "-m", model, "-w", str(prompts), "--keep-cache", "--peer", "llama.cpp")
+    assert r.exit_code != 0 and "--keep-cache" in r.output and "Traceback" not in r.output
+
+
 def test_a_scripted_run_reports_its_time_to_first_token(model):
     """A process of its own: the first token's time counts from that process's start, so it lies
     between the load (inside it) and the wall time seen from outside."""

@@ -748,6 +748,7 @@ def bench(
     reps: int = typer.Option(5, "--reps", help="Repetitions; configurations alternate inside each, order rotating."),
     warmup: int = typer.Option(1, "--warmup", help="Unrecorded warm-up runs per configuration."),
     stop_at_eos: bool = typer.Option(False, "--stop-at-eos", help="End runs at end-of-sequence (token counts then differ by prompt)."),
+    keep_cache: bool = typer.Option(False, "--keep-cache", help="Each configuration keeps its last run's prompt in its cache, and a run forwards only what its prompt does not share with it (an agent workload's instruction once), as a server or a chat does; a prompt run again reuses only what the prompt before left. Default: every run starts from an empty cache."),
     chat: bool = typer.Option(False, "--chat", help="Render prompts with the model's chat template."),
     system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
     chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object for the chat template, e.g. \'{"enable_thinking": false}\'.'),
@@ -777,6 +778,9 @@ def bench(
     from .settings import resolve_run
 
     with user_errors():
+        if keep_cache and peer:
+            raise BadInput("--keep-cache keeps tsspec's caches only: run --peer without it (llama-server's "
+                           "prompt cache would reuse a prompt's own earlier run)")
         plan = plan_bench(config=config, config_file=config_file, baseline=baseline, draft_model=draft_model,
                           workload=workload, max_tokens=max_tokens, reps=reps, warmup=warmup, temp=temp, seed=seed,
                           chat_template_kwargs=chat_template_kwargs, plot=plot_out is not None,
@@ -802,7 +806,7 @@ def bench(
             result = _run_bench_rows(
                 session, plan, max_tokens=max_tokens, encode=encode, draft_model=draft_model,
                 stop_at_eos=stop_at_eos, peer=peer_run, reps=reps, warmup=warmup, chat=chat, temp=temp,
-                load_ms=load_ms,
+                load_ms=load_ms, keep_cache=keep_cache,
             )
         report.render_table(result, Console())
         for name, why in (peer_run.fallback.items() if peer_run is not None else ()):
@@ -835,7 +839,7 @@ def _bench_modules() -> None:
 
 
 def _run_bench_rows(session, plan, *, max_tokens, encode, draft_model, stop_at_eos, peer, reps, warmup, chat, temp,
-                    load_ms):
+                    load_ms, keep_cache=False):
     """The bench's rotation over every configuration of ``plan`` (a peer's included), with a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -846,7 +850,7 @@ def _run_bench_rows(session, plan, *, max_tokens, encode, draft_model, stop_at_e
     sampler = plan.sampler
     run_one = make_run_one(
         session, sampler=sampler, max_tokens=max_tokens, encode=encode,
-        default_draft_model=draft_model, ignore_eos=not stop_at_eos, peer=peer,
+        default_draft_model=draft_model, ignore_eos=not stop_at_eos, peer=peer, keep_cache=keep_cache,
     )
     g, cfg = session.gguf, session.config
     # the formats from the resolved configuration (flag > environment > default), and what the
@@ -854,7 +858,8 @@ def _run_bench_rows(session, plan, *, max_tokens, encode, draft_model, stop_at_e
     extra = {"max_tokens": max_tokens, "threads": _threads(), "weights_requested": cfg.weights,
              "weights": provenance.weight_formats(session.target), "draft_weights": cfg.draft_weights,
              "settings": cfg.provenance(), "chat": chat, "template_kwargs": plan.template_kwargs, "temperature": temp,
-             "load_ms": round(load_ms, 1)}  # the trunk's load and tokenizer, once for every configuration
+             "load_ms": round(load_ms, 1),  # the trunk's load and tokenizer, once for every configuration
+             "keep_cache": keep_cache}
     if peer is not None:
         extra["peer"] = peer.provenance()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -1,18 +1,21 @@
 """Binding the engine-agnostic bench method to tsspec's own engine.
 
 One ``tsspec.session.Session`` (the trunk loaded once) is shared by every configuration (each run
-starts from an empty cache); each configuration gets its own speculator and governor from the
-session, exactly as ``generate`` gets them, so a bench row measures what a user would run.
+starts from an empty cache, or with ``keep_cache`` from what the configuration's run before left:
+``KeptPrompt``); each configuration gets its own speculator and governor from the session, exactly
+as ``generate`` gets them, so a bench row measures what a user would run.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from ..errors import TsspecError
+from ..errors import BadInput, TsspecError
 from ..generate import Engine
+from ..models.cache import common_prefix
 from ..options import DRAFT_DEFAULT, SpecOptions
 from ..sampling import Sampler
+from ..spec.protocols import arms_after_prefix_reuse
 from .configs import BenchConfig
 from .runner import RunRecord
 from .workloads import Prompt
@@ -34,6 +37,38 @@ def spec_options(c: BenchConfig, default_draft_model: str | None) -> SpecOptions
     )
 
 
+class KeptPrompt:
+    """A configuration's cache between its runs (``bench --keep-cache``): it keeps the last run's
+    prompt rows, and the next run forwards only what its prompt does not share with them (an agent
+    workload's instruction is forwarded once), as a server's or a chat's kept cache does. A run of
+    the same prompt again (the baseline's second slot) reuses only what the prompt before left, so
+    every run of a prompt starts from the same cache whatever the slot order. Only prompt rows are
+    kept: a generated row can round otherwise than a prompt row (``kernels.prompt_tiles_on``)."""
+
+    def __init__(self, cache) -> None:
+        self.cache = cache
+        self.tokens: list[int] = []  # the prompt whose rows the cache holds
+        self.before: list[int] = []  # the prompt held before that one
+
+    def take(self, ids: list[int]) -> int:
+        """Cut the cache to what ``ids`` may reuse (at least one token left to forward); -> positions kept."""
+        held = self.before if ids == self.tokens else self.tokens
+        return self.cache.keep(min(common_prefix(held, ids), len(ids) - 1))
+
+    def give(self, ids: list[int]) -> None:
+        """The run over prompt ``ids`` finished: keep its prompt rows."""
+        if ids != self.tokens:
+            self.before, self.tokens = self.tokens, list(ids)
+        if self.cache.keep(len(ids)) < len(ids):  # a state that could not return there: nothing kept
+            self.cache.reset()
+            self.before, self.tokens = [], []
+
+    def drop(self) -> None:
+        """A run that failed: its cache's state is unknown."""
+        self.cache.reset()
+        self.before, self.tokens = [], []
+
+
 def make_run_one(
     session,
     *,
@@ -43,16 +78,40 @@ def make_run_one(
     default_draft_model: str | None = None,
     ignore_eos: bool = False,
     peer=None,
+    keep_cache: bool = False,
 ) -> Callable[[BenchConfig, Prompt], RunRecord]:
     """``run_one`` for the bench: tsspec's configurations on the ``session``'s trunk; a peer engine's
-    (``peer``, a started ``tsspec.bench.llama_server.Peer``) on the same prompt ids and budget."""
+    (``peer``, a started ``tsspec.bench.llama_server.Peer``) on the same prompt ids and budget.
+    ``keep_cache``: each tsspec configuration keeps its prompt rows between runs (``KeptPrompt``)."""
     engines: dict[str, Engine] = {}
+    kept: dict[str, KeptPrompt] = {}
     encoded: dict[str, list[int]] = {}
 
     def engine_for(c: BenchConfig) -> Engine:
         if c.name not in engines:
-            engines[c.name] = session.engine(session.speculation(spec_options(c, default_draft_model)))
+            eng = session.engine(session.speculation(spec_options(c, default_draft_model)))
+            spec = eng.plan.speculator
+            if keep_cache and spec is not None and not arms_after_prefix_reuse(spec):
+                raise BadInput(f"--keep-cache: {c.name} ({spec.name}) cannot draft after a reused prefix "
+                               "(it needs every position's trunk row); bench it without --keep-cache")
+            engines[c.name] = eng
+            if keep_cache:
+                kept[c.name] = KeptPrompt(eng.target.make_cache())
         return engines[c.name]
+
+    def generate(c: BenchConfig, ids: list[int]):
+        eng = engine_for(c)
+        if not keep_cache:
+            return eng.generate(ids, sampler=sampler, max_tokens=max_tokens, ignore_eos=ignore_eos)
+        k = kept[c.name]
+        k.take(ids)
+        try:
+            res = eng.generate(ids, sampler=sampler, max_tokens=max_tokens, ignore_eos=ignore_eos, cache=k.cache)
+        except BaseException:
+            k.drop()
+            raise
+        k.give(ids)
+        return res
 
     def run_peer(c: BenchConfig, ids: list[int]) -> RunRecord:
         if peer is None:
@@ -72,7 +131,7 @@ def make_run_one(
             encoded[p.text] = encode(p.text)
         if c.engine != "tsspec":
             return run_peer(c, encoded[p.text])
-        res = engine_for(c).generate(encoded[p.text], sampler=sampler, max_tokens=max_tokens, ignore_eos=ignore_eos)
+        res = generate(c, encoded[p.text])
         s = res.stats
         counters = {
             "drafted": s.drafted,

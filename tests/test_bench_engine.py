@@ -1,0 +1,94 @@
+"""tsspec.bench.engine: the bench's runs on tsspec's own engine, here ``--keep-cache`` (each
+configuration keeps its last prompt's rows): what a run may reuse, and that the text is the same
+as from an empty cache, plain and speculative, on a tiny random-weight model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiny import write_tiny_model
+from tsspec.bench.configs import BenchConfig
+from tsspec.bench.engine import KeptPrompt, make_run_one
+from tsspec.bench.workloads import Prompt
+from tsspec.sampling import Sampler, SamplingParams
+from tsspec.session import Session
+from tsspec.settings import resolve_run
+
+
+class FakeCache:
+    def __init__(self, fail_below: int = 0):
+        self.length = 0
+        self.fail_below = fail_below  # a recurrent state that cannot return below this
+
+    def keep(self, n: int) -> int:
+        n = max(n, 0)
+        if n < self.length:
+            self.length = n if n >= self.fail_below else 0
+        return self.length
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+def test_a_kept_prompt_reuses_the_shared_prefix_and_the_same_prompt_what_the_one_before_left():
+    k = KeptPrompt(FakeCache())
+    a, b = [1, 2, 3, 4, 5], [1, 2, 3, 9, 9, 9]
+    assert k.take(a) == 0  # nothing held yet
+    k.cache.length = 9  # the run wrote its prompt and 4 generated rows
+    k.give(a)
+    assert k.cache.length == 5 and k.tokens == a  # prompt rows only
+    assert k.take(a) == 0  # a again (the baseline's second slot): what the prompt before left, nothing
+    k.cache.length = 7
+    k.give(a)
+    assert k.take(b) == 3  # the shared prefix
+    k.cache.length = 10
+    k.give(b)
+    assert (k.before, k.tokens) == (a, b)
+    assert k.take(b) == 3  # b again: as its first run found the cache
+    k.cache.length = 10
+    k.give(b)
+    assert k.take(b + [8]) == 6  # b's prompt whole, then one more token
+    k.cache.length = 6
+    assert k.take(b[:3] + [7]) == 3
+    one = KeptPrompt(FakeCache())
+    one.cache.length = 3
+    one.give([5, 6, 7])
+    assert one.take([5, 6, 7, 8]) == 3 and one.take([5, 6]) == 1  # at least one token left to forward
+    # a state that cannot return to the prompt's end keeps nothing
+    r = KeptPrompt(FakeCache(fail_below=100))
+    r.cache.length = 12
+    r.give(b)
+    assert r.cache.length == 0 and r.tokens == []
+    k.drop()
+    assert k.cache.length == 0 and k.take(b) == 0
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("bench_engine") / "t.gguf", "qwen2", seed=7, n_layers=2)
+    return Session.open(resolve_run(model=str(path), env={}))
+
+
+SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]
+PROMPTS = [Prompt(f"p{i}", str(i)) for i in range(4)]
+IDS = {p.text: SYSTEM + [40 + i, 41 + i, 30] for i, p in enumerate(PROMPTS)}
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=3)],
+                         ids=["greedy", "seeded"])
+def test_kept_caches_give_the_text_of_empty_ones(session, params):
+    configs = [BenchConfig("plain", "plain"), BenchConfig("ngram", "ngram"), BenchConfig("suffix", "suffix")]
+
+    def runs(keep: bool):
+        run_one = make_run_one(session, sampler=Sampler(params), max_tokens=12, encode=IDS.__getitem__,
+                               ignore_eos=True, keep_cache=keep)
+        out = {}
+        for p in PROMPTS + PROMPTS[:1]:  # the first again: it reuses only what the prompt before left
+            for c in configs + configs[:1]:  # the baseline twice, as the bench's self-pair
+                out.setdefault((c.name, p.id), []).append(run_one(c, p).token_ids)
+        return out
+
+    fresh, kept = runs(False), runs(True)
+    assert kept == fresh
+    plain = {p.id: fresh[("plain", p.id)][0] for p in PROMPTS}
+    assert all(ids == plain[pid] for (_, pid), v in kept.items() for ids in v)  # speculation changes nothing
