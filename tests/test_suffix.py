@@ -155,7 +155,9 @@ def trunk(tmp_path_factory):
     return load_model(write_tiny_model(tmp_path_factory.mktemp("suffix") / "t.gguf", "qwen2", seed=11, n_layers=3))
 
 
-PROMPTS = [[40, 41, 42, 43, 44], [10, 11, 12], [40, 41, 42, 43, 44], [50, 51, 52, 53], [10, 11, 12]]
+# then two requests that vary an earlier one, past which the speculator follows the stored request
+PROMPTS = [[40, 41, 42, 43, 44], [10, 11, 12], [40, 41, 42, 43, 44], [50, 51, 52, 53], [10, 11, 12],
+           [40, 41, 42, 43, 45], [9, 10, 11, 13]]
 
 
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=40, seed=5)],
@@ -174,6 +176,7 @@ def test_requests_in_order_equal_plain_and_later_ones_draft_from_earlier(trunk, 
     assert store.sequences_added == len(PROMPTS)
     assert from_store[0] == 0  # nothing earlier to draft from
     assert from_store[2] > 0 and from_store[4] > 0  # a repeated request drafts from its first answer
+    assert spec.followed > 0  # and output equals plain where it followed a stored request's tokens
 
 
 def test_one_store_per_engine(trunk):
