@@ -70,9 +70,9 @@ States:
   plain steps (S P P S P P ...) until both kinds have ``probe_spec`` / ``probe_plain`` measured
   samples; plain samples are needed because the baseline is measured in the same run, on the
   same context, not assumed (a later sequence of the same engine starts with the last one's plain
-  samples as its baseline, so its first probe drafts only: S S). The plain step right after a proposal is not one: it still pays for
-  the proposal (a drafter's weights evict the trunk's from cache), so its time and token go to the
-  speculative side, and a clean plain step follows it. A proposal that drafted nothing (a gate cut
+  samples as its baseline, so its first probe drafts only: S S). The plain step right after a
+  proposal is not one: it still pays for the proposal (a drafter's weights evict the trunk's from
+  cache), so its time and token go to the speculative side, and a clean plain step follows it. A proposal that drafted nothing (a gate cut
   it) is on the speculative side too, but only counts towards ``probe_spec`` after ``probe_empty``
   proposals: a probe judges what drafting costs, and two declined drafts do not show it; but
   declines that have already cost more than a plain step over plain steps' time park it.
@@ -389,8 +389,8 @@ class SpeculationCostGovernor:
         speculative window and the acceptance start empty, the plain samples stay as the baseline
         (the same engine's plain step; the first probe then takes no plain steps: on the agent
         workload's 25-40-token requests its two pairs of them were a tenth of a request's steps,
-        where the suffix store would have drafted), and a drafter that was parked when the last sequence ended stays parked
-        for the rest of that park, its backoff kept. Without this every sequence would pay a first
+        where the suffix store would have drafted), and a drafter that was parked when the last
+        sequence ended stays parked for the rest of that park, its backoff kept. Without this every sequence would pay a first
         probe (for a draft model: its catch-up too) to relearn a loss; with it a losing drafter is
         retried once per park, across sequences as within one. (A park longer than a sequence
         carries over; it does not start again, or a drafter parked longer than one sequence would

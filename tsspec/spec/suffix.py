@@ -227,7 +227,8 @@ class SuffixStore:
             for n in range(min(self.max_order, len(tail)), lo - 1, -1):
                 suffix = tail[len(tail) - n :]
                 found = [(c, (self._young, e)) for c, e in self._young.continuations(suffix, depth, per_match)]
-                found += [(c, (self._old, e)) for c, e in self._old.continuations(suffix, depth, per_match - len(found))]
+                found += [(c, (self._old, e))
+                          for c, e in self._old.continuations(suffix, depth, per_match - len(found))]
                 if found:
                     self.hits += 1
                     return n, found
@@ -238,8 +239,9 @@ class SuffixStore:
         """``(draft, anchor)``: along the stored sequence at ``anchor``, the next occurrence of
         ``history``'s last token within ``window`` tokens (after its previous token where one such
         is there) and up to ``depth`` tokens that followed it, with the anchor of the draft's first
-        token; ``([], anchor)`` where the token is not there (new text goes on: the place is kept). A generation dropped since the anchor
-        was taken is still read (the anchor holds it), and no longer written."""
+        token; ``([], anchor)`` where the token is not there (new text goes on: the place is
+        kept). A generation dropped since the anchor was taken is still read (the anchor holds
+        it), and no longer written."""
         gen, start = anchor
         last = int(history[-1])
         prev = int(history[-2]) if len(history) > 1 else None
@@ -353,5 +355,5 @@ class SuffixSpeculator:
     def report(self) -> str:
         s = self.store
         return (f"suffix: {self.proposals} proposals, {self.from_store} from earlier sequences, "
-                f"{self.from_self} from this one, {self.followed} by following an earlier one; store {s.tokens} tokens of {s.sequences_added} sequences, "
-                f"{s.hits}/{s.lookups} lookups found")
+                f"{self.from_self} from this one, {self.followed} by following an earlier one; "
+                f"store {s.tokens} tokens of {s.sequences_added} sequences, {s.hits}/{s.lookups} lookups found")
