@@ -100,6 +100,16 @@ def test_follow_reads_on_along_the_stored_sequence():
     assert store.follow(anchor, [4], depth=2, window=2) == ([], anchor)  # 4 is further than the window
     store.add([4, 4, 4])
     assert store.follow((anchor[0], 10), [8], depth=3) == ([], (anchor[0], 10))  # never past the separator
+    # once its generation is dropped, an anchor is let go
+    small = SuffixStore(budget=8)  # generations of 4 tokens
+    small.add([1, 2, 3, 4])
+    _, found = small.lookup([1, 2], depth=1, min_order=2)
+    held = found[0][1]
+    assert small.follow(held, [2, 99], depth=1) == ([], held)
+    small.add([5, 6, 7])  # the young generation is full: [1, 2, 3, 4] becomes the old one
+    assert small.follow(held, [9, 3], depth=1) == ([4], (held[0], 3))
+    small.add([8, 9, 10])  # and now it is dropped
+    assert small.follow(held, [9, 3], depth=1) == ([], None)
 
 
 def test_a_second_request_drafts_past_its_new_value_from_the_first():

@@ -235,17 +235,19 @@ class SuffixStore:
             return 0, []
 
     def follow(self, anchor: "Anchor", history: Sequence[int], depth: int, window: int = FOLLOW_WINDOW
-               ) -> tuple[list[int], "Anchor"]:
+               ) -> tuple[list[int], "Anchor | None"]:
         """``(draft, anchor)``: along the stored sequence at ``anchor``, the next occurrence of
         ``history``'s last token within ``window`` tokens (after its previous token where one such
         is there) and up to ``depth`` tokens that followed it, with the anchor of the draft's first
         token; ``([], anchor)`` where the token is not there (new text goes on: the place is
-        kept). A generation dropped since the anchor was taken is still read (the anchor holds
-        it), and no longer written."""
+        kept); ``([], None)`` where the anchor's generation has been dropped since (so that no
+        speculator holds a dropped generation's memory past its next proposal)."""
         gen, start = anchor
         last = int(history[-1])
         prev = int(history[-2]) if len(history) > 1 else None
         with self._lock:
+            if gen is not self._young and gen is not self._old:
+                return [], None
             j = gen.find(start, last, prev, window)
             draft = gen.read(j + 1, depth) if j is not None else []
         return (draft, (gen, j + 1)) if draft else ([], anchor)
