@@ -285,6 +285,7 @@ def test_bench_keep_cache_is_recorded_and_refused_beside_a_peer(model, tmp_path)
     assert r.exit_code == 0, r.output
     d = json.loads(out.read_text())
     assert d["metadata"]["keep_cache"] is True and d["ok"]
+    assert "--keep-cache" in " ".join(r.output.split())  # the table says how its runs started
     r = run("bench", "-m", model, "-w", str(prompts), "--keep-cache", "--peer", "llama.cpp")
     assert r.exit_code != 0 and "--keep-cache" in r.output and "Traceback" not in r.output
 

@@ -94,7 +94,7 @@ def _opt(v: float | int | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
-def _noise_caption(w: WorkloadResult, reps: int) -> str:
+def _noise_caption(w: WorkloadResult, reps: int, kept: bool = False) -> str:
     n = w.headline_noise
     if n.self_ratio is None:
         floor = "no self-pair"
@@ -103,7 +103,8 @@ def _noise_caption(w: WorkloadResult, reps: int) -> str:
     else:
         floor = f"±{n.relative * 100:.1f}%"
     return (f"{len(w.prompt_ids)} prompts x {reps} reps, paired; intervals resample prompts; "
-            f"noise floor (baseline vs itself) {floor}")
+            f"noise floor (baseline vs itself) {floor}"
+            + ("; each configuration kept its last prompt's cache (--keep-cache)" if kept else ""))
 
 
 def _mismatch_panel(mismatches) -> Panel:
@@ -153,6 +154,7 @@ def render_table(result: BenchResult, console: Console) -> None:
     """Print the result; mismatches first, in red, because they void the speed numbers."""
     if result.mismatches:
         console.print(_mismatch_panel(result.mismatches))
+    kept = bool(result.metadata.get("keep_cache"))
     for w in result.workloads:
         title = escape(f"workload: {w.name}  (baseline: {result.baseline})")
         timed_prefill = any(cr.end_to_end is not None for cr in w.configs)
@@ -174,9 +176,9 @@ def render_table(result: BenchResult, console: Console) -> None:
             for name, cells in rows:
                 console.print(f"  [bold]{name}[/]")
                 console.print("    " + "; ".join(f"{h} {v}" for h, v in zip(headers, cells)))
-            console.print(_noise_caption(w, result.reps))
+            console.print(_noise_caption(w, result.reps, kept))
             continue
-        table = Table(title=title, caption=_noise_caption(w, result.reps), title_justify="left",
+        table = Table(title=title, caption=_noise_caption(w, result.reps, kept), title_justify="left",
                       caption_justify="left")
         table.add_column("config", no_wrap=True)
         for h in headers:
