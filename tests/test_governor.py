@@ -517,6 +517,8 @@ def test_a_losing_drafter_starts_the_next_sequence_parked():
         assert not gov.should_draft()
         gov.record(False, 10.0, 1)
     assert gov.state == PROBING and gov.should_draft()
+    gov.record(True, 30.0, 1, 3)  # the sequence's first proposal (with a carried baseline): unmeasured
+    assert gov.state == PROBING
     gov.record(True, 30.0, 1, 3)  # still losing: the next park is twice as long
     assert gov.state == PARKED and gov.steps_left == park_length(1, c.park_base, c.park_cap)
     gov.reset()
@@ -555,9 +557,12 @@ def test_a_new_sequence_takes_the_last_ones_plain_baseline():
     while gov.state == PROBING:
         kinds.append(gov.should_draft())
         gov.record(kinds[-1], 10.0, 3, 3)
-    assert kinds == [True, True] and gov.state == HOLDING  # two drafts, no plain step
-    # losing drafts are judged against the carried baseline: parked at once
+    assert kinds == [True, True, True] and gov.state == HOLDING  # drafts only, the first unmeasured
+    # losing drafts are judged against the carried baseline: parked at once, but never on the first
+    # proposal, which pays the new prompt's one-off costs (a cascade's draft model catching up)
     gov.begin_sequence()
+    gov.record(True, 200.0, 4, 3)
+    assert gov.state == PROBING and gov.ratio is None
     gov.record(True, 40.0, 1, 3)
     assert gov.state == PARKED
     # reset forgets the baseline: the probe measures plain steps again
@@ -871,7 +876,7 @@ def test_a_server_sequence_takes_the_engines_plain_baseline():
     while second.state == PROBING:
         kinds.append(second.should_draft())
         second.record(*((True, *WINNER(0), 2) if kinds[-1] else (False, PLAIN_MS, 1)))
-    assert kinds == [True, True] and second.state == HOLDING
+    assert kinds == [True, True, True] and second.state == HOLDING
     alone = SpeculationCostGovernor()
     alone.begin_sequence()
     assert alone.steps_left == GovernorConfig().probe_spec + GovernorConfig().probe_plain

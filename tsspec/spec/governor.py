@@ -70,11 +70,11 @@ States:
   plain steps (S P P S P P ...) until both kinds have ``probe_spec`` / ``probe_plain`` measured
   samples; plain samples are needed because the baseline is measured in the same run, on the
   same context, not assumed (a later sequence of the same engine starts with the last one's plain
-  samples as its baseline, so its first probe drafts only: S S). The plain step right after a
-  proposal is not one: it still pays for the proposal (a drafter's weights evict the trunk's from
-  cache), so its time and token go to the speculative side, and a clean plain step follows it. A proposal that drafted nothing (a gate cut
-  it) is on the speculative side too, but only counts towards ``probe_spec`` after ``probe_empty``
-  proposals: a probe judges what drafting costs, and two declined drafts do not show it; but
+  samples as its baseline, so its first probe drafts only, its first proposal unmeasured: S S S).
+  The plain step right after a proposal is not one: it still pays for the proposal (a drafter's
+  weights evict the trunk's from cache), so its time and token go to the speculative side, and a
+  clean plain step follows it. A proposal that drafted nothing (a gate cut it) is on the
+  speculative side too, but only counts towards ``probe_spec`` after ``probe_empty`` proposals: a probe judges what drafting costs, and two declined drafts do not show it; but
   declines that have already cost more than a plain step over plain steps' time park it.
   A probe's two or so measured steps are mostly luck for a drafter that lands a third of its
   drafts, so its verdict leans on the cost model behind the draft length (``predicted_rate()``:
@@ -425,6 +425,12 @@ class SpeculationCostGovernor:
         self._seen_plain = self.config.warmup + len(plain)
         if self._state == PROBING:
             self._need_plain = max(0, self._need_plain - len(plain))
+        # the sequence's first proposal pays what a new prompt costs once and a baseline measured
+        # in another sequence does not: a cascade's draft model catching up over the prompt inside
+        # that step (the cascade prices it for its member, not as setup), the first steps after the
+        # prompt's forward. Judged against the carried baseline it parked the cascade on code 15
+        # times a run where it had held; so it is not measured (its acceptance still counts)
+        self._unmeasured = 1
 
     def reset(self) -> None:
         """Forget everything, backoff and windows included."""
@@ -434,6 +440,7 @@ class SpeculationCostGovernor:
         self._seen_spec = 0  # steps of each kind reported, for the warmup skip
         self._seen_plain = 0
         self._after_spec = False  # the last step was speculative (the next plain one is not clean)
+        self._unmeasured = 0  # proposals still to leave out of the samples (a carried baseline's first)
         self._declined = False  # the last step was a proposal that drafted nothing
         self._streak = 0  # parks since the last win: the backoff exponent
         self.parks = 0  # parks this sequence, for the display
@@ -518,6 +525,9 @@ class SpeculationCostGovernor:
         setup_ms = min(float(setup_ms), float(ms))
         self.setup_ms += setup_ms
         ms = float(ms) - setup_ms
+        unmeasured = proposed and self._unmeasured > 0
+        if unmeasured:
+            self._unmeasured -= 1
         if speculative:
             if shared > 1:  # alone (every one-sequence run): its own time, nothing summed
                 ms = shared_cost(ms, ms_per_token(self._plain), shared)
@@ -528,7 +538,7 @@ class SpeculationCostGovernor:
                 if drafted is not None:  # None: a caller that does not say how many it drafted
                     self._verifies.append((int(drafted), min(accepted, int(drafted))))
             self._seen_spec += 1
-            if self._seen_spec > c.warmup:
+            if self._seen_spec > c.warmup and not unmeasured:
                 self._spec.append((float(ms), int(tokens)))
                 self._spec_drafted.append(drafted != 0)
                 if drafted:
@@ -545,7 +555,7 @@ class SpeculationCostGovernor:
         if self._state == PROBING:
             # a proposal counts as a probe's speculative step, a clean plain step as its plain one;
             # the plain step after a proposal is neither (its time is on the speculative side)
-            if proposed:
+            if proposed and not unmeasured:
                 self._probe_asked += 1
                 if drafted != 0 or self._probe_asked > c.probe_empty:
                     self._need_spec = max(0, self._need_spec - 1)
