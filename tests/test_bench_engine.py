@@ -16,51 +16,37 @@ from tsspec.settings import resolve_run
 
 
 class FakeCache:
-    def __init__(self, fail_below: int = 0):
+    def __init__(self):
         self.length = 0
-        self.fail_below = fail_below  # a recurrent state that cannot return below this
 
     def keep(self, n: int) -> int:
-        n = max(n, 0)
-        if n < self.length:
-            self.length = n if n >= self.fail_below else 0
+        self.length = min(self.length, max(n, 0))
         return self.length
 
     def reset(self) -> None:
         self.length = 0
 
 
-def test_a_kept_prompt_reuses_the_shared_prefix_and_the_same_prompt_what_the_one_before_left():
-    k = KeptPrompt(FakeCache())
+def test_a_kept_prompt_reuses_the_shared_prefix_and_a_prompt_run_again_what_its_first_run_did():
+    k = KeptPrompt(FakeCache)
     a, b = [1, 2, 3, 4, 5], [1, 2, 3, 9, 9, 9]
-    assert k.take(a) == 0  # nothing held yet
-    k.cache.length = 9  # the run wrote its prompt and 4 generated rows
-    k.give(a)
-    assert k.cache.length == 5 and k.tokens == a  # prompt rows only
-    assert k.take(a) == 0  # a again (the baseline's second slot): what the prompt before left, nothing
-    k.cache.length = 7
-    k.give(a)
-    assert k.take(b) == 3  # the shared prefix
-    k.cache.length = 10
-    k.give(b)
-    assert (k.before, k.tokens) == (a, b)
-    assert k.take(b) == 3  # b again: as its first run found the cache
-    k.cache.length = 10
-    k.give(b)
-    assert k.take(b + [8]) == 6  # b's prompt whole, then one more token
-    k.cache.length = 6
-    assert k.take(b[:3] + [7]) == 3
-    one = KeptPrompt(FakeCache())
-    one.cache.length = 3
-    one.give([5, 6, 7])
-    assert one.take([5, 6, 7, 8]) == 3 and one.take([5, 6]) == 1  # at least one token left to forward
-    # a state that cannot return to the prompt's end keeps nothing
-    r = KeptPrompt(FakeCache(fail_below=100))
-    r.cache.length = 12
-    r.give(b)
-    assert r.cache.length == 0 and r.tokens == []
-    k.drop()
-    assert k.cache.length == 0 and k.take(b) == 0
+
+    def run(ids, generated=(7, 7)):
+        cache = k.take(ids)
+        reused = cache.length
+        cache.length = len(ids) + len(generated)  # the run wrote its prompt and its reply
+        k.give(ids, list(generated), cache)
+        return reused
+
+    assert run(a) == 0  # nothing held yet
+    assert run(a) == 0  # a again (the baseline's second slot): as its first run, nothing
+    assert run(b) == 3  # the prefix it shares with a
+    assert run(b) == 3  # b again: not its own earlier run's whole prompt
+    assert run(a) == 3 and run(b) == 3
+    assert run(b + [8]) == 6  # a prompt that extends the last one reuses all of it
+    cache = k.take([5])
+    k.drop(cache)  # a failed run: nothing kept
+    assert run(b) == 0
 
 
 @pytest.fixture(scope="module")

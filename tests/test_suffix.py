@@ -41,20 +41,26 @@ def test_most_followed_drafts_the_majority_path():
     assert most_followed(conts, 5, nodes=2)[0] == [1, 2]
 
 
+def conts_of(store, history, depth, min_order, per_match=32):
+    """``SuffixStore.lookup`` without the anchors."""
+    n, found = store.lookup(history, depth, min_order, per_match)
+    return n, [c for c, _ in found]
+
+
 def test_store_cuts_at_sequences_and_keeps_its_budget():
     store = SuffixStore(budget=20)  # two generations of 10 tokens
     store.add([1, 2, 3, 4, 5])
     store.add([9, 1, 2, 8])
-    n, conts = store.continuations([7, 1, 2], depth=4, min_order=2)
+    n, conts = conts_of(store, [7, 1, 2], depth=4, min_order=2)
     assert n == 2 and conts == [[8], [3, 4, 5]]  # newest first, never past a sequence's end
     store.add(list(range(100, 114)))  # its last 10 tokens start a new generation; the first two stay
     assert (store.tokens, store.sequences) == (19, 3)
-    assert store.continuations([7, 1, 2], depth=4, min_order=2) == (2, [[8], [3, 4, 5]])
-    assert store.continuations([0, 110, 111], depth=2, min_order=2) == (2, [[112, 113]])
+    assert conts_of(store, [7, 1, 2], depth=4, min_order=2) == (2, [[8], [3, 4, 5]])
+    assert conts_of(store, [0, 110, 111], depth=2, min_order=2) == (2, [[112, 113]])
     store.add([1, 2, 6])  # the young generation is full: the oldest (the first two sequences) goes
     assert (store.tokens, store.sequences) == (13, 2)
-    assert store.continuations([7, 1, 2], depth=4, min_order=2) == (2, [[6]])
-    assert store.continuations([0, 0], depth=3, min_order=2) == (0, [])
+    assert conts_of(store, [7, 1, 2], depth=4, min_order=2) == (2, [[6]])
+    assert conts_of(store, [0, 0], depth=3, min_order=2) == (0, [])
     assert store.tokens <= store.budget
 
 
@@ -63,9 +69,9 @@ def test_store_lookups_prefer_the_longer_suffix_and_read_both_generations():
     store.add([5, 6, 7, 1])  # old generation
     store.add([9, 6, 7, 2])
     store.add([3, 6, 7, 4])  # 12 > 8: [5,6,7,1],[9,6,7,2] become the old one
-    assert store.continuations([5, 6, 7], depth=2, min_order=2) == (3, [[1]])  # order 3, from the old
-    assert store.continuations([0, 6, 7], depth=2, min_order=2) == (2, [[4], [2], [1]])  # young first
-    assert store.continuations([0, 6, 7], depth=2, min_order=2, per_match=2) == (2, [[4], [2]])
+    assert conts_of(store, [5, 6, 7], depth=2, min_order=2) == (3, [[1]])  # order 3, from the old
+    assert conts_of(store, [0, 6, 7], depth=2, min_order=2) == (2, [[4], [2], [1]])  # young first
+    assert conts_of(store, [0, 6, 7], depth=2, min_order=2, per_match=2) == (2, [[4], [2]])
     assert store.lookups == 3 and store.hits == 3
     names = {g[0]: g[3] for g in store.gauges()}
     assert names["tsspec_suffix_store_tokens"] == 12 and names["tsspec_suffix_hit_ratio"] == 1.0
@@ -80,7 +86,7 @@ def test_a_full_store_adds_without_rebuilding():
         assert store.tokens <= 1000
         assert len(store._young.index) + len(store._old.index) <= 1000 + 2 * store.sequences
     assert store.sequences_added == 60 and store.sequences >= 10
-    n, conts = store.continuations([0, 59, 200], depth=3, min_order=2)
+    n, conts = conts_of(store, [0, 59, 200], depth=3, min_order=2)
     assert n == 2 and conts[0] == [201, 202, 203]
 
 
@@ -146,7 +152,7 @@ def test_readers_beside_a_writer_never_see_half_a_sequence():
 
     def read():
         while not stop.is_set():
-            n, conts = store.continuations([0, 1], depth=28, min_order=2)
+            n, conts = conts_of(store, [0, 1], depth=28, min_order=2)
             seen.extend(len(c) for c in conts)
 
     readers = [threading.Thread(target=read) for _ in range(3)]

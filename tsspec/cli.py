@@ -748,7 +748,7 @@ def bench(
     reps: int = typer.Option(5, "--reps", help="Repetitions; configurations alternate inside each, order rotating."),
     warmup: int = typer.Option(1, "--warmup", help="Unrecorded warm-up runs per configuration."),
     stop_at_eos: bool = typer.Option(False, "--stop-at-eos", help="End runs at end-of-sequence (token counts then differ by prompt)."),
-    keep_cache: bool = typer.Option(False, "--keep-cache", help="Each configuration keeps its last run's prompt in its cache, and a run forwards only what its prompt does not share with it (an agent workload's instruction once), as a server or a chat does; a prompt run again reuses only what the prompt before left. Default: every run starts from an empty cache."),
+    keep_cache: bool = typer.Option(False, "--keep-cache", help="Each configuration keeps its last run's prompt in its cache, and a run forwards only what its prompt does not share with it (an agent workload's instruction once), as a server or a chat does; a prompt run again reuses only what its first run did. Default: every run starts from an empty cache."),
     chat: bool = typer.Option(False, "--chat", help="Render prompts with the model's chat template."),
     system: Optional[str] = typer.Option(None, "--system", help="System message for --chat."),
     chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs", help='JSON object for the chat template, e.g. \'{"enable_thinking": false}\'.'),

@@ -2,7 +2,7 @@
 
 One ``tsspec.session.Session`` (the trunk loaded once) is shared by every configuration (each run
 starts from an empty cache, or with ``keep_cache`` from what the configuration's run before left:
-``KeptPrompt``); each configuration gets its own speculator and governor from the session, exactly
+``KeptPrompt``, a ``PrefixCache``); each configuration gets its own speculator and governor from the session, exactly
 as ``generate`` gets them, so a bench row measures what a user would run.
 """
 
@@ -12,8 +12,8 @@ from typing import Callable
 
 from ..errors import BadInput, TsspecError
 from ..generate import Engine
-from ..models.cache import common_prefix
 from ..options import DRAFT_DEFAULT, SpecOptions
+from ..prefix_cache import PrefixCache
 from ..sampling import Sampler
 from ..spec.protocols import arms_after_prefix_reuse
 from .configs import BenchConfig
@@ -38,35 +38,36 @@ def spec_options(c: BenchConfig, default_draft_model: str | None) -> SpecOptions
 
 
 class KeptPrompt:
-    """A configuration's cache between its runs (``bench --keep-cache``): it keeps the last run's
-    prompt rows, and the next run forwards only what its prompt does not share with them (an agent
-    workload's instruction is forwarded once), as a server's or a chat's kept cache does. A run of
-    the same prompt again (the baseline's second slot) reuses only what the prompt before left, so
-    every run of a prompt starts from the same cache whatever the slot order. Only prompt rows are
-    kept: a generated row can round otherwise than a prompt row (``kernels.prompt_tiles_on``)."""
+    """A configuration's kept cache between its runs (``bench --keep-cache``): the project's
+    ``PrefixCache`` with one slot, as a chat keeps its conversation's, so a run forwards only what
+    its prompt does not share with the run before (an agent workload's instruction once). A run of
+    the same prompt again (the baseline's second slot) reuses only what its first run did, so every
+    run of a prompt starts alike whatever the slot order."""
 
-    def __init__(self, cache) -> None:
-        self.cache = cache
-        self.tokens: list[int] = []  # the prompt whose rows the cache holds
-        self.before: list[int] = []  # the prompt held before that one
+    def __init__(self, make_cache) -> None:
+        self.pool = PrefixCache(make_cache)
+        self.prompt: list[int] = []  # the prompt of the last run taken
+        self.reused = 0  # what its first run reused
 
-    def take(self, ids: list[int]) -> int:
-        """Cut the cache to what ``ids`` may reuse (at least one token left to forward); -> positions kept."""
-        held = self.before if ids == self.tokens else self.tokens
-        return self.cache.keep(min(common_prefix(held, ids), len(ids) - 1))
+    def take(self, ids: list[int]):
+        """The cache for a run over ``ids``, cut to what it may reuse."""
+        cache, n = self.pool.take(ids)
+        if ids == self.prompt:
+            cache.keep(min(n, self.reused))
+        else:
+            self.prompt, self.reused = list(ids), n
+        return cache
 
-    def give(self, ids: list[int]) -> None:
-        """The run over prompt ``ids`` finished: keep its prompt rows."""
-        if ids != self.tokens:
-            self.before, self.tokens = self.tokens, list(ids)
-        if self.cache.keep(len(ids)) < len(ids):  # a state that could not return there: nothing kept
-            self.cache.reset()
-            self.before, self.tokens = [], []
+    def give(self, ids: list[int], generated: list[int], cache) -> None:
+        """The run over ``ids`` finished with ``generated``: its cache back (prompt rows only while
+        they round otherwise than generated ones, ``PrefixCache.give``)."""
+        self.pool.give(ids + generated, cache, len(ids))
 
-    def drop(self) -> None:
+    def drop(self, cache) -> None:
         """A run that failed: its cache's state is unknown."""
-        self.cache.reset()
-        self.before, self.tokens = [], []
+        cache.reset()
+        self.pool.give([], cache)
+        self.prompt = []
 
 
 def make_run_one(
@@ -96,7 +97,7 @@ def make_run_one(
                                "(it needs every position's trunk row); bench it without --keep-cache")
             engines[c.name] = eng
             if keep_cache:
-                kept[c.name] = KeptPrompt(eng.target.make_cache())
+                kept[c.name] = KeptPrompt(eng.target.make_cache)
         return engines[c.name]
 
     def generate(c: BenchConfig, ids: list[int]):
@@ -104,13 +105,13 @@ def make_run_one(
         if not keep_cache:
             return eng.generate(ids, sampler=sampler, max_tokens=max_tokens, ignore_eos=ignore_eos)
         k = kept[c.name]
-        k.take(ids)
+        cache = k.take(ids)
         try:
-            res = eng.generate(ids, sampler=sampler, max_tokens=max_tokens, ignore_eos=ignore_eos, cache=k.cache)
+            res = eng.generate(ids, sampler=sampler, max_tokens=max_tokens, ignore_eos=ignore_eos, cache=cache)
         except BaseException:
-            k.drop()
+            k.drop(cache)
             raise
-        k.give(ids)
+        k.give(ids, res.generated_ids, cache)
         return res
 
     def run_peer(c: BenchConfig, ids: list[int]) -> RunRecord:

@@ -74,7 +74,8 @@ States:
   The plain step right after a proposal is not one: it still pays for the proposal (a drafter's
   weights evict the trunk's from cache), so its time and token go to the speculative side, and a
   clean plain step follows it. A proposal that drafted nothing (a gate cut it) is on the
-  speculative side too, but only counts towards ``probe_spec`` after ``probe_empty`` proposals: a probe judges what drafting costs, and two declined drafts do not show it; but
+  speculative side too, but only counts towards ``probe_spec`` after ``probe_empty`` proposals: a
+  probe judges what drafting costs, and two declined drafts do not show it; but
   declines that have already cost more than a plain step over plain steps' time park it.
   A probe's two or so measured steps are mostly luck for a drafter that lands a third of its
   drafts, so its verdict leans on the cost model behind the draft length (``predicted_rate()``:
@@ -390,9 +391,9 @@ class SpeculationCostGovernor:
         (the same engine's plain step; the first probe then takes no plain steps: on the agent
         workload's 25-40-token requests its two pairs of them were a tenth of a request's steps,
         where the suffix store would have drafted), and a drafter that was parked when the last
-        sequence ended stays parked for the rest of that park, its backoff kept. Without this every sequence would pay a first
-        probe (for a draft model: its catch-up too) to relearn a loss; with it a losing drafter is
-        retried once per park, across sequences as within one. (A park longer than a sequence
+        sequence ended stays parked for the rest of that park, its backoff kept. Without this every
+        sequence would pay a first probe (for a draft model: its catch-up too) to relearn a loss;
+        with it a losing drafter is retried once per park, across sequences as within one. (A park longer than a sequence
         carries over; it does not start again, or a drafter parked longer than one sequence would
         never be retried.) With ``shared_parks`` (``SharedParks``: a server's governors, one per request, in
         step together) a sequence that begins while another governor of the engine is parked starts
@@ -430,7 +431,7 @@ class SpeculationCostGovernor:
         # that step (the cascade prices it for its member, not as setup), the first steps after the
         # prompt's forward. Judged against the carried baseline it parked the cascade on code 15
         # times a run where it had held; so it is not measured (its acceptance still counts)
-        self._unmeasured = 1
+        self._unmeasured = True
 
     def reset(self) -> None:
         """Forget everything, backoff and windows included."""
@@ -440,7 +441,7 @@ class SpeculationCostGovernor:
         self._seen_spec = 0  # steps of each kind reported, for the warmup skip
         self._seen_plain = 0
         self._after_spec = False  # the last step was speculative (the next plain one is not clean)
-        self._unmeasured = 0  # proposals still to leave out of the samples (a carried baseline's first)
+        self._unmeasured = False  # leave the next proposal out of the samples (a carried baseline's first)
         self._declined = False  # the last step was a proposal that drafted nothing
         self._streak = 0  # parks since the last win: the backoff exponent
         self.parks = 0  # parks this sequence, for the display
@@ -525,9 +526,9 @@ class SpeculationCostGovernor:
         setup_ms = min(float(setup_ms), float(ms))
         self.setup_ms += setup_ms
         ms = float(ms) - setup_ms
-        unmeasured = proposed and self._unmeasured > 0
+        unmeasured = proposed and self._unmeasured
         if unmeasured:
-            self._unmeasured -= 1
+            self._unmeasured = False
         if speculative:
             if shared > 1:  # alone (every one-sequence run): its own time, nothing summed
                 ms = shared_cost(ms, ms_per_token(self._plain), shared)

@@ -209,17 +209,12 @@ class SuffixStore:
             self._young.add(seq)
             self.sequences_added += 1
 
-    def continuations(self, history: Sequence[int], depth: int, min_order: int, per_match: int = 32
-                      ) -> tuple[int, list[list[int]]]:
-        """``(n, conts)``: for the longest suffix of ``history`` of order >= ``min_order`` found in
-        the store, what followed its newest ``per_match`` occurrences (each up to ``depth`` tokens,
-        cut at the end of its sequence); ``(0, [])`` when none is found."""
-        n, found = self.lookup(history, depth, min_order, per_match)
-        return n, [cont for cont, _ in found]
-
     def lookup(self, history: Sequence[int], depth: int, min_order: int, per_match: int = 32
                ) -> tuple[int, list[tuple[list[int], Anchor]]]:
-        """``continuations``, each with its ``Anchor`` (where it starts in the store), for ``follow``."""
+        """``(n, found)``: for the longest suffix of ``history`` of order >= ``min_order`` found in the
+        store, what followed its newest ``per_match`` occurrences (each up to ``depth`` tokens, cut at
+        the end of its sequence), newest first, each with its ``Anchor`` (where it starts in the
+        store, for ``follow``); ``(0, [])`` when none is found."""
         with self._lock:
             self.lookups += 1
             lo = max(min_order, self.min_order)
