@@ -78,3 +78,20 @@ def test_kept_caches_give_the_text_of_empty_ones(session, params):
     assert kept == fresh
     plain = {p.id: fresh[("plain", p.id)][0] for p in PROMPTS}
     assert all(ids == plain[pid] for (_, pid), v in kept.items() for ids in v)  # speculation changes nothing
+
+
+def test_keep_cache_refuses_a_speculator_that_cannot_arm_after_a_reused_prefix(session, monkeypatch):
+    """A draft head needs every position's trunk row, so it decodes plainly after a reused prefix: a
+    bench that kept caches would time it as plain. One line naming the configuration, before any run
+    (the guard reads the speculator's own flag, here turned off on n-gram)."""
+    from tsspec.errors import BadInput
+    from tsspec.spec.ngram import NGramSpeculator
+
+    monkeypatch.setattr(NGramSpeculator, "can_arm_after_prefix_reuse", False)
+    run_one = make_run_one(session, sampler=Sampler(SamplingParams()), max_tokens=4, encode=IDS.__getitem__,
+                           keep_cache=True)
+    with pytest.raises(BadInput, match=r"--keep-cache: lookup \(ngram\) cannot draft after a reused prefix"):
+        run_one(BenchConfig("lookup", "ngram"), PROMPTS[0])
+    plain = make_run_one(session, sampler=Sampler(SamplingParams()), max_tokens=4, encode=IDS.__getitem__,
+                         keep_cache=False)
+    assert len(plain(BenchConfig("lookup", "ngram"), PROMPTS[0]).token_ids) == 4  # without it, it runs
