@@ -8,6 +8,8 @@ model drafter kept in step with what landed while n-gram won; the registry's two
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tiny import write_tiny_model
@@ -314,6 +316,49 @@ def test_a_model_member_whose_steps_cost_more_than_plain_is_benched(model_ms, be
         assert m["model"]["benched"] > 60 and c._streak[1] >= 3
     else:
         assert m["model"]["benched"] == 0 and m["model"]["won"] == 80
+
+
+class CatchingUp(Scripted):
+    """A Scripted member whose proposals at the given asks pay a catch-up (``setup_ms``, ms)."""
+
+    def __init__(self, name, script, catch_ups):
+        super().__init__(name, script)
+        self.catch_ups = catch_ups
+
+    def propose(self, ctx):
+        d = super().propose(ctx)
+        return replace(d, setup_ms=self.catch_ups.get(self.asked, 0.0))
+
+
+def test_a_catch_up_inside_a_won_step_neither_makes_a_loss_nor_sizes_a_later_bench():
+    """The model member pays a 600 ms catch-up over each new prompt inside its first step (the step's
+    wall time holds it) and then wins its steps at 20 ms a token against plain's 50: judged on its
+    steps without the catch-ups (as the governor judges its samples), it is never benched. When it
+    then loses, its bench is sized by the catch-ups since its last favourable verdict, not by every
+    catch-up of the run."""
+    from tsspec.spec.protocols import DraftContext
+
+    clock = Clock()
+    cheap = Scripted("cheap", lambda k: [])
+    catch_ups = {1: 600.0, 9: 600.0, 17: 600.0}
+    model = CatchingUp("model", lambda k: [7, 8], catch_ups)
+    c = CascadeSpeculator([cheap, model], clock=clock)
+    c._plain_steps.extend([(50.0, 1)] * 4)  # as the governor's probe leaves them
+
+    def step(ms):
+        c.propose(DraftContext(last_token=3, position=3, max_tokens=4, history=[1, 2, 3]))
+        clock.t += (ms + catch_ups.get(model.asked, 0.0)) / 1000.0
+        c.commit([0] * 3, None, 3)
+
+    for prompt in range(3):
+        c.begin([1, 2, 3], None)
+        for _ in range(8):
+            step(60.0)
+    assert model.asked == 24 and c.member_stats()["model"]["benched"] == 0 and c._streak[1] == 0
+    assert c._won_setup[1] == 0.0  # its verdicts so far paid for the catch-ups
+    c.begin([1, 2, 3], None)
+    step(1000.0)  # a slow step: 333 ms a token, and the last eight together cost more than plain's
+    assert c._streak[1] == 1 and c._benched_until[1] == c._asks + 4  # the plain rule's bench, no catch-up in it
 
 
 def test_cascade_name_takes_the_attached_drafter_and_declines_without_one(files, trunk):

@@ -31,11 +31,15 @@ Contract:
   docs/RESULTS.md): the cascade times each step as the interval between consecutive commits (every
   step commits, plain ones too), and keeps the recent steps each later member won beside the
   recent plain-like ones (no proposal asked of the loop, or one only the first member was asked
-  for and declined). A member's catch-up (``Draft.setup_ms``) is part of what its steps cost, so it
-  is not passed on to the governor either: its rule for setup (a probe that paid it and lost parks
-  for as long as the setup is worth, up to thousands of steps) parked the whole cascade, n-gram with
-  it, for the 0.5B draft model's first lost catch-up on qwen2.5-coder-1.5b's grounded prompts
-  (0.99x plain against n-gram's 1.16x). The first member's setup is passed on as before.
+  for and declined). A later member's catch-up (``Draft.setup_ms``) is the cascade's to price, not
+  passed on to the governor: its rule for setup (a probe that paid it and lost parks for as long as
+  the setup is worth, up to thousands of steps) parked the whole cascade, n-gram with it, for the
+  0.5B draft model's first lost catch-up on qwen2.5-coder-1.5b's grounded prompts (0.99x plain
+  against n-gram's 1.16x). The first member's setup is passed on as before. The cascade prices a
+  catch-up as the governor does: left out of the step's time (a member is not benched for the
+  price of catching up over each new prompt; with it in, a 0.5B draft model that paid for itself on
+  code was benched for the rest of the run in some runs, docs/RESULTS.md), and after a loss the
+  catch-ups paid since the member's last verdict size its bench.
 * An earlier member's proposal gives way to a later member's where it lands less: the cascade
   keeps, per member, the share of its drafted tokens the trunk accepted in the recent steps it won
   (an n-gram member's per match order, ``last_order``: a 2-token match is often a coincidence where
@@ -158,6 +162,7 @@ class CascadeSpeculator:
         self._clock = clock
         self._last_commit: float | None = None  # when the last step ended (``clock()``, seconds)
         self._asked_in_step: int | None = None  # the step's last member asked (None: no proposal)
+        self._step_setup = 0.0  # the catch-ups paid in the step's proposal, left out of its time
         self._won_setup = [0.0] * len(self.members)  # catch-ups each member paid since its last verdict
         self._won_steps = [deque(maxlen=COST_SAMPLES) for _ in self.members]  # (ms, tokens) per member
         self._plain_steps: deque = deque(maxlen=COST_SAMPLES)
@@ -207,6 +212,7 @@ class CascadeSpeculator:
     def propose(self, ctx: DraftContext) -> Draft:
         self._winner = None
         self._asks += 1
+        self._step_setup = 0.0
         setup = 0.0
         last = len(self.members) - 1
         self._asked_in_step = 0
@@ -218,6 +224,7 @@ class CascadeSpeculator:
                 continue
             self._asked_in_step = i
             d = m.propose(ctx if ctx.hidden is None else replace(ctx, hidden=self._slice(i, ctx.hidden)))
+            self._step_setup += d.setup_ms
             if i == 0:
                 setup += d.setup_ms  # a later member's catch-up is its step's cost (module doc)
             else:
@@ -252,7 +259,10 @@ class CascadeSpeculator:
         now = self._clock()
         last, self._last_commit = self._last_commit, now
         winner, asked, self._asked_in_step = self._winner, self._asked_in_step, None
-        ms = None if last is None else (now - last) * 1000.0
+        setup, self._step_setup = self._step_setup, 0.0
+        # a catch-up is one-off work, not what the member's steps cost (as the governor leaves it out
+        # of its samples): it sizes the bench after a loss, never makes the loss
+        ms = None if last is None else max((now - last) * 1000.0 - setup, 0.0)
         if winner is None and not asked:  # a plain step, or only the first member asked and it declined
             if ms is not None:
                 self._plain_steps.append((ms, n_tokens))
@@ -267,8 +277,10 @@ class CascadeSpeculator:
         verdict = costs_more(self._won_steps[i], self._plain_steps)  # a draft that landed nothing included
         if verdict:
             self._lost(i)
-        elif verdict is False and n_tokens >= 2:
-            self._streak[i] = 0  # it pays: its next loss benches it for the shortest time again
+        elif verdict is False:
+            self._won_setup[i] = 0.0  # the catch-ups so far paid for themselves
+            if n_tokens >= 2:
+                self._streak[i] = 0  # it pays: its next loss benches it for the shortest time again
 
     def commit(self, tokens: Sequence[int], hidden: torch.Tensor | None, start_pos: int) -> None:
         if self._winner is not None:
@@ -297,6 +309,7 @@ class CascadeSpeculator:
         self._benched_until = [0] * len(self.members)
         self._last_commit = None
         self._asked_in_step = None
+        self._step_setup = 0.0
         for d in self._won_steps:
             d.clear()
         self._won_setup = [0.0] * len(self.members)
