@@ -32,6 +32,8 @@ KINDS = {
     "device": ({""}, ["cpu", " CPU ", "auto"]),  # cuda: refused where there is no GPU (test_usage_errors)
     "cache": (set(EDGE_VALUES) - {" ", "\t"}, ["CACHE"]),  # any path the system takes is a path
     "tree": ({"", "0", "1", " 1 "}, ["16", "64"]),
+    # a count of ids (past the vocabulary: all of it)
+    "ids": ({"", "0", "1", " 1 ", "99999999999999999999"}, ["auto", "81920"]),
     # 1 runs only where the AMX tiles do (refused elsewhere, one line: test_amx)
     "amx": ({"", "0"} | ({"1", " 1 "} if kernels.amx_usable() else set()), ["auto", " AUTO ", "off"]),
     # the levels this CPU runs; one it lacks is refused in one line (test_isa)
@@ -44,7 +46,7 @@ VARIABLES = {fam + suffix: kind for fam in FAMILIES for suffix, kind in SPEC_KIN
     "TSSPEC_WEIGHTS": "weights", "TSSPEC_DRAFT_WEIGHTS": "weights", "TSSPEC_CACHE": "cache",
     "TSSPEC_KERNELS": "bool", "TS_Q35_VERIFY_SNAPSHOTS": "bool", "TS_DFLASH_CONV": "bool",
     "TS_DFLASH_SELECTOR": "bool", "TSSPEC_DEVICE": "device", "TSSPEC_AMX": "amx",
-    "TSSPEC_ISA": "isa",
+    "TSSPEC_ISA": "isa", "TSSPEC_DRAFT_VOCAB": "ids",
 }
 COUNTS = {"ran": 0, "refused": 0}
 

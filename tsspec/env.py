@@ -30,6 +30,7 @@ ENV_CACHE = "TSSPEC_CACHE"
 ENV_KERNELS = "TSSPEC_KERNELS"
 ENV_AMX = "TSSPEC_AMX"  # auto | 0 | 1: the AMX tile products (kernels/amx.c)
 ENV_PROMPT_TILES = "TSSPEC_PROMPT_TILES"  # 0 | 1: prompt rows' quantized products on AMX tiles (kernels/prompt_tiles.c)
+ENV_DRAFT_VOCAB = "TSSPEC_DRAFT_VOCAB"  # auto | 0 | N: the ids a draft model chooses among (models/head_rows.py)
 ENV_ISA = "TSSPEC_ISA"  # auto | avx512 | avx2 | neon | scalar: the native kernels' instruction-set level
 ISA_WORDS = ("auto", "avx512", "avx2", "neon", "scalar")
 ENV_CC = "CC"
@@ -132,6 +133,22 @@ def prompt_tiles_mode(env: Mapping[str, str] | None = None) -> bool:
     v = bool_word(raw)
     if v is None:
         raise BadInput(f"{ENV_PROMPT_TILES}={raw!r}: expected 0 or 1")
+    return v
+
+
+def draft_vocab(env: Mapping[str, str] | None = None) -> int | None:
+    """``TSSPEC_DRAFT_VOCAB``: how many of the first vocabulary ids a draft model chooses among,
+    beside every id its sequence has used (``models/head_rows.py``); 0: the whole vocabulary; unset or
+    "auto": None (the draft model's default). Anything else is a BadInput."""
+    raw = value(environ(env), ENV_DRAFT_VOCAB)
+    if raw is None or raw.strip().lower() == "auto":
+        return None
+    try:
+        v = int(raw.strip())
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise BadInput(f"{ENV_DRAFT_VOCAB}={raw!r}: expected auto, 0 (the whole vocabulary) or a count of ids")
     return v
 
 

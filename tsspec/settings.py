@@ -36,7 +36,7 @@ from .env import (  # noqa: F401
     check_omp_threads, kernels_enabled, llama_cpp_dir,
 )
 from .env import environ as _env  # the process environment, unless a mapping is passed
-from .env import max_threads, parse_bool
+from .env import draft_vocab, max_threads, parse_bool
 from .env import value as _value
 from .errors import BadInput
 from .options import SpecOptions, publish, resolve
@@ -185,6 +185,7 @@ def resolve_run(
     spec, warnings = (SpecOptions(), []) if speculation is None else resolve(
         speculation, env, speculators=_SpeculatorNames())
     check_threads(threads)
+    draft_vocab(env)  # read where a draft model is made; a bad value stops the run here, before any load
     for flag, value in (("--weights", weights), ("--draft-weights", draft_weights)):
         if value is not None and value not in FORMATS:
             raise BadInput(f"{flag} {value!r}: expected one of {', '.join(FORMATS)}")

@@ -56,6 +56,9 @@ class TransformerModel:
     batches_sequences = True
     # ``forward`` takes ``prompt`` (``ForwardItem.prompt``): the loop marks prompt chunks for it
     marks_prompt_rows = True
+    # ``forward`` takes ``vocab`` (``ForwardItem.vocab``, ``head_rows.HeadRows``): logits for part
+    # of the vocabulary
+    cuts_vocab = True
 
     def __init__(self, cfg: ArchConfig, blocks: list[Block], embed: torch.Tensor, out_norm: torch.Tensor,
                  lm_head: Linear, n_ctx: int | None = None, path=None, device=None):
@@ -123,10 +126,10 @@ class TransformerModel:
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], cache: KVCache, *, all_logits: bool = False,
                 taps: Sequence[int] | None = None, parents: Sequence[int] | None = None,
-                base: int | None = None, prompt: bool = False) -> ForwardOutput:
+                base: int | None = None, prompt: bool = False, vocab=None) -> ForwardOutput:
         """``tokens`` appended to ``cache`` (``parents``, ``base``: as a token tree; ``prompt``: they
-        are prompt tokens; see ``ForwardItem``)."""
-        return self._forward([ForwardItem(tokens, cache, all_logits, taps, parents, base, prompt)])[0]
+        are prompt tokens; ``vocab``: logits for those ids only; see ``ForwardItem``)."""
+        return self._forward([ForwardItem(tokens, cache, all_logits, taps, parents, base, prompt, vocab)])[0]
 
     @torch.inference_mode()
     def forward_batch(self, items: Sequence[ForwardItem]) -> list[ForwardOutput]:
@@ -195,9 +198,15 @@ class TransformerModel:
             idx = [r for s, it in enumerate(items)
                    for r in (range(row0[s], row0[s + 1]) if it.all_logits else (row0[s + 1] - 1,))]
             x = h[torch.tensor(idx, device=h.device)]
-        logits = self.runner.head(self, x)
-        if cfg.final_softcap:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        vocab = items[0].vocab
+        if any(it.vocab is not vocab for it in items):
+            raise ValueError("the items of one forward ask for logits over different vocabularies")
+        if vocab is not None:
+            logits = vocab.logits(self, x)  # soft-capped where the file says so, -inf off its ids
+        else:
+            logits = self.runner.head(self, x)
+            if cfg.final_softcap:
+                logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         logits = self.runner.to_host(logits)  # the loop, the samplers and the drafters take host tensors
         outs, at = [], 0
         for s, it in enumerate(items):

@@ -143,6 +143,7 @@ class HybridModel(TransformerModel):
     """A SpecTarget over interleaved GatedDeltaNet and gated attention layers."""
 
     FUSABLE = False  # GatedDeltaNet layers: the torch path (with the native products) only
+    cuts_vocab = False  # its ``forward`` takes no ``vocab``
     # a recurrent state per sequence, advanced in place and undone through the cache's slots: its
     # forward takes one sequence, and ``forward_batch`` runs the items one after another
     batches_sequences = False

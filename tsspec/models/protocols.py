@@ -7,9 +7,12 @@ Defined here, below the models that implement it, so imports point one way (spec
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from .head_rows import HeadRows
 
 
 # ----------------------------------------------------------------------------- layer 1: target
@@ -44,6 +47,10 @@ class ForwardItem(NamedTuple):
     # chunking), so a trunk may give their rows another arithmetic than generated rows' (the native
     # blocks' super-block route, kernels/prompt_tiles.c). Never a tree.
     prompt: bool = False
+    # logits for part of the vocabulary only (``head_rows.HeadRows``: every other id -inf), for a
+    # drafter that chooses among fewer tokens; None: the whole head. Every item of one forward asks
+    # for the same.
+    vocab: "HeadRows | None" = None
 
 
 @runtime_checkable

@@ -54,6 +54,14 @@ Contract:
   node's proposal distribution (``Draft.probs``: q where the node is the drafter's own draw, made
   on ``Stream.TREE_DRAFT``, a one-hot where it was picked beside it), and the loop verifies it by
   recursive rejection over siblings (``tree.walk_residual``).
+* A cut vocabulary (``head_prefix``, ``TSSPEC_DRAFT_VOCAB``; 0: the whole one): the drafter's LM
+  head computes only the first ``head_prefix`` ids (byte-pair vocabularies number the common tokens
+  first) and the ids of the sequence's prompt and of every token the trunk wrote since (from its
+  commit on), the rest -inf (``models.head_rows.HeadRows``), so it never drafts an id outside them
+  and a drafter step streams less of its head. Where the trunk writes many ids the cut lacked (more
+  than ``MISS_SHARE`` of its last tokens: text in another script), the head goes whole for the rest
+  of the sequence. Drafts stay guesses the trunk verifies: output is unchanged; under sampling
+  ``Draft.probs`` is the distribution over the kept ids, the one the draft was drawn from.
 * ``default_accept_rule`` is ``match``: output identical to plain decoding, greedy or seeded.
   ``--spec-accept residual`` accepts more under sampling and keeps the trunk's distribution, but
   a seeded run no longer reproduces the plain run's text.
@@ -62,11 +70,13 @@ Contract:
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Sequence
 
 import torch
 
 from ..models.cache import common_prefix
+from ..models.head_rows import HeadRows
 from ..sampling import Stream, argmax
 from .protocols import Draft, DraftContext, MinDraftProb
 from .tree import SIBLING_MIN, Growth, grow, proposals
@@ -92,6 +102,14 @@ TREE_BRANCH = 3
 # rows (a forward on a 128-token cache, AMX Xeon, scripts/route_verify_curve.py: qwen2.5-coder-0.5b
 # 1.21x the shared time at 17 rows, 0.85x at 33; smollm2-135m 1.27x and 0.95x; docs/RESULTS.md)
 ROUTE_ROWS = 32
+DEFAULT_HEAD_PREFIX = 65536  # the first ids a drafter chooses among besides its sequence's (0: all)
+# a cut head goes whole for the rest of a sequence where more than ``MISS_SHARE`` of the last
+# ``MISS_WINDOW`` tokens the trunk wrote (at least ``MISS_MIN`` of them) were outside it when they
+# came, so that no draft could have had them (text in another script: qwen2.5's CJK tokens sit
+# past id 100,000). A prompt's rare ids are not counted: they are kept from ``begin`` on
+MISS_WINDOW = 256
+MISS_MIN = 32
+MISS_SHARE = 0.03
 
 
 class DraftModelSpeculator:
@@ -107,13 +125,15 @@ class DraftModelSpeculator:
     def __init__(self, model, *, vocab_size: int, max_draft_tokens: int = 8,
                  min_draft_prob: float | None = None, context: int = DEFAULT_CONTEXT, tree: int = 0,
                  sibling_min: float = SIBLING_MIN, tree_width: int = TREE_WIDTH,
-                 tree_branch: int = TREE_BRANCH, residual: bool = False) -> None:
+                 tree_branch: int = TREE_BRANCH, residual: bool = False, head_prefix: int = 0) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
         if context < 1:
             raise ValueError(f"context must be >= 1, got {context}")
         if tree < 0:
             raise ValueError(f"tree must be >= 0 nodes, got {tree}")
+        if head_prefix < 0:
+            raise ValueError(f"head_prefix must be >= 0 ids (0: the whole vocabulary), got {head_prefix}")
         if tree_width < 1 or tree_branch < 1:
             raise ValueError(f"a tree grows by >= 1 node and >= 1 token a node, got {tree_width}, {tree_branch}")
         self.tree = tree  # node budget of a tree draft (0: chains)
@@ -131,6 +151,11 @@ class DraftModelSpeculator:
         # accepted path's rows: (base slot, its nodes' tokens, their parents)
         self._grown: tuple[int, list[int], list[int]] | None = None
         self.model = model  # the drafter LM (weights); its cache below is this speculator's state
+        # the drafter chooses among the first ``head_prefix`` ids and the ids its sequence used (module
+        # doc); 0: the whole vocabulary (asked, or a drafter whose forward cannot cut it)
+        cut = getattr(model, "cuts_vocab", False) and 0 < head_prefix < model.cfg.vocab_size
+        self.head_prefix = head_prefix if cut else 0
+        self._head = self._new_head()
         self.cache = model.make_cache()
         self.vocab_size = vocab_size  # the trunk's logit width: drafts and probs live in it
         self.max_draft_tokens = max_draft_tokens
@@ -150,6 +175,7 @@ class DraftModelSpeculator:
         self.forward_rows = 0
         self.draft_ms = 0.0
         self.tree_nodes = 0  # nodes of the trees drafted
+        self.widened = 0  # sequences whose cut head went whole (``_note_written``)
 
     @property
     def taps(self) -> tuple[int, ...]:
@@ -168,13 +194,35 @@ class DraftModelSpeculator:
     def cached_tokens(self) -> list[int]:
         return list(self._cached)
 
+    def _new_head(self) -> HeadRows | None:
+        self._fed = deque(maxlen=MISS_WINDOW)  # per token the trunk wrote: whether the cut head lacked it
+        return HeadRows(self.model, self.head_prefix) if self.head_prefix else None
+
+    def _note_written(self, tokens: Sequence[int]) -> None:
+        """``tokens`` the trunk wrote: kept from now on; a cut head that lacked too many goes whole."""
+        if self._head is None:
+            return
+        now: set[int] = set()  # an id lacked twice in these tokens is lacked once
+        for t in tokens:
+            t = int(t)
+            self._fed.append(not self._head.keeps(t) and t not in now)
+            now.add(t)
+        self._head.add(now)
+        if len(self._fed) >= MISS_MIN and sum(self._fed) > MISS_SHARE * len(self._fed):
+            self._head = None
+            self.widened += 1
+
+    def _cut(self) -> dict:
+        """The forward's ``vocab`` argument where the head is cut (a drafter that cannot cut it takes none)."""
+        return {"vocab": self._head} if self._head is not None else {}
+
     # -- the drafter's cache ---------------------------------------------------------------------
     def _forward(self, tokens: Sequence[int]) -> torch.Tensor:
         """Append ``tokens`` to the drafter's cache; -> logits of the last row, in the trunk's width."""
+        kw = self._cut()
         if len(tokens) >= ROUTE_ROWS and getattr(self.model, "marks_prompt_rows", False):
-            out = self.model.forward(list(tokens), self.cache, prompt=True)
-        else:
-            out = self.model.forward(list(tokens), self.cache)
+            kw["prompt"] = True
+        out = self.model.forward(list(tokens), self.cache, **kw)
         self._cached.extend(int(t) for t in tokens)
         self.forwards += 1
         self.forward_rows += len(tokens)
@@ -245,6 +293,8 @@ class DraftModelSpeculator:
     def begin(self, prompt: Sequence[int], hidden: torch.Tensor | None) -> None:
         self.reset()
         self._committed = [int(t) for t in prompt]  # forwarded by the first propose, if one comes
+        if self._head is not None:
+            self._head.add(self._committed)  # an id the prompt used is one it may draft
 
     def _restart(self, position: int) -> None:
         """Start the drafter's cache over on the last ``context`` committed tokens before ``position``."""
@@ -263,6 +313,8 @@ class DraftModelSpeculator:
         if len(self._committed) != ctx.position or self._committed[-8:] != tail:
             # begin() was skipped or the sequence changed under us: take the history as committed
             self._committed = [int(t) for t in ctx.history[: ctx.position]]
+            if self._head is not None:
+                self._head.add(self._committed)
             self._rewind_to_committed()
         k = min(ctx.max_tokens, self.max_draft_tokens)
         if len(self.pending) >= self.context or ctx.position - self._offset + self._rows_after(k) + 1 > self.model.max_context:
@@ -347,7 +399,7 @@ class DraftModelSpeculator:
                 fpars.append(row_of[pars[i]] if pars[i] >= 0 else -1)
                 ftoks.append(toks[i])
             out = self.model.forward([toks[i] for i in nodes], self.cache, all_logits=True, parents=list(fpars),
-                                     base=base)
+                                     base=base, **self._cut())
             self._grown = (base, ftoks, fpars)
             self.forwards += 1
             self.forward_rows += len(nodes)
@@ -366,12 +418,14 @@ class DraftModelSpeculator:
             return
         del self._committed[start_pos:]
         self._committed.extend(int(t) for t in tokens)
+        self._note_written(tokens)
         if self._grown is not None:
             self._keep_grown()
         self._rewind_to_committed()
 
     def reset(self) -> None:
         self.cache.reset()
+        self._head = self._new_head()
         self._grown = None
         self._snap = None
         self._committed = []
@@ -382,4 +436,6 @@ class DraftModelSpeculator:
         per = self.forward_rows / self.forwards if self.forwards else 0.0
         trees = f" ({self.tree_nodes} in trees)" if self.tree_nodes else ""
         return (f"draft-model: {self.proposals} proposals, {self.drafted} tokens drafted{trees}, "
-                f"{self.forwards} drafter forwards ({per:.2f} rows each), {self.draft_ms:.0f} ms")
+                f"{self.forwards} drafter forwards ({per:.2f} rows each), {self.draft_ms:.0f} ms"
+                + (f", head cut to the first {self.head_prefix} ids and the ones fed (whole in {self.widened} "
+                   "sequences)" if self.head_prefix else ""))

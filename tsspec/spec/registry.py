@@ -238,7 +238,17 @@ def _draft_model(target, options, drafter):
         # its trees carry each node's proposal distribution: the residual rule verifies them too
         tree=_tree_budget(target, options, residual=False),
         residual=options.accept == "residual",
+        head_prefix=_head_prefix(),
     )
+
+
+def _head_prefix() -> int:
+    """The ids a draft model chooses among before the ones its sequence used (0: all of them)."""
+    from ..env import draft_vocab
+    from .draft_model import DEFAULT_HEAD_PREFIX
+
+    v = draft_vocab()
+    return DEFAULT_HEAD_PREFIX if v is None else v
 
 
 def _tree_budget(target, options, *, residual: bool) -> int:
