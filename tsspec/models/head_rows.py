@@ -108,7 +108,8 @@ class HeadRows:
                 full = torch.tanh(full / cap) * cap
             out[:, : self.prefix] = full[:, : self.prefix]
             if self._extra_ids is not None:
-                out[:, self._extra_ids] = full[:, self._extra_ids]
+                ids = self._extra_ids.to(full.device)
+                out[:, ids] = full[:, ids]
             return out
         parts = [(self._prefix_out, slice(0, self.prefix))]
         if self._extra_out is not None:
