@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tiny import write_tiny_model
-from tsspec.drafters import load_drafter
+from tsspec.drafters import DrafterOptions, load_drafter
 from tsspec.env import draft_vocab
 from tsspec.errors import BadInput
 from tsspec.models import load_model
@@ -25,6 +25,7 @@ from tsspec.spec.draft_model import DraftModelSpeculator
 from tsspec.spec.loop import decode
 from tsspec.spec.plan import SpecPlan
 from tsspec.spec.registry import REGISTRY
+from tsspec.settings import resolve_run
 from tsspec.spec.stats import SpecStats
 
 PREFIX = 150  # of the tiny files' 300 ids
@@ -155,13 +156,20 @@ def test_a_sequence_that_uses_many_ids_past_the_cut_widens_the_head(pair):
     assert spec3._head is not None and spec3._head.keeps(270)
 
 
-def test_the_registry_takes_the_environment(pair, monkeypatch):
-    trunk, drafter = pair
-    monkeypatch.setenv("TSSPEC_DRAFT_VOCAB", "123")
-    assert REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), drafter).head_prefix == 123
-    monkeypatch.setenv("TSSPEC_DRAFT_VOCAB", "0")
-    spec = REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), drafter)
-    assert spec.head_prefix == 0 and spec._head is None
+def test_the_cut_travels_from_the_run_settings_through_the_drafter(pair, tmp_path):
+    """``TSSPEC_DRAFT_VOCAB`` is read once, into the run's settings, and reaches the speculator
+    through ``DrafterOptions`` as the other drafter settings do; unset, the default cut (a
+    vocabulary no larger than it is not cut: the tiny files)."""
+    trunk, _ = pair
+    path = write_tiny_model(tmp_path / "d.gguf", "qwen2", seed=11, n_layers=1, quant="Q8_0")
+    for env, want in (({"TSSPEC_DRAFT_VOCAB": "123"}, 123), ({"TSSPEC_DRAFT_VOCAB": "0"}, 0), ({}, 0)):
+        cfg = resolve_run(env=env)
+        drafter = load_drafter(path, trunk, DrafterOptions(draft_vocab=cfg.draft_vocab))
+        spec = REGISTRY.create("draft-model", trunk, SpecOptions(draft=4), drafter)
+        assert spec.head_prefix == want and (spec._head is None) == (want == 0)
+    assert resolve_run(env={}).draft_vocab is None
+    with pytest.raises(BadInput, match="TSSPEC_DRAFT_VOCAB"):
+        resolve_run(env={"TSSPEC_DRAFT_VOCAB": "-3"})  # refused at start, before anything loads
 
 
 @pytest.mark.parametrize("raw, want", [(None, None), ("auto", None), (" 0 ", 0), ("32768", 32768)])

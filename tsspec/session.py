@@ -122,7 +122,8 @@ class Session:
             path = str(resolve_model(path, console=self.console))
         cfg = self.config
         drafter = load_drafter(path, self.target, DrafterOptions(
-            weights=cfg.draft_weights, dflash_conv=cfg.dflash_conv, dflash_selector=cfg.dflash_selector))
+            weights=cfg.draft_weights, dflash_conv=cfg.dflash_conv, dflash_selector=cfg.dflash_selector,
+            draft_vocab=cfg.draft_vocab))
         switches = {"conv": (ENV_DFLASH_CONV, "convolution"), "selector": (ENV_DFLASH_SELECTOR, "candidate selector")}
         for piece in getattr(drafter, "switched_off", lambda: [])():
             env, what = switches[piece]

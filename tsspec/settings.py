@@ -122,6 +122,7 @@ class RunConfig:
     dflash_conv: bool = True  # TS_DFLASH_CONV
     dflash_selector: bool = True  # TS_DFLASH_SELECTOR
     verify_snapshots: bool = True  # TS_Q35_VERIFY_SNAPSHOTS
+    draft_vocab: int | None = None  # TSSPEC_DRAFT_VOCAB (None: the draft model's default cut)
     warnings: tuple[str, ...] = ()  # what resolving found worth saying (disagreeing families, inert flags)
 
     def provenance(self) -> dict[str, Any]:
@@ -185,7 +186,6 @@ def resolve_run(
     spec, warnings = (SpecOptions(), []) if speculation is None else resolve(
         speculation, env, speculators=_SpeculatorNames())
     check_threads(threads)
-    draft_vocab(env)  # read where a draft model is made; a bad value stops the run here, before any load
     for flag, value in (("--weights", weights), ("--draft-weights", draft_weights)):
         if value is not None and value not in FORMATS:
             raise BadInput(f"{flag} {value!r}: expected one of {', '.join(FORMATS)}")
@@ -205,6 +205,7 @@ def resolve_run(
         dflash_conv=_switch(env, ENV_DFLASH_CONV),
         dflash_selector=_switch(env, ENV_DFLASH_SELECTOR),
         verify_snapshots=_switch(env, ENV_VERIFY_SNAPSHOTS),
+        draft_vocab=draft_vocab(env),
         warnings=tuple(warnings),
     )
 

@@ -42,6 +42,9 @@ class DrafterOptions:
     weights: str | None = None
     dflash_conv: bool = True
     dflash_selector: bool = True
+    # a draft model's LM head cut to its first ids and its sequence's (``TSSPEC_DRAFT_VOCAB``; 0: the
+    # whole head; None: the speculator's default, ``spec.draft_model.DEFAULT_HEAD_PREFIX``)
+    draft_vocab: int | None = None
 
 
 def drafter_format(options: DrafterOptions | None, target) -> str:

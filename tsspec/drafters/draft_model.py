@@ -57,6 +57,7 @@ class DraftModelDrafter:
     # the caller applies it with ``options.with_window`` unless the user chose a window
     preferred_window: int | None = 4
     draft_head: Any = None  # a whole language model drafts; there is no head to drive
+    head_prefix: int | None = None  # ``DrafterOptions.draft_vocab``: the cut of its LM head (None: the default)
 
 
 def _is_padding(text: str, ttype: int | None) -> bool:
@@ -181,4 +182,5 @@ def load(g: GGUFFile, target, options: DrafterOptions) -> DraftModelDrafter:
             f"the draft model's context ({model.max_context}) is shorter than the trunk's "
             f"({target.max_context}); drafting stops beyond it"
         )
-    return DraftModelDrafter(model=model, path=g.path, trunk_vocab=tv, notes=notes, warnings=warnings)
+    return DraftModelDrafter(model=model, path=g.path, trunk_vocab=tv, notes=notes, warnings=warnings,
+                             head_prefix=options.draft_vocab)

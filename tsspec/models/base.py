@@ -202,7 +202,7 @@ class TransformerModel:
         if any(it.vocab is not vocab for it in items):
             raise ValueError("the items of one forward ask for logits over different vocabularies")
         if vocab is not None:
-            logits = vocab.logits(self, x)  # soft-capped where the file says so, -inf off its ids
+            logits = vocab.logits(x)  # soft-capped where the file says so, -inf off its ids
         else:
             logits = self.runner.head(self, x)
             if cfg.final_softcap:

@@ -11,7 +11,7 @@ without the trunk's own row.
 
 Contract:
 
-* ``logits(model, x)`` -> [m, vocab] float32 for the rows ``x`` [m, d] (after the blocks, before the
+* ``logits(x)`` -> [m, vocab] float32 for the rows ``x`` [m, d] (after the blocks, before the
   final norm): each kept id's value has the bits the whole head gives it (a head row's product does
   not depend on which other rows are computed; ``tests/test_head_rows.py`` holds them equal), soft-
   capped as the model's ``_output`` caps, and -inf for every other id.
@@ -99,7 +99,8 @@ class HeadRows:
         c.n_total = len(ids)
         return kernels.FusedOutput(c, self._native.norm, self._native.eps, [self._native, rows])
 
-    def logits(self, model, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        model = self._model
         cap = model.cfg.final_softcap
         out = torch.full((x.shape[0], self.vocab), float("-inf"), dtype=torch.float32, device=x.device)
         if self._native is None:  # the whole head, masked

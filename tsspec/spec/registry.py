@@ -228,7 +228,7 @@ def _draft_model(target, options, drafter):
     if not _attached(drafter, "draft-model"):
         return ("no draft model attached (--draft-model PATH or a known model name whose "
                 "architecture is a language model)" + _other_attached(drafter, "draft-model"))
-    from .draft_model import DraftModelSpeculator
+    from .draft_model import DEFAULT_HEAD_PREFIX, DraftModelSpeculator
 
     return DraftModelSpeculator(
         drafter.model,
@@ -238,17 +238,8 @@ def _draft_model(target, options, drafter):
         # its trees carry each node's proposal distribution: the residual rule verifies them too
         tree=_tree_budget(target, options, residual=False),
         residual=options.accept == "residual",
-        head_prefix=_head_prefix(),
+        head_prefix=DEFAULT_HEAD_PREFIX if (cut := getattr(drafter, "head_prefix", None)) is None else cut,
     )
-
-
-def _head_prefix() -> int:
-    """The ids a draft model chooses among before the ones its sequence used (0: all of them)."""
-    from ..env import draft_vocab
-    from .draft_model import DEFAULT_HEAD_PREFIX
-
-    v = draft_vocab()
-    return DEFAULT_HEAD_PREFIX if v is None else v
 
 
 def _tree_budget(target, options, *, residual: bool) -> int:
